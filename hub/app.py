@@ -1,0 +1,278 @@
+"""``danlu up``: start the whole workbench on this machine, and stop all of it.
+
+:class:`DanluUp` is the traitlets root of a workbench. It validates danlu.yaml
+and the profiles, prepares the profile kernels, then starts and supervises:
+
+1. the MLflow tracking server (SQLite and artifacts in the state dir) on a
+   loopback port, with ``--static-prefix /services/mlflow``;
+2. JupyterHub, which starts configurable-http-proxy, the jobs service and the
+   MLflow gateway as managed services, and users' servers.
+
+Every process carries ``DANLU_INSTANCE=<id>`` in its environment. On Ctrl-C or
+SIGTERM, running jobs are interrupted and requeued, JupyterHub and MLflow are
+stopped, and whatever still carries the marker is ended: no orphan remains.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from traitlets import Bool, Unicode, default
+from traitlets.config import Application
+
+from danlu import __version__, proctree
+from danlu.errors import ConfigError, DanluError
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.environments import prepare_profiles
+from danlu.hub.profiles import builtin_profiles, load_profiles
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DanluError(f"{what or url} exited with code {proc.returncode} while starting", reason="start_failed")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):  # HTTPError included: not routed yet
+            pass
+        time.sleep(0.25)
+    raise DanluError(f"{what or url} did not answer within {timeout:.0f}s", reason="start_timeout")
+
+
+class DanluUp(Application):
+    name = "danlu up"
+    description = "Start the Danlu workbench: JupyterHub, the jobs service and MLflow, on this machine."
+    version = __version__
+
+    ip = Unicode(None, allow_none=True, help="Address to listen on ($DANLU_IP; default 127.0.0.1).").tag(config=True)
+    port = Unicode(None, allow_none=True, help="Port of the workbench ($DANLU_PORT; default 8000).").tag(config=True)
+    state_dir = Unicode(None, allow_none=True, help="State folder ($DANLU_STATE_DIR; default .danlu/).").tag(
+        config=True)
+    config_file = Unicode(None, allow_none=True, help="A danlu.yaml ($DANLU_CONFIG).").tag(config=True)
+    admin_token = Unicode(help="Admin API token for automation ($DANLU_ADMIN_TOKEN; else generated into "
+                               "<state-dir>/admin-token).").tag(config=True)
+    quiet_hub = Bool(False, help="Write JupyterHub's log to <state-dir>/logs/jupyterhub.log only.").tag(config=True)
+
+    aliases = {
+        "ip": "DanluUp.ip",
+        "port": "DanluUp.port",
+        "state-dir": "DanluUp.state_dir",
+        "config": "DanluUp.config_file",
+        "log-level": "Application.log_level",
+    }
+    flags = {"quiet-hub": ({"DanluUp": {"quiet_hub": True}}, "Keep JupyterHub's log out of the terminal.")}
+
+    @default("admin_token")
+    def _admin_token_default(self):
+        return os.environ.get("DANLU_ADMIN_TOKEN", "")
+
+    def _say(self, text: str) -> None:
+        print(f"[danlu] {text}", flush=True)
+
+    # preparation -----------------------------------------------------------------
+    def load(self) -> Settings:
+        settings = load_settings(self.config_file, {"ip": self.ip, "port": self.port, "state_dir": self.state_dir})
+        profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
+        if not settings.profiles_file.exists():
+            self.log.warning("no profiles file at %s: offering only the built-in 'python' profile",
+                             settings.profiles_file)
+        state = settings.state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        os.chmod(state, 0o700)
+        (state / "logs").mkdir(exist_ok=True)
+        prepare_profiles(state, profiles)
+        self.profiles = profiles
+        return settings
+
+    def resolve_admin_token(self, state: Path) -> str:
+        if self.admin_token:
+            return self.admin_token
+        path = state / "admin-token"
+        if path.exists():
+            token = path.read_text().strip()
+        else:
+            token = secrets.token_hex(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+        os.chmod(path, 0o600)
+        return token
+
+    def chp_command(self) -> str:
+        venv_bin = Path(sys.executable).parent
+        found = shutil.which("configurable-http-proxy", path=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+        if not found:
+            raise ConfigError("configurable-http-proxy was not found",
+                              fix="run 'make install' (it installs it into .venv) or "
+                                  "'npm install -g configurable-http-proxy'")
+        return found
+
+    # processes ------------------------------------------------------------------------
+    def start_mlflow(self, settings: Settings, port: int, env: dict) -> subprocess.Popen:
+        state = settings.state_dir
+        mlflow = settings.mlflow
+        backend = mlflow.get("backend_store_uri") or f"sqlite:///{state / 'mlflow.db'}"
+        artifacts = mlflow.get("artifacts_destination") or str(state / "mlartifacts")
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+               "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
+               "--static-prefix", "/services/mlflow", "--workers", str(mlflow.get("workers", 1)),
+               "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
+        log = open(state / "logs" / "mlflow.log", "ab")
+        return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+    def start_hub(self, settings: Settings, env: dict) -> subprocess.Popen:
+        state = settings.state_dir
+        config = state / "jupyterhub_config.py"
+        config.write_text(
+            "# Generated by danlu up; edit danlu.yaml instead (hub.extra_config_file for raw JupyterHub options).\n"
+            "from danlu.hub.hubconfig import configure\n"
+            "settings = configure(c)\n"
+            "if settings.hub.get('extra_config_file'):\n"
+            "    load_subconfig(settings.hub['extra_config_file'])\n"
+        )
+        out = open(state / "logs" / "jupyterhub.log", "ab") if self.quiet_hub else None
+        return subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=str(state), env=env,
+                                stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    def banner(self, settings: Settings, token_source: str) -> None:
+        kind = settings.auth["type"]
+        how = {
+            "native": "sign up at /hub/signup; an admin approves new accounts at /hub/authorize "
+                      "(admins listed in danlu.yaml are approved at once)",
+            "pam": "log in with your account on this machine",
+            "dummy": "any username and password (testing only!)",
+        }.get(kind, f"log in with {kind}")
+        self._say(f"Danlu {__version__} is up: {settings.public_url}")
+        self._say(f"log in: {how}")
+        self._say(f"admin API token: {token_source}")
+        self._say(f"state and logs: {settings.state_dir}   stop: Ctrl-C")
+
+    # the whole life -----------------------------------------------------------------
+    def start(self):
+        try:
+            settings = self.load()
+            chp = self.chp_command()
+        except DanluError as e:
+            print(f"danlu up: {e}", file=sys.stderr)
+            self.exit(2)
+        state = settings.state_dir
+        token = self.resolve_admin_token(state)
+        token_source = "$DANLU_ADMIN_TOKEN" if self.admin_token else str(state / "admin-token")
+        instance = uuid.uuid4().hex
+        mlflow_port = settings.mlflow.get("port") or free_port()
+        mlflow_url = f"http://127.0.0.1:{mlflow_port}/services/mlflow"
+        env = {
+            **os.environ,
+            "DANLU_INSTANCE": instance,
+            "DANLU_STATE_DIR": str(state),
+            "DANLU_BASE_DIR": str(settings.base_dir),
+            "DANLU_CONFIG": str(Path(settings.source).resolve()) if settings.source else "",
+            "DANLU_IP": settings.ip,
+            "DANLU_PORT": str(settings.port),
+            "DANLU_ADMIN_TOKEN": token,
+            "DANLU_MLFLOW_URL": mlflow_url,
+            "DANLU_HUB_PORT": str(free_port()),
+            "DANLU_PROXY_API_PORT": str(free_port()),
+            "DANLU_SERVICE_PORT": str(free_port()),
+            "DANLU_GATEWAY_PORT": str(free_port()),
+            "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32),
+            "PATH": f"{Path(chp).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+                    f"{os.environ.get('PATH', '')}",
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        }
+        procs: list[tuple[str, subprocess.Popen]] = []
+        stop = {"signal": None}
+
+        def on_signal(signum, _frame):
+            stop["signal"] = signum
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        code = 0
+        try:
+            self._say(f"starting MLflow on 127.0.0.1:{mlflow_port}")
+            mlflow = self.start_mlflow(settings, mlflow_port, env)
+            procs.append(("mlflow", mlflow))
+            wait_http(f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1", 180, mlflow, "MLflow")
+            self._say(f"starting JupyterHub on {settings.ip}:{settings.port}")
+            hub = self.start_hub(settings, env)
+            procs.append(("jupyterhub", hub))
+            wait_http(f"{settings.local_url}/hub/api/", 180, hub, "JupyterHub")
+            wait_http(f"{settings.local_url}/services/danlu/api/v1/health", 120, hub, "the jobs service")
+            self.banner(settings, token_source)
+            while stop["signal"] is None:
+                for name, proc in procs:
+                    if proc.poll() is not None:
+                        self._say(f"{name} exited with code {proc.returncode}; stopping the workbench")
+                        stop["signal"] = -1
+                        code = 1
+                time.sleep(0.5)
+        except DanluError as e:
+            print(f"danlu up: {e}", file=sys.stderr)
+            code = 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.shutdown(settings, procs, instance)
+        self.exit(code)
+
+    def shutdown(self, settings: Settings, procs, instance: str) -> None:
+        self._say("stopping")
+        hub = dict(procs).get("jupyterhub")
+        if hub is not None and hub.poll() is None:
+            hub.send_signal(signal.SIGTERM)  # stops servers, services and the proxy
+            try:
+                hub.wait(60)
+            except subprocess.TimeoutExpired:
+                proctree.kill_matching(hub.pid, grace=0)
+        try:
+            from danlu.hub.service.recovery import interrupt_running_jobs
+
+            requeued = interrupt_running_jobs(settings)
+            if requeued:
+                self._say(f"interrupted and requeued {len(requeued)} running job(s): {', '.join(requeued)}")
+        except Exception as e:  # the database may not exist yet
+            self.log.warning("could not requeue running jobs: %s", e)
+        for name, proc in procs:
+            if proc.poll() is None:
+                proctree.kill_matching(proc.pid, grace=10)
+        left = proctree.kill_matching(env={"DANLU_INSTANCE": instance}, grace=5)
+        if left:
+            self._say(f"ended {left} leftover process(es)")
+        self._say("stopped")
+
+
+def main(argv=None) -> int:
+    app = DanluUp()
+    try:
+        app.initialize(argv)
+        app.start()
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

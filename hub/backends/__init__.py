@@ -1,0 +1,48 @@
+"""Job backends (where admitted jobs run) and their registry.
+
+``backends.get("local")`` returns a backend class. Built-in backends are
+registered here; others are found lazily through the ``danlu.backends`` entry
+point group, the way JupyterHub finds spawners by name.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from danlu.errors import ConfigError
+
+
+class Registry:
+    """Named plug-ins: explicit ``register``, lazy entry points, typed errors for unknown names."""
+
+    def __init__(self, group: str, kind: str):
+        self.group = group
+        self.kind = kind
+        self._items: dict[str, object] = {}
+
+    def register(self, name: str, item: object) -> None:
+        self._items[name] = item
+
+    def names(self) -> list[str]:
+        found = {ep.name for ep in entry_points(group=self.group)}
+        return sorted(found | set(self._items))
+
+    def get(self, name: str):
+        if name in self._items:
+            item = self._items[name]
+            if isinstance(item, str):  # "module:attr", imported on first use
+                module, _, attr = item.partition(":")
+                item = getattr(__import__(module, fromlist=[attr]), attr)
+                self._items[name] = item
+            return item
+        for ep in entry_points(group=self.group):
+            if ep.name == name:
+                item = ep.load()
+                self._items[name] = item
+                return item
+        raise ConfigError(f"unknown {self.kind} '{name}'", reason=f"unknown_{self.kind}",
+                          fix=f"choose one of: {', '.join(self.names())}")
+
+
+backends = Registry("danlu.backends", "backend")
+backends.register("local", "danlu.hub.backends.local:LocalBackend")

@@ -1,0 +1,170 @@
+"""danlu.yaml: the one file an admin edits to configure a workbench.
+
+:func:`load_settings` reads and validates it (schema in ``danlu.schema.yaml``,
+line-accurate errors through :mod:`danlu.hub.yamlconfig`), applies the values
+given as flags or environment variables on top, and returns :class:`Settings`,
+an immutable view with every default filled in. ``danlu up``, the jobs service,
+the MLflow gateway and the generated JupyterHub configuration all build their
+configuration from the same Settings, so one file means the same thing to every
+process. Precedence: command-line flag > environment variable > danlu.yaml >
+built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from danlu.errors import ConfigError
+from danlu.hub import yamlconfig
+
+ENV_OVERRIDES = {
+    "ip": "DANLU_IP",
+    "port": "DANLU_PORT",
+    "state_dir": "DANLU_STATE_DIR",
+}
+
+JOB_DEFAULTS = {
+    "warm_runners": 1,
+    "max_running_cpu_jobs": max(1, (os.cpu_count() or 2)),
+    "max_nproc": 64,
+    "grace_period_seconds": 10.0,
+}
+
+
+def schema() -> dict:
+    return yamlconfig.load_schema("danlu.hub", "danlu.schema.yaml")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated danlu.yaml plus overrides; every accessor returns a usable default."""
+
+    data: dict = field(default_factory=dict)
+    source: str | None = None
+    marks: dict = field(default_factory=dict, repr=False)
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    def _path(self, value: str) -> Path:
+        path = Path(os.path.expanduser(value))
+        return path if path.is_absolute() else (self.base_dir / path)
+
+    @property
+    def ip(self) -> str:
+        return self.data.get("ip", "127.0.0.1")
+
+    @property
+    def port(self) -> int:
+        return int(self.data.get("port", 8000))
+
+    @cached_property
+    def state_dir(self) -> Path:
+        return self._path(self.data.get("state_dir", ".danlu")).resolve()
+
+    @property
+    def local_host(self) -> str:
+        """The host processes on this machine use to reach the proxy."""
+        return "127.0.0.1" if self.ip in ("", "0.0.0.0", "::") else self.ip
+
+    @property
+    def local_url(self) -> str:
+        return f"http://{self.local_host}:{self.port}"
+
+    @property
+    def public_url(self) -> str:
+        return self.data.get("public_url", self.local_url).rstrip("/")
+
+    @property
+    def admin_users(self) -> list[str]:
+        return list(self.data.get("admin_users", []))
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        return {name: list(members) for name, members in self.data.get("groups", {}).items()}
+
+    @property
+    def auth(self) -> dict:
+        return {"type": "native", **self.data.get("auth", {})}
+
+    @property
+    def profiles_file(self) -> Path:
+        return self._path(self.data.get("profiles_file", "kernel-images/profiles.yaml"))
+
+    @property
+    def jobs(self) -> dict:
+        return {**JOB_DEFAULTS, **self.data.get("jobs", {})}
+
+    @property
+    def jobs_database_url(self) -> str:
+        return self.jobs.get("database_url") or f"sqlite:///{self.state_dir / 'danlu.sqlite'}"
+
+    @property
+    def mlflow(self) -> dict:
+        return dict(self.data.get("mlflow", {}))
+
+    @property
+    def gpus(self) -> dict:
+        return {"detect": True, **self.data.get("gpus", {})}
+
+    @property
+    def dataset_roots(self) -> dict[str, Path]:
+        roots = self.data.get("datasets", {}).get("roots", {})
+        return {name: self._path(p) for name, p in roots.items()}
+
+    @property
+    def hub(self) -> dict:
+        return {"idle_timeout_seconds": 3600, **self.data.get("hub", {})}
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+    def user_home(self, username: str) -> Path:
+        """A user's home folder: notebooks, datasets and job working directories live under it."""
+        return self.state_dir / "users" / username
+
+    def where(self, *path: Any) -> str:
+        """``file:line`` of a key, for errors found after schema validation."""
+        return yamlconfig.line_of(self.marks, path, self.source or "danlu.yaml")
+
+
+def _coerce_override(key: str, value: str, origin: str) -> Any:
+    if key == "port":
+        try:
+            port = int(value)
+        except ValueError:
+            raise ConfigError(f"{origin}: port must be a number, got {value!r}") from None
+        if not 0 < port < 65536:
+            raise ConfigError(f"{origin}: port {port} is out of range", fix="use 1-65535")
+        return port
+    return value
+
+
+def load_settings(config_file: str | os.PathLike | None = None, overrides: dict | None = None,
+                  *, environ: dict | None = None) -> Settings:
+    """Read danlu.yaml (if any), then environment variables, then explicit overrides.
+
+    ``config_file`` defaults to ``$DANLU_CONFIG``. Relative paths inside the file
+    are resolved against the directory ``danlu up`` runs in, like the
+    ``--state-dir`` flag; child processes receive it as ``$DANLU_BASE_DIR``.
+    """
+    environ = os.environ if environ is None else environ
+    config_file = config_file or environ.get("DANLU_CONFIG") or None
+    data: dict = {}
+    marks: dict = {}
+    source = None
+    if config_file:
+        source = str(config_file)
+        data, marks = yamlconfig.load_validated(config_file, schema())
+        data = dict(data or {})
+    for key, var in ENV_OVERRIDES.items():
+        if environ.get(var):
+            data[key] = _coerce_override(key, environ[var], var)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = _coerce_override(key, str(value), f"--{key.replace('_', '-')}") if key in ENV_OVERRIDES else value
+    base_dir = Path(environ.get("DANLU_BASE_DIR") or Path.cwd())
+    return Settings(data=data, source=source, marks=marks, base_dir=base_dir)

@@ -1,0 +1,187 @@
+"""JupyterHub's configuration, derived from danlu.yaml.
+
+``danlu up`` writes a two-line ``jupyterhub_config.py`` into the state dir that
+calls :func:`configure`; everything else comes from :class:`Settings` and from
+the ports and tokens ``danlu up`` passes in the environment. This is where the
+parts are wired together: the authenticator, the spawner and its profiles, the
+custom scopes and roles that keep users to their own jobs, the jobs service
+and the MLflow gateway as managed services, and the idle culler.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.service.auth import ADMIN, CUSTOM_SCOPES, WRITE
+
+AUTHENTICATORS = {
+    "native": "nativeauthenticator.NativeAuthenticator",
+    "pam": "jupyterhub.auth.PAMAuthenticator",
+    "github": "oauthenticator.github.GitHubOAuthenticator",
+    "gitlab": "oauthenticator.gitlab.GitLabOAuthenticator",
+    "oidc": "oauthenticator.generic.GenericOAuthenticator",
+    "dummy": "jupyterhub.auth.DummyAuthenticator",
+}
+
+#: scopes of the token a user's server gets ($JUPYTERHUB_API_TOKEN): enough for %%train and MLflow
+SERVER_TOKEN_SCOPES = [
+    "access:servers!server",
+    "users:activity!user",
+    "read:users:name!user",
+    "read:users:groups!user",
+    "access:services!service=danlu",
+    "access:services!service=mlflow",
+    f"{WRITE}!user",
+]
+
+
+def _authenticator(c, settings: Settings) -> None:
+    auth = settings.auth
+    kind = auth["type"]
+    c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
+    if auth.get("allowed_users"):
+        c.Authenticator.allowed_users = set(auth["allowed_users"])
+    if kind == "native":
+        c.NativeAuthenticator.open_signup = bool(auth.get("open_signup", False))
+        c.NativeAuthenticator.minimum_password_length = 8
+        c.NativeAuthenticator.check_common_password = True
+        c.Authenticator.allow_all = True  # who may log in is decided by sign-up approval
+    elif kind == "dummy":
+        c.Authenticator.allow_all = True
+    elif kind == "pam":
+        c.Authenticator.allow_all = not auth.get("allowed_users")
+    else:
+        section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator,
+                   "oidc": c.GenericOAuthenticator}[kind]
+        section.client_id = auth["client_id"]
+        section.client_secret = auth["client_secret"]
+        section.oauth_callback_url = auth["oauth_callback_url"]
+        if kind == "github" and auth.get("allowed_organizations"):
+            section.allowed_organizations = set(auth["allowed_organizations"])
+        if kind == "gitlab":
+            if auth.get("allowed_gitlab_groups"):
+                section.allowed_gitlab_groups = set(auth["allowed_gitlab_groups"])
+            if auth.get("gitlab_url"):
+                section.gitlab_url = auth["gitlab_url"]
+        if kind == "oidc":
+            section.authorize_url = auth["authorize_url"]
+            section.token_url = auth["token_url"]
+            section.userdata_url = auth["userdata_url"]
+            section.username_claim = auth.get("username_claim", "preferred_username")
+            section.scope = auth.get("scope", ["openid", "profile", "email", "groups"])
+            if auth.get("allowed_groups"):
+                section.allowed_groups = set(auth["allowed_groups"])
+            if auth.get("manage_groups"):
+                section.manage_groups = True
+                section.auth_state_groups_key = "oauth_user.groups"
+        if not any(auth.get(k) for k in ("allowed_users", "allowed_organizations", "allowed_gitlab_groups",
+                                         "allowed_groups")):
+            c.Authenticator.allow_all = False  # OAuth with no allow-list admits admins only
+    for key, value in (auth.get("options") or {}).items():
+        setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
+
+
+def configure(c, environ=os.environ) -> Settings:
+    settings = load_settings(environ=environ)
+    state = settings.state_dir
+    venv_bin = Path(sys.executable).parent
+    python = sys.executable
+
+    c.JupyterHub.ip = settings.ip
+    c.JupyterHub.port = settings.port
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = int(environ["DANLU_HUB_PORT"])
+    c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
+    c.JupyterHub.cleanup_servers = True
+    c.JupyterHub.cleanup_proxy = True
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{environ['DANLU_PROXY_API_PORT']}"
+    c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+    chp = shutil.which("configurable-http-proxy", path=f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}")
+    if chp:
+        c.ConfigurableHTTPProxy.command = [chp]
+
+    _authenticator(c, settings)
+    c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
+
+    admin_token = environ["DANLU_ADMIN_TOKEN"]
+    instance = {"DANLU_INSTANCE": environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in environ else {}
+    common_env = {
+        "DANLU_CONFIG": environ.get("DANLU_CONFIG", ""),
+        "DANLU_STATE_DIR": str(state),
+        "DANLU_BASE_DIR": str(settings.base_dir),
+        "DANLU_MLFLOW_URL": environ["DANLU_MLFLOW_URL"],
+        "DANLU_IP": settings.ip,
+        "DANLU_PORT": str(settings.port),
+        "PATH": f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}",
+        **instance,
+    }
+    service_port = int(environ["DANLU_SERVICE_PORT"])
+    gateway_port = int(environ["DANLU_GATEWAY_PORT"])
+    c.JupyterHub.services = [
+        {
+            "name": "danlu",
+            "display": True,
+            "url": f"http://127.0.0.1:{service_port}",
+            "command": [python, "-m", "danlu.hub.service"],
+            "environment": common_env,
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": list(CUSTOM_SCOPES),
+        },
+        {
+            "name": "mlflow",
+            "display": True,
+            "url": f"http://127.0.0.1:{gateway_port}",
+            "command": [python, "-m", "danlu.hub.mlflow_gateway"],
+            "environment": common_env,
+            "oauth_no_confirm": True,
+        },
+        {"name": "danlu-admin", "api_token": admin_token},
+    ]
+    c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+    c.JupyterHub.load_roles = [
+        {"name": "user", "description": "Every user: their own server, jobs and MLflow.",
+         "scopes": ["self", "access:services!service=danlu", "access:services!service=mlflow", f"{WRITE}!user"]},
+        {"name": "danlu-admin", "description": "Operate Danlu: every job, the queue and GPU allocations.",
+         "scopes": [ADMIN, "access:services"], "users": settings.admin_users, "services": ["danlu-admin"]},
+        # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
+        {"name": "admin", "users": settings.admin_users, "services": ["danlu-admin"]},
+        {"name": "danlu-service", "description": "The jobs service reads users' groups.",
+         "scopes": ["read:users", "read:groups", "list:users"], "services": ["danlu"]},
+        {"name": "idle-culler", "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+         "services": ["idle-culler"]},
+    ]
+    idle = settings.hub["idle_timeout_seconds"]
+    if idle:
+        c.JupyterHub.services.append({
+            "name": "idle-culler",
+            "command": [python, "-m", "jupyterhub_idle_culler", f"--timeout={idle}", "--cull-every=60"],
+            "environment": instance,
+        })
+    else:
+        c.JupyterHub.load_roles = [r for r in c.JupyterHub.load_roles if r["name"] != "idle-culler"]
+
+    c.JupyterHub.spawner_class = "danlu.hub.spawner.DanluLocalSpawner"
+    c.Spawner.cmd = [str(venv_bin / "jupyterhub-singleuser")]
+    c.Spawner.default_url = "/lab"
+    c.Spawner.server_token_scopes = SERVER_TOKEN_SCOPES
+    c.Spawner.start_timeout = 120
+    c.Spawner.http_timeout = 120
+    c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ", "DANLU_INSTANCE"]
+    c.DanluLocalSpawner.profiles_file = str(settings.profiles_file)
+    c.DanluLocalSpawner.home_root = str(state / "users")
+    c.DanluLocalSpawner.jobs_api_url = f"http://127.0.0.1:{service_port}/services/danlu/api/v1"
+    c.DanluLocalSpawner.jobs_api_token = admin_token
+    c.DanluLocalSpawner.extra_env = {
+        "DANLU_URL": settings.local_url,
+        "DANLU_PUBLIC_URL": settings.public_url,
+        "MLFLOW_TRACKING_URI": f"{settings.local_url}/services/mlflow",
+        "JUPYTER_PATH": str(state / "share" / "jupyter"),
+        **instance,
+    }
+    return settings

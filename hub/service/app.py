@@ -1,0 +1,135 @@
+"""The jobs service process: ``python -m danlu.hub.service``.
+
+JupyterHub starts it as a managed service (see :mod:`danlu.hub.hubconfig`) with
+``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX`` and its API token in
+the environment, plus ``DANLU_CONFIG``/``DANLU_STATE_DIR``/``DANLU_BASE_DIR``
+so it reads the same danlu.yaml as ``danlu up``, and ``DANLU_MLFLOW_URL``, the
+loopback address of the MLflow server jobs log to. On start it re-attaches to
+jobs that were running (a SIGKILLed service loses nothing) and keeps warm
+runners for the default profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from tornado import web
+from tornado.httpserver import HTTPServer
+from traitlets import Instance, Integer, Unicode, default
+from traitlets.config import Application
+
+from danlu import __version__
+from danlu.errors import DanluError
+from danlu.hub import gpus as gpu_inventory
+from danlu.hub.backends import backends
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.profiles import builtin_profiles, load_profiles
+from danlu.hub.service import handlers
+from danlu.hub.service.auth import GroupDirectory
+from danlu.hub.service.jobs import JobManager
+from danlu.hub.service.ledger import Ledger
+from danlu.hub.service.models import make_sessionmaker
+
+
+class JobsServiceApp(Application):
+    name = "danlu-jobs"
+    description = "The Danlu jobs service (a JupyterHub service)."
+    version = __version__
+
+    backend = Unicode("local", help="Where jobs run: a name from the danlu.backends entry points.").tag(config=True)
+    mlflow_url = Unicode(help="Loopback URL of the MLflow tracking server jobs log to ($DANLU_MLFLOW_URL).").tag(
+        config=True)
+    service_url = Unicode(help="Where this service listens ($JUPYTERHUB_SERVICE_URL).").tag(config=True)
+    service_prefix = Unicode("/services/danlu/", help="URL prefix ($JUPYTERHUB_SERVICE_PREFIX).").tag(config=True)
+    schedule_interval = Integer(2, help="Seconds between admission passes when nothing else triggers one.").tag(
+        config=True)
+    settings_ = Instance(Settings, allow_none=True)
+
+    @default("mlflow_url")
+    def _mlflow_url(self):
+        return os.environ.get("DANLU_MLFLOW_URL", "")
+
+    @default("service_url")
+    def _service_url(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")
+
+    @default("service_prefix")
+    def _service_prefix(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/danlu/")
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        logging.getLogger("tornado.access").setLevel(logging.WARNING)
+        self.settings_ = settings = load_settings()
+        profiles_file = settings.profiles_file
+        profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
+        ledger = Ledger(gpu_inventory.inventory(settings.gpus))
+        sessions = make_sessionmaker(settings.jobs_database_url)
+        settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        backend_cls = backends.get(self.backend)
+        backend = backend_cls(
+            parent=self, jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
+            runner_env={"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter"),
+                        **({"DANLU_INSTANCE": os.environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in os.environ
+                           else {})},
+        )
+        self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
+        self.manager = JobManager(settings=settings, profiles=profiles, ledger=ledger, sessions=sessions,
+                                  backend=backend, groups=GroupDirectory(self.hub_auth),
+                                  mlflow_tracking_uri=self.mlflow_url, log=self.log)
+        self.default_kernel = profiles.default.kernel_name
+
+    def make_app(self) -> web.Application:
+        prefix = self.service_prefix
+        return web.Application(
+            handlers.routes(prefix) + [
+                (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
+                (rf"{prefix.rstrip('/')}/.*", handlers.NotFoundHandler),
+            ],
+            hub_auth=self.hub_auth, danlu_jobs=self.manager, cookie_secret=os.urandom(32),
+            xsrf_cookies=False, log_function=self._log_request,
+        )
+
+    def _log_request(self, handler):
+        status = handler.get_status()
+        level = logging.WARNING if status >= 500 else logging.DEBUG
+        self.log.log(level, "%s %s %s %.1fms", status, handler.request.method, handler.request.uri,
+                     1000 * handler.request.request_time())
+
+    async def run(self) -> None:
+        url = urlparse(self.service_url)
+        server = HTTPServer(self.make_app(), max_body_size=handlers.MAX_BODY + 1024, xheaders=True)
+        server.listen(url.port, url.hostname)
+        self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.manager.recover()
+        await self.manager.backend.warm(self.default_kernel)
+        scheduler = asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))
+        await stop.wait()
+        self.log.info("stopping the jobs service (running jobs continue)")
+        server.stop()
+        scheduler.cancel()
+        await self.manager.stop()
+
+    def start(self):
+        asyncio.run(self.run())
+
+
+def main(argv=None) -> int:
+    app = JobsServiceApp()
+    try:
+        app.initialize(argv)
+    except DanluError as e:
+        print(f"danlu jobs service: {e}", file=sys.stderr)
+        return 2
+    app.start()
+    return 0

@@ -1,0 +1,286 @@
+"""HTTP handlers of the jobs service (tornado, behind JupyterHub's proxy).
+
+Every handler derives from :class:`APIHandler`, which authenticates the caller
+through JupyterHub (token header or the browser's hub login, via
+``HubOAuthenticated``), turns the hub's user model into a
+:class:`~danlu.hub.service.auth.Principal`, and maps every error to a JSON
+body in one place (``write_error``): a :class:`~danlu.errors.DanluError`
+keeps its status, reason and field; anything unexpected is a logged 500 with
+no traceback in the response. Handlers only translate HTTP to
+:class:`~danlu.hub.service.jobs.JobManager` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+from tornado.log import app_log
+from tornado.iostream import StreamClosedError
+
+from danlu import __version__
+from danlu.errors import DanluError, Forbidden, NotFound, UsageError
+from danlu.hub.service import validation
+from danlu.hub.service.auth import Principal
+from danlu.hub.service.states import FINAL, JobState
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+class APIHandler(HubOAuthenticated, web.RequestHandler):
+    @property
+    def jobs(self):
+        return self.settings["danlu_jobs"]
+
+    def check_xsrf_cookie(self):
+        # token-authenticated API calls are exempt; cookie-authenticated writes are checked by HubOAuth
+        if self.request.headers.get("Authorization"):
+            return
+        return super().check_xsrf_cookie()
+
+    def set_default_headers(self):
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    def principal(self) -> Principal:
+        model = self.current_user
+        if not model:
+            if self.request.headers.get("Authorization"):
+                raise Forbidden("this token may not use the Danlu service", reason="token_rejected",
+                                fix="use a JupyterHub token of yours (JUPYTERHUB_API_TOKEN in your server)")
+            raise DanluError("authentication required", status=401, reason="unauthenticated",
+                             fix="send 'Authorization: token <JupyterHub token>' or log in at /hub/login")
+        return Principal(name=model["name"], kind=model.get("kind", "user"),
+                         scopes=frozenset(model.get("scopes", [])), groups=tuple(model.get("groups") or ()))
+
+    def json_body(self):
+        if len(self.request.body) > MAX_BODY:
+            raise DanluError(f"the request body is larger than {MAX_BODY // 2**20} MiB", status=413,
+                             reason="too_large", field="body")
+        return validation.parse_json(self.request.body)
+
+    def write_json(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, DanluError):
+            body = exc.to_dict()
+            self.set_status(exc.status)
+        elif isinstance(exc, web.HTTPError):
+            body = {"status": status_code, "reason": (exc.reason or "error").lower().replace(" ", "_"),
+                    "message": exc.log_message or exc.reason or self._reason}
+        else:
+            body = {"status": status_code, "reason": "internal_error" if status_code >= 500 else "error",
+                    "message": "internal error: see the service log" if status_code >= 500 else self._reason}
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps(body))
+
+    def log_exception(self, typ, value, tb):
+        if isinstance(value, DanluError) and value.status < 500:
+            app_log.info("%s %s -> %s %s: %s", self.request.method, self.request.uri, value.status, value.reason,
+                          value.log_message)
+        else:
+            super().log_exception(typ, value, tb)
+
+    def int_arg(self, name: str, default=None, minimum: int = 0):
+        raw = self.get_argument(name, None)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UsageError(f"query parameter {name} must be a whole number, got {raw!r}", field=name) from None
+        if value < minimum:
+            raise UsageError(f"query parameter {name} must be at least {minimum}", field=name)
+        return value
+
+    def bool_arg(self, name: str) -> bool:
+        return self.get_argument(name, "false").lower() in ("1", "true", "yes", "on")
+
+
+class HealthHandler(APIHandler):
+    def get(self):
+        self.write_json({"status": "ok", "version": __version__})
+
+
+class OpenAPIHandler(APIHandler):
+    def get(self):
+        self.write_json(validation.openapi())
+
+
+class ProfilesHandler(APIHandler):
+    async def get(self):
+        who = self.principal()
+        groups = await self.jobs.groups.groups_of(who.name, fallback=who.groups) if who.is_user else ()
+        allowed = self.jobs.profiles.for_user(groups, admin=who.admin)
+        default = self.jobs.profiles.default_for(groups, admin=who.admin)
+        self.write_json({"profiles": [p.to_dict() for p in allowed], "default": default.slug if default else None})
+
+
+class JobsHandler(APIHandler):
+    def get(self):
+        who = self.principal()
+        states = [s for s in self.get_argument("state", "").split(",") if s]
+        jobs = self.jobs.list(who, states=states, owner=self.get_argument("owner", None),
+                              limit=min(self.int_arg("limit", 200, minimum=1), 1000))
+        self.write_json({"jobs": [self.jobs.to_dict(j) for j in jobs]})
+
+    async def post(self):
+        who = self.principal()
+        status, body = await self.jobs.submit(who, self.json_body())
+        self.write_json(body, status)
+
+
+class JobHandler(APIHandler):
+    def get(self, job_id):
+        self.write_json(self.jobs.to_dict(self.jobs.get(self.principal(), job_id)))
+
+
+class CancelHandler(APIHandler):
+    async def post(self, job_id):
+        self.write_json(await self.jobs.cancel(self.principal(), job_id))
+
+
+class NotebookHandler(APIHandler):
+    """The executed notebook (``/output``, any rank) or the submitted one (``/input``)."""
+
+    def get(self, job_id, which):
+        job = self.jobs.get(self.principal(), job_id)
+        jd = self.jobs.jobdir(job.id)
+        if which == "input":
+            path = jd.input_notebook
+        else:
+            rank = self.int_arg("rank", 0)
+            if rank >= job.nproc:
+                raise NotFound(f"job {job.id} has ranks 0-{job.nproc - 1}", field="rank")
+            path = jd.rank_notebook(rank)
+        if not path.exists():
+            raise NotFound(f"no output yet: job {job.id} is {job.state}", reason="no_output")
+        self.set_header("Content-Type", "application/x-ipynb+json")
+        self.set_header("Content-Disposition", f'inline; filename="{job.name}-{which}.ipynb"')
+        self.finish(path.read_bytes())
+
+
+def _tail(data: bytes, lines: int) -> bytes:
+    if lines <= 0:
+        return b""
+    parts = data.splitlines(keepends=True)
+    return b"".join(parts[-lines:])
+
+
+class LogsHandler(APIHandler):
+    """The job log; ``follow`` streams until the job ends, as text or server-sent events."""
+
+    _closed = False
+
+    def on_connection_close(self):
+        self._closed = True
+
+    def _emit(self, chunk: bytes, sse: bool) -> None:
+        if not chunk:
+            return
+        if sse:
+            text = chunk.decode("utf-8", "replace")
+            self.write("".join(f"data: {line}\n\n" for line in text.splitlines()))
+        else:
+            self.write(chunk)
+
+    async def get(self, job_id):
+        who = self.principal()
+        job = self.jobs.get(who, job_id)
+        follow = self.bool_arg("follow")
+        tail = self.int_arg("tail")
+        offset = self.int_arg("offset", 0)
+        sse = "text/event-stream" in self.request.headers.get("Accept", "")
+        self.set_header("Content-Type", "text/event-stream" if sse else "text/plain; charset=utf-8")
+        path = self.jobs.backend.log_path(job.id)
+        size = path.stat().st_size if path.exists() else 0
+        if tail is not None and path.exists():
+            with open(path, "rb") as f:
+                f.seek(max(0, size - 256 * 1024))
+                data = f.read()
+            self._emit(_tail(data, tail), sse)
+            offset = size
+        while True:
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(1 << 20)
+                offset += len(chunk)
+                self._emit(chunk, sse)
+                if len(chunk) == 1 << 20:
+                    continue
+            if not follow or self._closed:
+                break
+            try:
+                await self.flush()
+            except StreamClosedError:
+                return
+            state = self.jobs.get(who, job_id).state
+            if JobState(state) in FINAL:
+                await asyncio.sleep(0.2)  # the runner's last lines precede its status
+                if path.exists() and path.stat().st_size > offset:
+                    continue
+                break
+            await asyncio.sleep(0.25)
+        if sse:
+            self.write(f"event: end\ndata: {json.dumps({'state': self.jobs.get(who, job_id).state})}\n\n")
+        self.finish()
+
+
+class AllocationsHandler(APIHandler):
+    def _admin(self) -> Principal:
+        who = self.principal()
+        if not who.admin:
+            raise Forbidden("GPU allocations are managed by admins and the hub", reason="not_admin")
+        return who
+
+    def get(self):
+        self._admin()
+        with self.jobs.sessions() as s:
+            rows = self.jobs.ledger.allocations(s)
+            self.write_json({
+                "gpus": [g.to_dict() for g in self.jobs.ledger.inventory],
+                "allocations": [{"device": a.device, "holder_kind": a.holder_kind, "holder_id": a.holder_id,
+                                 "owner": a.owner, "flavor": a.flavor, "since": a.since.isoformat() + "Z"}
+                                for a in rows]})
+
+    async def post(self):
+        self._admin()
+        body = self.json_body()
+        validation.check_schema("AllocationRequest", body)
+        devices = await self.jobs.allocate_server(body["holder"], body["owner"], body["gpus"])
+        self.write_json({"devices": devices}, 201)
+
+    async def delete(self, holder):
+        self._admin()
+        await self.jobs.release_server(holder)
+        self.set_status(204)
+        self.finish()
+
+
+class NotFoundHandler(APIHandler):
+    def prepare(self):
+        raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}", reason="no_endpoint")
+
+
+def routes(prefix: str) -> list:
+    api = f"{prefix.rstrip('/')}/api/v1"
+    job = r"/jobs/(?P<job_id>[^/]+)"
+    return [
+        (f"{api}/health", HealthHandler),
+        (f"{api}/openapi.json", OpenAPIHandler),
+        (f"{api}/profiles", ProfilesHandler),
+        (f"{api}/jobs", JobsHandler),
+        (f"{api}{job}", JobHandler),
+        (f"{api}{job}/cancel", CancelHandler),
+        (f"{api}{job}/logs", LogsHandler),
+        (f"{api}{job}/(?P<which>output|input)", NotebookHandler),
+        (f"{api}/allocations", AllocationsHandler),
+        (f"{api}/allocations/server/(?P<holder>[^/]+)", AllocationsHandler),
+    ]

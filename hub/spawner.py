@@ -1,0 +1,222 @@
+"""The local spawner: a user's JupyterLab from a governed profile, on this machine.
+
+:class:`DanluLocalSpawner` extends JupyterHub's local process spawner with
+Danlu's profiles: the spawn form lists only the profiles the user's groups
+allow (with their GPU choices), and every request -- form, REST API or stored
+``user_options`` -- goes through the same server-side check
+(:meth:`~danlu.hub.profiles.ProfileSet.authorize`) in ``apply_user_options``,
+so a refused profile gets a 403 that names the profile and the reason. GPUs
+come from the jobs service's ledger, the same one jobs use, and reach the
+server as ``CUDA_VISIBLE_DEVICES``; they are given back when the server stops.
+The server offers only its profile's kernel.
+
+Servers run as the account that runs the hub (like JupyterHub's
+``SimpleLocalProcessSpawner``), each in its own home folder under the state
+dir; see docs/admin-guide.md for what that means for isolation.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets import Any, Dict, Unicode, default
+
+from danlu.errors import DanluError
+from danlu.hub.profiles import ProfileSet, builtin_profiles, load_profiles
+
+
+class DanluLocalSpawner(LocalProcessSpawner):
+    """JupyterLab servers from governed profiles, as local processes."""
+
+    profiles_file = Unicode(help="The governed profiles file (kernel-images/profiles.yaml).").tag(config=True)
+    home_root = Unicode(help="Folder holding one home folder per user.").tag(config=True)
+    jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
+    jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
+    extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
+    profiles = Any(help="The loaded ProfileSet (read from profiles_file on first use).")
+
+    @default("profiles")
+    def _profiles_default(self) -> ProfileSet:
+        path = Path(self.profiles_file) if self.profiles_file else None
+        return load_profiles(path) if path and path.exists() else builtin_profiles()
+
+    @default("apply_user_options")
+    def _apply_default(self):
+        return DanluLocalSpawner._apply_profile
+
+    # identity and home ----------------------------------------------------------
+    @property
+    def home_dir(self) -> str:
+        return str(Path(self.home_root) / self.user.name)
+
+    @property
+    def holder(self) -> str:
+        return f"{self.user.name}:{self.name}" if self.name else self.user.name
+
+    @property
+    def _is_admin(self) -> bool:
+        return bool(getattr(self.user, "admin", False))
+
+    def _groups(self) -> list[str]:
+        return [g.name for g in getattr(self.user, "groups", [])]
+
+    def make_preexec_fn(self, name):
+        home = self.home_dir
+
+        def preexec():
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
+
+    def user_env(self, env):
+        env["USER"] = self.user.name
+        env["HOME"] = self.home_dir
+        env["SHELL"] = os.environ.get("SHELL", "/bin/bash")
+        return env
+
+    # the form ---------------------------------------------------------------------
+    def _options_form(self, spawner=None) -> str:
+        allowed = self.profiles.for_user(self._groups(), admin=self._is_admin)
+        if not allowed:
+            return "<p>No profile is open to your groups. Ask an admin to add you to a team.</p>"
+        default = self.profiles.default_for(self._groups(), admin=self._is_admin)
+        rows = []
+        for p in allowed:
+            checked = " checked" if p is default else ""
+            gpu_options = "".join(f'<option value="{n}">{n}</option>' for n in p.gpu_choices)
+            limits = ", ".join(x for x in (f"{p.cpu:g} CPU" if p.cpu else "", f"{p.memory} memory" if p.memory
+                                                                                 else "") if x)
+            rows.append(
+                f'<label class="danlu-profile" style="display:block;border:1px solid #ddd;padding:.6em;margin:.4em 0">'
+                f'<input type="radio" name="profile" value="{html.escape(p.slug)}"{checked}> '
+                f'<strong>{html.escape(p.display_name)}</strong> <code>{html.escape(p.slug)}</code>'
+                f'<div style="margin-left:1.6em;color:#555">{html.escape(p.description)}'
+                f'{" (" + html.escape(limits) + ")" if limits else ""}</div>'
+                f'<div style="margin-left:1.6em">GPUs: <select name="gpus-{html.escape(p.slug)}" '
+                f'aria-label="GPUs for {html.escape(p.display_name)}">{gpu_options}</select></div></label>')
+        return "<fieldset><legend>Profile</legend>" + "".join(rows) + "</fieldset>"
+
+    @default("options_form")
+    def _options_form_default(self):
+        return DanluLocalSpawner._options_form
+
+    def options_from_form(self, formdata):
+        slug = (formdata.get("profile") or [None])[0]
+        raw = (formdata.get(f"gpus-{slug}") or ["0"])[0]
+        try:
+            gpus = int(raw)
+        except ValueError:
+            raise web.HTTPError(400, f"GPUs must be a number, got {raw!r}") from None
+        return {"profile": slug, "gpus": gpus}
+
+    # policy -------------------------------------------------------------------------
+    def _apply_profile(self, user_options):
+        options = dict(user_options or {})
+        unknown = sorted(set(options) - {"profile", "gpus"})
+        if unknown:
+            raise web.HTTPError(400, f"unknown server option(s): {', '.join(unknown)}; use profile and gpus")
+        gpus = options.get("gpus", 0)
+        if isinstance(gpus, str) and gpus.isdigit():
+            gpus = int(gpus)
+        try:
+            profile = self.profiles.authorize(options.get("profile"), self._groups(), admin=self._is_admin,
+                                              gpus=gpus, server_choice=True)
+        except DanluError as e:
+            raise web.HTTPError(e.status if e.status < 500 else 400, str(e)) from None
+        self.profile = profile
+        self.gpus_requested = gpus
+        if profile.cpu:
+            self.cpu_limit = float(profile.cpu)
+        if profile.memory:
+            self.mem_limit = profile.memory
+
+    def get_args(self):
+        args = super().get_args()
+        if os.geteuid() == 0:
+            args.append("--allow-root")  # servers run as the hub's account (see the module docstring)
+        profile = getattr(self, "profile", None)
+        if profile is not None:  # only the profile's kernel is offered
+            args += [f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
+                     f"--MultiKernelManager.default_kernel_name={profile.kernel_name}"]
+        return args
+
+    # GPUs ---------------------------------------------------------------------------
+    async def _jobs_api(self, method: str, path: str, body: dict | None = None):
+        try:
+            response = await AsyncHTTPClient().fetch(
+                f"{self.jobs_api_url.rstrip('/')}{path}", method=method,
+                body=json.dumps(body) if body is not None else None,
+                headers={"Authorization": f"token {self.jobs_api_token}", "Content-Type": "application/json"},
+                request_timeout=30, allow_nonstandard_methods=True)
+        except HTTPClientError as e:
+            message = e.message
+            if e.response is not None and e.response.body:
+                try:
+                    message = json.loads(e.response.body).get("message", message)
+                except ValueError:
+                    pass
+            raise web.HTTPError(e.code if e.code < 500 else 503, f"GPU allocation failed: {message}") from None
+        except OSError as e:
+            raise web.HTTPError(503, f"the Danlu jobs service is not reachable to allocate GPUs ({e}); try again") \
+                from None
+        return json.loads(response.body) if response.body else None
+
+    def get_env(self):
+        env = super().get_env()
+        env.update(self.extra_env)
+        env["MLFLOW_TRACKING_TOKEN"] = self.api_token or ""
+        profile = getattr(self, "profile", None)
+        if profile is not None:
+            env["DANLU_PROFILE"] = profile.slug
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in getattr(self, "devices", []))
+        return env
+
+    async def start(self):
+        if getattr(self, "profile", None) is None:  # restarted with stored options
+            self._apply_profile(self.user_options)
+        self.devices = []
+        if self.gpus_requested:
+            result = await self._jobs_api("POST", "/allocations", {
+                "holder": self.holder, "owner": self.user.name, "gpus": self.gpus_requested})
+            self.devices = result["devices"]
+        Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            return await super().start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _release(self):
+        if getattr(self, "devices", None):
+            try:
+                await self._jobs_api("DELETE", f"/allocations/server/{self.holder}")
+            except web.HTTPError as e:
+                self.log.warning("releasing GPUs of %s: %s", self.holder, e.log_message)
+            self.devices = []
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await self._release()
+
+    def get_state(self):
+        state = super().get_state()
+        if getattr(self, "devices", None):
+            state["devices"] = self.devices
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.devices = state.get("devices", [])
+
+    def clear_state(self):
+        super().clear_state()
+        self.devices = []

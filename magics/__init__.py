@@ -1,0 +1,60 @@
+"""Danlu: a JupyterHub-centric research workbench.
+
+In a notebook of a Danlu server::
+
+    %load_ext danlu
+
+    %%train_setup
+    import torch
+
+    %%train --nproc 2 --param lr=0.01 --wait
+    ...  # runs as a job, tracked in MLflow
+
+Inside a job, :func:`log_dataset` records a dataset as an input of the job's
+MLflow run and :func:`checkpoint_dir` is where to save checkpoints. This
+package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
+(folder ``hub/``) runs beside JupyterHub.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext danlu``: register ``%%train`` and ``%%train_setup``."""
+    from danlu.train import TrainMagics
+
+    ipython.register_magics(TrainMagics)
+
+
+def in_job() -> bool:
+    return bool(os.environ.get("DANLU_JOB_ID"))
+
+
+def checkpoint_dir() -> Path:
+    """Where a job saves checkpoints (``$DANLU_CHECKPOINT_DIR``); kept across its attempts."""
+    path = Path(os.environ.get("DANLU_CHECKPOINT_DIR") or "checkpoints")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log_dataset(path, name: str | None = None, context: str = "training"):
+    """Record a dataset (file or folder) as an input of this job's MLflow run, with its content digest.
+
+    Outside a job (or on a rank other than 0) the digest is computed and returned but nothing is logged.
+    """
+    from danlu import autolog, datasets
+
+    state_dir = os.environ.get("DANLU_STATE_DIR")
+    digest = datasets.digest(path, name=name,
+                             cache_file=Path(state_dir) / "dataset-digests.json" if state_dir else None)
+    run = autolog.mlflow_run()
+    if run is not None:
+        from mlflow import MlflowClient
+
+        datasets.log_to_mlflow(MlflowClient(), run.info.run_id, digest, context=context)
+    return digest

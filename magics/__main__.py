@@ -1,0 +1,5 @@
+import sys
+
+from danlu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,194 @@
+"""Auto-logging inside a job's kernel: no MLflow code in the user's cell.
+
+:func:`activate` runs (silently) in every rank's kernel before the notebook.
+It costs nothing in the training loop:
+
+* ``torch.utils.tensorboard.SummaryWriter`` gets a default ``log_dir`` in the
+  job's folder (``tensorboard/rank-N``) and a short flush interval; rank 0
+  records each writer's log dir, and the job runner (a separate process) tails
+  those event files into the job's MLflow run in batches. ``add_scalar`` itself
+  is untouched, so logging stays as fast as plain TensorBoard.
+* Writers are flushed after every cell and at exit, so nothing is lost when a
+  cell fails.
+* On rank 0, importing a framework that ``mlflow.autolog()`` covers (sklearn,
+  Lightning, XGBoost, Keras, transformers, ...) turns on ``mlflow.autolog``
+  against the job's run; MLflow is imported only then, so a job that uses none
+  of them does not pay for importing it.
+
+Metrics come from rank 0 only, as Lightning's ``rank_zero_only`` does, so a
+series has one point per step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import weakref
+from pathlib import Path
+
+#: top-level modules whose import turns on mlflow.autolog (mlflow's LIBRARY_TO_AUTOLOG_MODULE)
+AUTOLOG_FRAMEWORKS = frozenset({
+    "tensorflow", "keras", "xgboost", "lightgbm", "statsmodels", "sklearn", "pyspark",
+    "pytorch_lightning", "lightning", "setfit", "transformers",
+})
+
+_writers: "weakref.WeakSet" = weakref.WeakSet()
+_lock = threading.Lock()
+_state: dict = {"active": False, "mlflow": False}
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _jobdir() -> Path | None:
+    value = os.environ.get("DANLU_JOB_DIR")
+    return Path(value) if value else None
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` right after one of ``names`` finishes importing."""
+
+    def __init__(self, names, callback):
+        self.names = set(names)
+        self.callback = callback
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, callback = spec.loader, self.callback
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec_):
+                return loader.create_module(spec_)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                callback(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def when_imported(names, callback) -> None:
+    """Run ``callback(module)`` now for modules already imported, else right after their import."""
+    pending = []
+    for name in names:
+        module = sys.modules.get(name)
+        if module is not None:
+            callback(module)
+        else:
+            pending.append(name)
+    if pending:
+        sys.meta_path.insert(0, _PostImportHook(pending, callback))
+
+
+# TensorBoard -------------------------------------------------------------------
+def default_logdir() -> str:
+    jd = _jobdir()
+    base = jd / "tensorboard" if jd else Path("runs")
+    return str(base / f"rank-{rank()}")
+
+
+def _register_logdir(log_dir: str) -> None:
+    jd = _jobdir()
+    if jd is None or rank() != 0:
+        return
+    path = str(Path(log_dir).resolve())
+    listing = jd / "tensorboard" / "logdirs"
+    with _lock:
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        known = listing.read_text().splitlines() if listing.exists() else []
+        if path not in known:
+            with open(listing, "a", encoding="utf-8") as f:
+                f.write(path + "\n")
+
+
+def _patch_summary_writer(module) -> None:
+    cls = getattr(module, "SummaryWriter", None)
+    if cls is None or getattr(cls, "_danlu_patched", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, log_dir=None, *args, **kwargs):
+        if log_dir is None and not args and not kwargs.get("comment"):
+            log_dir = default_logdir()
+        if len(args) < 3:  # flush_secs is the 4th positional argument after log_dir
+            kwargs.setdefault("flush_secs", 2)
+        original(self, log_dir, *args, **kwargs)
+        _writers.add(self)
+        try:
+            _register_logdir(self.log_dir if hasattr(self, "log_dir") else self.get_logdir())
+        except OSError:
+            pass
+
+    __init__.__wrapped__ = original
+    cls.__init__ = __init__
+    cls._danlu_patched = True
+
+
+def flush_writers(*_args) -> None:
+    for writer in list(_writers):
+        try:
+            writer.flush()
+        except Exception:  # a closed writer
+            pass
+
+
+# MLflow --------------------------------------------------------------------------
+def mlflow_run():
+    """The job's MLflow run, resumed in this process (rank 0 only); None elsewhere."""
+    if rank() != 0 or not os.environ.get("MLFLOW_RUN_ID"):
+        return None
+    import mlflow
+
+    with _lock:
+        active = mlflow.active_run()
+        if active is None or active.info.run_id != os.environ["MLFLOW_RUN_ID"]:
+            active = mlflow.start_run(run_id=os.environ["MLFLOW_RUN_ID"])
+        _state["mlflow"] = True
+    return active
+
+
+def _enable_mlflow_autolog(_module) -> None:
+    if _state.get("autolog"):
+        return
+    _state["autolog"] = True
+    try:
+        import mlflow
+
+        if mlflow_run() is not None:
+            mlflow.autolog(silent=True)
+    except Exception as e:  # never break the user's import
+        print(f"danlu: mlflow.autolog could not be enabled: {e}", file=sys.stderr)
+
+
+def activate() -> None:
+    """Turn on auto-logging in this kernel (idempotent)."""
+    if _state["active"]:
+        return
+    _state["active"] = True
+    when_imported(["torch.utils.tensorboard.writer"], _patch_summary_writer)
+    if rank() == 0 and os.environ.get("MLFLOW_RUN_ID"):
+        when_imported(sorted(AUTOLOG_FRAMEWORKS), _enable_mlflow_autolog)
+    atexit.register(flush_writers)
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.register("post_run_cell", flush_writers)
+    except ImportError:
+        pass

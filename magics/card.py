@@ -1,0 +1,99 @@
+"""The live job card ``%%train`` shows: an ipywidgets view that follows a job.
+
+A background thread polls the jobs service (the job every second, the last log
+lines with it) and updates the widgets until the job ends; interrupting the
+kernel stops nothing. The card shows the state, the queue position and why the
+job waits, the elapsed time, the last log lines, links to the output notebook
+and the MLflow run, and a Cancel button.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+FINAL = {"succeeded", "failed", "cancelled"}
+COLORS = {"queued": "#8a6d00", "running": "#1565c0", "succeeded": "#2e7d32", "failed": "#c62828",
+          "cancelled": "#616161"}
+
+
+def summary_html(job: dict) -> str:
+    state = job["state"]
+    parts = [f'<b>{html.escape(job["name"])}</b> <code>{job["id"]}</code> '
+             f'<span style="color:#fff;background:{COLORS.get(state, "#444")};padding:1px 6px;border-radius:3px">'
+             f'{state}</span>']
+    if state == "queued":
+        pos = job.get("queue_position")
+        parts.append(f"position {pos} in {html.escape(job.get('queue', 'default'))}" if pos else "queued")
+    if job.get("reason"):
+        parts.append(html.escape(job["reason"]))
+    if job.get("elapsed_seconds") is not None:
+        parts.append(f"{job['elapsed_seconds']:.0f} s")
+    resources = job.get("resources", {})
+    parts.append(f"{resources.get('nproc', 1)} proc, {resources.get('gpus', 0)} GPU · {html.escape(job['profile'])}")
+    links = []
+    if job.get("output_url") and state in FINAL | {"running"}:
+        links.append(f'<a href="{html.escape(job["output_url"])}" target="_blank">output notebook</a>')
+    if job.get("mlflow_run_url"):
+        links.append(f'<a href="{html.escape(job["mlflow_run_url"])}" target="_blank">MLflow run</a>')
+    return " · ".join(parts) + ("<br>" + " · ".join(links) if links else "")
+
+
+class JobCard:
+    def __init__(self, client, job: dict, interval: float = 1.0, log_lines: int = 12):
+        self.client = client
+        self.job = job
+        self.interval = interval
+        self.log_lines = log_lines
+        self._stop = threading.Event()
+
+    def _widgets(self):
+        import ipywidgets as w
+
+        self.header = w.HTML(summary_html(self.job))
+        self.log = w.HTML("")
+        self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop",
+                                      tooltip=f"Cancel job {self.job['id']}")
+        self.cancel_button.on_click(self._cancel)
+        self.box = w.VBox([self.header, self.log, self.cancel_button],
+                          layout=w.Layout(border="1px solid #ccc", padding="6px"))
+        return self.box
+
+    def _cancel(self, _button):
+        self.cancel_button.disabled = True
+        try:
+            self.job = self.client.cancel(self.job["id"])
+        except Exception as e:
+            self.log.value = f"<pre>cancel failed: {html.escape(str(e))}</pre>"
+        self._render("")
+
+    def _render(self, tail: str):
+        self.header.value = summary_html(self.job)
+        if tail:
+            self.log.value = ('<pre style="max-height:14em;overflow:auto;font-size:85%;margin:4px 0">'
+                              f"{html.escape(tail)}</pre>")
+        if self.job["state"] in FINAL:
+            self.cancel_button.layout.display = "none"
+
+    def _loop(self):
+        while not self._stop.is_set():
+            try:
+                self.job = self.client.job(self.job["id"])
+                tail = "".join(self.client.logs(self.job["id"], tail=self.log_lines))
+                self._render(tail)
+            except Exception as e:  # the service restarting: keep trying
+                self.header.value = summary_html(self.job) + f"<br><i>{html.escape(str(e))}</i>"
+            if self.job["state"] in FINAL:
+                return
+            time.sleep(self.interval)
+
+    def show(self) -> "JobCard":
+        from IPython.display import display
+
+        display(self._widgets())
+        threading.Thread(target=self._loop, name=f"danlu-card-{self.job['id']}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,108 @@
+"""A small client of the jobs service's REST API, shared by ``%%train`` and the CLI.
+
+It finds the workbench from ``$DANLU_URL`` (set in every Danlu server; the
+hub's base URL) and authenticates with ``$JUPYTERHUB_API_TOKEN`` (also set
+there) or ``$DANLU_TOKEN``. API errors come back as the matching
+:class:`~danlu.errors.DanluError` with the server's message, and an
+unreachable service as :class:`~danlu.errors.Unreachable` that says what to
+check.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import requests
+
+from danlu.errors import (Conflict, DanluError, Forbidden, NotFound, PolicyError, Unreachable, UsageError,
+                          ValidationError)
+
+_BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 422: ValidationError}
+
+
+def default_url() -> str:
+    return (os.environ.get("DANLU_URL") or "http://127.0.0.1:8000").rstrip("/")
+
+
+def default_token() -> str | None:
+    return os.environ.get("DANLU_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
+
+
+class DanluClient:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.url = (url or default_url()).rstrip("/")
+        self.token = token or default_token()
+        self.timeout = timeout
+        self.session = requests.Session()
+        if self.token:
+            self.session.headers["Authorization"] = f"token {self.token}"
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/services/danlu/api/v1"
+
+    def _error(self, response: requests.Response) -> DanluError:
+        try:
+            body = response.json()
+            message, reason, field = body.get("message"), body.get("reason"), body.get("field")
+        except ValueError:
+            message, reason, field = response.text.strip()[:300] or response.reason, None, None
+        if response.status_code == 401:
+            return DanluError(f"{message} (no valid token: set JUPYTERHUB_API_TOKEN or DANLU_TOKEN)", status=401,
+                              reason=reason or "unauthenticated")
+        cls = _BY_STATUS.get(response.status_code, DanluError)
+        if response.status_code == 403 and reason and reason not in ("forbidden", "token_rejected", "not_admin"):
+            cls = PolicyError
+        return cls(message, reason=reason, field=field, status=response.status_code)
+
+    def request(self, method: str, path: str, *, json=None, params=None, stream: bool = False,
+                timeout: float | None = None) -> requests.Response:
+        if not self.token:
+            raise UsageError("no API token: set JUPYTERHUB_API_TOKEN (inside a Danlu server it is set) or DANLU_TOKEN")
+        try:
+            response = self.session.request(method, f"{self.api}{path}", json=json, params=params, stream=stream,
+                                            timeout=timeout or self.timeout)
+        except requests.ConnectionError:
+            raise Unreachable(f"cannot reach the Danlu jobs service at {self.url}",
+                              fix="is 'danlu up' running there? set DANLU_URL to the workbench's address") from None
+        except requests.Timeout:
+            raise Unreachable(f"the Danlu jobs service at {self.url} did not answer in time") from None
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    # endpoints ------------------------------------------------------------------
+    def submit(self, body: dict) -> dict:
+        return self.request("POST", "/jobs", json=body, timeout=120).json()
+
+    def jobs(self, state: str | None = None, owner: str | None = None) -> list[dict]:
+        params = {k: v for k, v in {"state": state, "owner": owner}.items() if v}
+        return self.request("GET", "/jobs", params=params).json()["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        return self.request("GET", f"/jobs/{job_id}").json()
+
+    def cancel(self, job_id: str) -> dict:
+        return self.request("POST", f"/jobs/{job_id}/cancel", timeout=120).json()
+
+    def logs(self, job_id: str, *, follow: bool = False, tail: int | None = None,
+             offset: int | None = None) -> Iterator[str]:
+        params = {"follow": "true" if follow else "false"}
+        if tail is not None:
+            params["tail"] = str(tail)
+        if offset is not None:
+            params["offset"] = str(offset)
+        response = self.request("GET", f"/jobs/{job_id}/logs", params=params, stream=True,
+                                timeout=None if follow else self.timeout)
+        response.encoding = "utf-8"
+        try:
+            yield from response.iter_content(chunk_size=None, decode_unicode=True)
+        finally:
+            response.close()
+
+    def output(self, job_id: str, rank: int = 0) -> dict:
+        return self.request("GET", f"/jobs/{job_id}/output", params={"rank": rank}).json()
+
+    def profiles(self) -> dict:
+        return self.request("GET", "/profiles").json()

@@ -1,0 +1,73 @@
+"""One rank of a multi-process job: ``torchrun ... --module danlu.rank JOBDIR``.
+
+torchrun starts one of these per rank with ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` set; each starts its own kernel (which
+inherits that environment, so ``torch.distributed.init_process_group("gloo")``
+in the cell just works), primes it like a single-process job and runs the
+notebook with papermill. Rank 0 writes ``output.ipynb``, rank N
+``ranks/rank-N.ipynb``; each writes ``ranks/rank-N.status.json`` so the runner
+can tell an error in the user's code from a crash. Log lines carry a
+``[rank N]`` prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from danlu.jobdir import JobDir, write_json_atomic
+from danlu.runner import describe_error, job_env, prime, start_kernel, stop_kernel
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    jd = JobDir(Path(argv[0]))
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"[rank {rank}] %(message)s")
+    for noisy in ("urllib3", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("traitlets").setLevel(logging.ERROR)
+    spec = jd.spec()
+    attempt = json.loads((jd.path / "attempt.json").read_text())
+    env = job_env(jd, spec, attempt.get("devices", []), jd.run_id())
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    status_file = jd.path / "ranks" / f"rank-{rank}.status.json"
+    km = None
+
+    def stop(*_):
+        if km is not None:
+            stop_kernel(km, now=True)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        import papermill
+
+        km = start_kernel(spec["kernel_name"], cwd=spec["cwd"], env=env)
+        prime(km, env, spec["cwd"])
+        papermill.execute_notebook(
+            str(jd.input_notebook), str(jd.rank_notebook(rank)), parameters=spec["parameters"],
+            kernel_name=spec["kernel_name"], km=km, log_output=True, progress_bar=False,
+            request_save_on_cell_execute=True, execution_timeout=spec.get("cell_timeout_seconds"),
+        )
+        write_json_atomic(status_file, {"state": "succeeded", "reason": ""})
+        return 0
+    except Exception as error:
+        reason, infrastructure = describe_error(error)
+        write_json_atomic(status_file, {"state": "failed", "reason": reason, "infrastructure": infrastructure})
+        logging.getLogger("danlu.rank").error("failed: %s", reason)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if km is not None:
+            stop_kernel(km)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
