@@ -36,6 +36,7 @@ from danlu.errors import ConfigError, DanluError
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
+from danlu.jobdir import write_json_atomic
 
 
 def free_port() -> int:
@@ -221,6 +222,9 @@ class DanluUp(Application):
             procs.append(("jupyterhub", hub))
             wait_http(f"{settings.local_url}/hub/api/", 180, hub, "JupyterHub")
             wait_http(f"{settings.local_url}/services/danlu/api/v1/health", 120, hub, "the jobs service")
+            write_json_atomic(state / "danlu-up.json", {
+                "pid": os.getpid(), "instance": instance, "url": settings.public_url, "local_url": settings.local_url,
+                "mlflow_url": mlflow_url, "service_port": int(env["DANLU_SERVICE_PORT"]), "version": __version__})
             self.banner(settings, token_source)
             while stop["signal"] is None:
                 for name, proc in procs:
@@ -261,6 +265,7 @@ class DanluUp(Application):
         left = proctree.kill_matching(env={"DANLU_INSTANCE": instance}, grace=5)
         if left:
             self._say(f"ended {left} leftover process(es)")
+        (settings.state_dir / "danlu-up.json").unlink(missing_ok=True)
         self._say("stopped")
 
 

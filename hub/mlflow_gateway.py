@@ -77,7 +77,9 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             await write(chunk)
 
     async def _proxy(self):
-        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in HOP_BY_HOP}
+        # Content-Length travels: MLflow's server does not read chunked request bodies
+        headers = {k: v for k, v in self.request.headers.get_all()
+                   if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"}
         headers["X-Forwarded-User"] = self.user["name"]
         up = urlparse(self.upstream)
         headers["Host"] = up.netloc
@@ -118,7 +120,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         self.write(chunk)
         self.flush()
 
-    async def _finish(self):
+    async def _finish(self, *_path):
         if self._queue is not None:
             self._queue.put_nowait(None)
         await self._forward

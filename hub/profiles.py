@@ -19,7 +19,8 @@ from pathlib import Path
 from danlu.errors import ConfigError, NotFound, PolicyError, ValidationError
 from danlu.hub import yamlconfig
 
-PIN = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*==\s*[^=<>~!\s,;]+(\s*;.*)?$")
+PIN = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*==\s*[^=<>~!\s,;*]+"
+                 r"(\s*;[^-]*)?(\s+--hash=[a-z0-9]+:[0-9a-f]+)*\s*$")
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,13 @@ def _check_requirements(path: Path, where: str) -> None:
     except FileNotFoundError:
         raise ConfigError(f"{where}: requirements file {path} does not exist", fix="create it or fix the path") from None
     for number, line in enumerate(lines, 1):
-        text = line.split("#", 1)[0].strip()
-        if not text or text.startswith(("--", "-c ", "-r ")):
+        text = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not text:
+            continue
+        if text.startswith(("-r", "--requirement", "-c", "--constraint", "-e", "--editable")):
+            raise ConfigError(f"{path}:{number}: '{text}' is not allowed in a governed environment",
+                              fix="list every package in this file, pinned with ==")
+        if text.startswith("--"):  # pip options such as --index-url
             continue
         if not PIN.match(text):
             raise ConfigError(

@@ -201,11 +201,15 @@ class DanluLocalSpawner(LocalProcessSpawner):
                 self.log.warning("releasing GPUs of %s: %s", self.holder, e.log_message)
             self.devices = []
 
-    async def stop(self, now=False):
+    async def run_post_stop_hook(self):
+        # JupyterHub runs this after every stop, also when the server died by itself
+        # (then Spawner.stop is not called), so GPUs are always given back.
         try:
-            await super().stop(now=now)
-        finally:
             await self._release()
+        finally:
+            result = super().run_post_stop_hook()
+            if hasattr(result, "__await__"):
+                await result
 
     def get_state(self):
         state = super().get_state()
@@ -216,7 +220,3 @@ class DanluLocalSpawner(LocalProcessSpawner):
     def load_state(self, state):
         super().load_state(state)
         self.devices = state.get("devices", [])
-
-    def clear_state(self):
-        super().clear_state()
-        self.devices = []

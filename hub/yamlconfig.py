@@ -95,7 +95,8 @@ def _fix_for(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern":
         return f"it must match {error.validator_value}"
     if error.validator == "type":
-        return f"use a {error.validator_value}"
+        kind = error.validator_value if isinstance(error.validator_value, str) else " or ".join(error.validator_value)
+        return f"use {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
     return ""
 
 

@@ -101,7 +101,7 @@ class MetricForwarder:
             self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
             del self._pending[:len(batch)]
             sent += len(batch)
-        self.sent += sent
+            self.sent += len(batch)
         return sent
 
     def _loop(self) -> None:

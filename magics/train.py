@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
+import math
 import os
 import re
 import subprocess
@@ -36,7 +38,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 
-IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -46,8 +47,8 @@ def parse_param(text: str) -> tuple[str, object]:
     key = key.strip()
     if not sep or not key:
         raise UsageError(f"--param {text!r}: write KEY=VALUE, e.g. --param lr=0.01")
-    if not IDENT.match(key):
-        raise UsageError(f"--param {text!r}: {key!r} is not a Python name (letters, digits, _)")
+    if not key.isidentifier() or keyword.iskeyword(key):
+        raise UsageError(f"--param {text!r}: {key!r} is not a usable Python name (letters, digits, _; not a keyword)")
     raw = raw.strip()
     for parse in (json.loads, ast.literal_eval):
         try:
@@ -55,6 +56,19 @@ def parse_param(text: str) -> tuple[str, object]:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
     return key, raw
+
+
+def python_literal(value) -> str:
+    """Python source for a JSON-like value (``repr`` writes ``inf``/``nan``, which are not literals)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, list):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + "".join(python_literal(v) + ", " for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 @dataclass
@@ -77,7 +91,7 @@ def build_job_notebook(cell: str, params: dict, setup: dict[str, str], *, kernel
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": display_name, "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
-    lines = [f"{key} = {value!r}" for key, value in params.items()]
+    lines = [f"{key} = {python_literal(value)}" for key, value in params.items()]
     parameters = nbformat.v4.new_code_cell("\n".join(lines) or "# no parameters",
                                            metadata={"tags": ["parameters"]})
     nb.cells.append(parameters)

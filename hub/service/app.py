@@ -51,6 +51,10 @@ class JobsServiceApp(Application):
         config=True)
     settings_ = Instance(Settings, allow_none=True)
 
+    @default("log_level")
+    def _log_level(self):
+        return logging.INFO
+
     @default("mlflow_url")
     def _mlflow_url(self):
         return os.environ.get("DANLU_MLFLOW_URL", "")
@@ -98,7 +102,8 @@ class JobsServiceApp(Application):
 
     def _log_request(self, handler):
         status = handler.get_status()
-        level = logging.WARNING if status >= 500 else logging.DEBUG
+        level = logging.WARNING if status >= 500 else (
+            logging.INFO if handler.request.method != "GET" else logging.DEBUG)
         self.log.log(level, "%s %s %s %.1fms", status, handler.request.method, handler.request.uri,
                      1000 * handler.request.request_time())
 

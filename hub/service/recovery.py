@@ -1,4 +1,4 @@
-"""Stopping the workbench without losing jobs.
+"""Stopping the workbench without losing jobs (or leaving GPUs held).
 
 When ``danlu up`` stops, every process it started must end -- running jobs
 included. :func:`interrupt_running_jobs` ends each running job's process tree
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from danlu import proctree
 from danlu.hub.service.ledger import Ledger
-from danlu.hub.service.models import Job, make_sessionmaker, utcnow
+from danlu.hub.service.models import Allocation, Job, make_sessionmaker, utcnow
 from danlu.hub.service.states import JobState, transition
 from danlu.jobdir import JobDir
 
@@ -51,6 +51,8 @@ def interrupt_running_jobs(settings, grace: float = 5.0) -> list[str]:
                 job.reason = "interrupted when the workbench stopped; runs again at the next start"
                 interrupted.append(job.id)
             Ledger([]).release(s, "job", job.id)
+        # every server has stopped with the hub: the GPUs they held are free again
+        s.execute(delete(Allocation).where(Allocation.holder_kind == "server"))
     for job_id in interrupted:
         log.info("job %s interrupted and requeued", job_id)
     return interrupted

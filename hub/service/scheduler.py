@@ -47,9 +47,10 @@ class Scheduler:
         position = 0
         for job in queued:
             if job.gpus > snapshot.total_gpus:
-                reason = (f"asks for {job.gpus} GPUs but the workbench has {snapshot.total_gpus}; "
-                          "it can never start")
-            elif job.gpus > 0 and job.gpus <= free_gpus:
+                plan.waiting[job.id] = (f"asks for {job.gpus} GPUs but the workbench has {snapshot.total_gpus}; "
+                                        "it can never start")
+                continue
+            if job.gpus > 0 and job.gpus <= free_gpus:
                 free_gpus -= job.gpus
                 plan.admit.append(job.id)
                 continue

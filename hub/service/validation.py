@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import keyword
 import posixpath
 import re
 from importlib import resources
@@ -136,9 +137,15 @@ def check_notebook(nb: dict) -> Any:
     if nb.get("nbformat") != 4:
         raise ValidationError("notebook must be an nbformat 4 notebook (nbformat: 4)", field="notebook",
                               reason="bad_notebook")
+    if not isinstance(nb.get("cells"), list) or not all(isinstance(c, dict) for c in nb["cells"]) \
+            or not isinstance(nb.get("metadata", {}), dict):
+        raise ValidationError("notebook.cells must be a list of cell objects and notebook.metadata an object",
+                              field="notebook", reason="bad_notebook")
     try:
         node = nbformat.from_dict(nb)
         nbformat.validate(node)
+    except (TypeError, AttributeError, KeyError) as e:
+        raise ValidationError(f"notebook is not valid nbformat: {e}", field="notebook", reason="bad_notebook") from None
     except nbformat.ValidationError as e:
         raise ValidationError(f"notebook is not valid nbformat: {e.message}", field="notebook",
                               reason="bad_notebook") from None
@@ -149,6 +156,6 @@ def check_notebook(nb: dict) -> Any:
 
 def check_parameters(params: dict) -> None:
     for key in params:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) or key in {"True", "False", "None"}:
+        if not key.isidentifier() or keyword.iskeyword(key):
             raise ValidationError(f"parameter name {key!r} is not a Python identifier", field=f"parameters.{key}",
                                   reason="bad_parameter", fix="use letters, digits and _ (not starting with a digit)")

@@ -1,10 +1,12 @@
-"""Test helpers that drive a real ``danlu up`` through its public interfaces.
+"""Drive a real ``danlu up`` through its public interfaces (tests, benchmarks, the demo).
 
 :class:`Workbench` starts ``danlu up`` on a free port with its own state dir and
 talks to it the way users and admins do: the hub REST API (with the admin
 token), the jobs service API and MLflow through the proxy. :class:`RemoteKernel`
 executes code on a kernel of a user's server over the Jupyter websocket
-protocol, as JupyterLab does.
+protocol, as JupyterLab does. Shipped in the package, like
+``jupyterhub.tests.mocking``, so the tests, ``benchmarks/`` and ``make demo``
+share one harness.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import requests
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout (hub/..)
 
 
 def free_port() -> int:
@@ -67,9 +69,24 @@ class Workbench:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"danlu up exited ({self.proc.returncode}):\n{self.log_tail()}")
             if "is up:" in self.log_path.read_text(errors="replace"):
+                self.info = json.loads((self.state / "danlu-up.json").read_text())
                 return self
             time.sleep(0.5)
         raise RuntimeError(f"danlu up did not start in {timeout}s:\n{self.log_tail()}")
+
+    def processes(self) -> list:
+        """Live processes started by this workbench (they carry its DANLU_INSTANCE marker)."""
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("DANLU_INSTANCE") == self.info["instance"] and \
+                        proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,70 @@
+"""Shared fixtures: the service tier runs a real ``danlu up`` (JupyterHub, CHP, MLflow).
+
+``workbench`` is parametrized over the jobs database: SQLite always, PostgreSQL
+when ``DANLU_TEST_POSTGRES_URL`` is set (``.ci/run`` starts one). Users:
+``alice`` (group research), ``bob`` (no group), ``carol`` (group vision),
+``admin`` (an admin). Two GPUs of flavor ``sim`` are declared.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from danlu.hub.testing import Workbench
+
+PROFILES = {"profiles": [
+    {"slug": "python", "display_name": "Python", "description": "Everyone's profile.", "default": True,
+     "environment": {"current": True}, "resources": {"gpus": [0, 1]}},
+    {"slug": "gpu-vision", "display_name": "Vision GPUs", "description": "For the vision team.",
+     "environment": {"current": True}, "resources": {"gpus": [1, 2]}, "groups": ["vision"]},
+]}
+
+CONFIG = {
+    "admin_users": ["admin"],
+    "groups": {"research": ["alice"], "vision": ["carol"]},
+    "gpus": {"declared": [{"count": 2, "flavor": "sim"}]},
+    "jobs": {"grace_period_seconds": 3, "warm_runners": 1},
+}
+
+POSTGRES_URL = os.environ.get("DANLU_TEST_POSTGRES_URL")
+
+
+def reset_postgres(url: str) -> None:
+    from danlu.hub.service.models import Base, make_engine
+
+    engine = make_engine(url)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def workbench(request, tmp_path_factory):
+    config = {**CONFIG, "jobs": dict(CONFIG["jobs"])}
+    if request.param == "postgres":
+        if not POSTGRES_URL:
+            pytest.skip("DANLU_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server)")
+        reset_postgres(POSTGRES_URL)
+        config["jobs"]["database_url"] = POSTGRES_URL
+    wb = Workbench(tmp_path_factory.mktemp(f"wb-{request.param}"), config=config, profiles=PROFILES)
+    wb.start()
+    wb.tokens = {name: wb.create_user(name, groups) for name, groups in
+                 (("alice", ["research"]), ("bob", []), ("carol", ["vision"]), ("admin", []))}
+    yield wb
+    code = wb.stop()
+    leftovers = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in wb.processes()]
+    assert not leftovers, f"processes left after danlu up stopped: {leftovers}"
+    assert code == 0, wb.log_tail()
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("DANLU_JOB_ID") == job_id and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return out

@@ -1,0 +1,143 @@
+"""Pure tests of dataset digests: :func:`danlu.datasets.digest`.
+
+The digest identifies content: the same bytes give the same digest wherever
+they live, any change gives another, and a cache file spares re-hashing files
+that did not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from danlu import datasets
+
+
+def make_dataset(folder, files: dict[str, bytes]):
+    for rel, content in files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return folder
+
+
+FILES = {"train.csv": b"x,y\n1,2\n", "images/a.png": b"\x89PNG a", "images/b.png": b"\x89PNG b"}
+
+
+@pytest.fixture
+def hash_calls(monkeypatch):
+    """Counts the files whose content is actually hashed."""
+    calls = []
+    real = datasets._file_sha256
+
+    def counting(path):
+        calls.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(datasets, "_file_sha256", counting)
+    return calls
+
+
+def test_same_content_in_different_folders_has_the_same_digest(tmp_path):
+    first = datasets.digest(make_dataset(tmp_path / "one" / "mnist", FILES))
+    second = datasets.digest(make_dataset(tmp_path / "two" / "copy", FILES))
+
+    assert first.digest == second.digest
+    assert (first.files, first.bytes) == (3, sum(len(c) for c in FILES.values()))
+    assert first.name == "mnist" and second.name == "copy"
+    assert first.path == str((tmp_path / "one" / "mnist").resolve())
+
+
+def test_digest_is_stable_across_calls(tmp_path):
+    folder = make_dataset(tmp_path / "ds", FILES)
+
+    assert datasets.digest(folder).digest == datasets.digest(folder).digest
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: (d / "images" / "a.png").write_bytes(b"\x89PNG A"),  # one byte, same size
+    lambda d: (d / "train.csv").write_bytes(b"x,y\n1,2\n3,4\n"),
+    lambda d: (d / "images" / "b.png").rename(d / "images" / "c.png"),
+    lambda d: (d / "extra.txt").write_bytes(b""),
+    lambda d: (d / "train.csv").unlink(),
+], ids=["byte", "append", "rename", "new-empty-file", "remove"])
+def test_any_change_changes_the_digest(tmp_path, change):
+    folder = make_dataset(tmp_path / "ds", FILES)
+    before = datasets.digest(folder).digest
+
+    change(folder)
+
+    assert datasets.digest(folder).digest != before
+
+
+def test_single_file_dataset(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_bytes(b"x,y\n1,2\n")
+
+    result = datasets.digest(path, name="train")
+
+    assert (result.name, result.files, result.bytes) == ("train", 1, 8)
+    sha = hashlib.sha256(b"x,y\n1,2\n").hexdigest()
+    assert result.digest == hashlib.sha256(f"train.csv\0{8}\0{sha}".encode()).hexdigest()
+
+
+def test_file_and_folder_holding_more_differ(tmp_path):
+    folder = make_dataset(tmp_path / "ds", FILES)
+
+    assert datasets.digest(folder / "train.csv").digest != datasets.digest(folder).digest
+
+
+def test_empty_folder_has_a_digest(tmp_path):
+    (tmp_path / "empty").mkdir()
+
+    result = datasets.digest(tmp_path / "empty")
+
+    assert (result.files, result.bytes, result.digest) == (0, 0, hashlib.sha256(b"").hexdigest())
+
+
+def test_missing_dataset_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="absent does not exist"):
+        datasets.digest(tmp_path / "absent")
+
+
+def test_cache_file_spares_rehashing(tmp_path, hash_calls):
+    folder = make_dataset(tmp_path / "ds", FILES)
+    cache = tmp_path / "state" / "dataset-digests.json"
+
+    first = datasets.digest(folder, cache_file=cache)
+    assert sorted(hash_calls) == ["a.png", "b.png", "train.csv"]
+    assert len(json.loads(cache.read_text())) == 3
+
+    hash_calls.clear()
+    second = datasets.digest(folder, cache_file=cache)
+
+    assert hash_calls == []
+    assert second.digest == first.digest
+
+
+def test_cache_rehashes_only_changed_files(tmp_path, hash_calls):
+    folder = make_dataset(tmp_path / "ds", FILES)
+    cache = tmp_path / "dataset-digests.json"
+    before = datasets.digest(folder, cache_file=cache)
+    hash_calls.clear()
+
+    (folder / "train.csv").write_bytes(b"x,y\n1,2\n3,4\n")
+    after = datasets.digest(folder, cache_file=cache)
+
+    assert hash_calls == ["train.csv"]
+    assert after.digest != before.digest
+    assert after.digest == datasets.digest(folder).digest  # same answer as with no cache
+
+
+def test_corrupt_cache_file_is_ignored(tmp_path, hash_calls):
+    folder = make_dataset(tmp_path / "ds", FILES)
+    cache = tmp_path / "dataset-digests.json"
+    cache.write_text("{not json")
+
+    result = datasets.digest(folder, cache_file=cache)
+
+    assert len(hash_calls) == 3
+    assert result.digest == datasets.digest(folder).digest
+    assert len(json.loads(cache.read_text())) == 3
