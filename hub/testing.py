@@ -37,6 +37,7 @@ class Workbench:
     def __init__(self, tmp: Path, config: dict | None = None, profiles: dict | None = None,
                  extra_env: dict | None = None):
         self.tmp = Path(tmp)
+        self.tmp.mkdir(parents=True, exist_ok=True)
         self.state = self.tmp / "state"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

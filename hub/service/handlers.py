@@ -206,7 +206,14 @@ class LogsHandler(APIHandler):
                 data = f.read()
             self._emit(_tail(data, tail), sse)
             offset = size
+        ended = self.jobs.ended(job.id)
+        checked = 0.0
         while True:
+            final = ended.is_set()
+            if not final and follow and asyncio.get_running_loop().time() - checked > 2:
+                # a fallback for a job that ended before this follower subscribed
+                checked = asyncio.get_running_loop().time()
+                final = JobState(self.jobs.get(who, job_id).state) in FINAL
             if path.exists():
                 with open(path, "rb") as f:
                     f.seek(offset)
@@ -215,19 +222,17 @@ class LogsHandler(APIHandler):
                 self._emit(chunk, sse)
                 if len(chunk) == 1 << 20:
                     continue
-            if not follow or self._closed:
+            # the runner writes its last log line before its status, so once final the log is complete
+            if not follow or final or self._closed:
                 break
             try:
                 await self.flush()
             except StreamClosedError:
                 return
-            state = self.jobs.get(who, job_id).state
-            if JobState(state) in FINAL:
-                await asyncio.sleep(0.2)  # the runner's last lines precede its status
-                if path.exists() and path.stat().st_size > offset:
-                    continue
-                break
-            await asyncio.sleep(0.25)
+            try:
+                await asyncio.wait_for(asyncio.shield(ended.wait()), 0.1)
+            except asyncio.TimeoutError:
+                pass
         if sse:
             self.write(f"event: end\ndata: {json.dumps({'state': self.jobs.get(who, job_id).state})}\n\n")
         self.finish()

@@ -64,6 +64,7 @@ class JobManager:
         self._wake = asyncio.Event()
         self._watchers: dict[str, asyncio.Task] = {}
         self._cancelling: set[str] = set()
+        self._ended: dict[str, asyncio.Event] = {}
         self._stopping = False
 
     # reading -----------------------------------------------------------------
@@ -132,7 +133,17 @@ class JobManager:
             "mlflow_run_url": (f"{self.settings.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
                                if run_id and experiment_id else None),
             "output_url": f"{base}/output", "logs_url": f"{base}/logs",
+            "runner": ("warm" if job.backend_state.get("warm") else "cold") if "pid" in job.backend_state else None,
         }
+
+    def ended(self, job_id: str) -> asyncio.Event:
+        """An event set when the job reaches a final state (for log followers)."""
+        return self._ended.setdefault(job_id, asyncio.Event())
+
+    def _mark_ended(self, job_id: str) -> None:
+        event = self._ended.pop(job_id, None)
+        if event is not None:
+            event.set()
 
     # submission ------------------------------------------------------------------
     def _resolve_dataset(self, value: str, workdir: Path, field: str) -> dict:
@@ -177,6 +188,7 @@ class JobManager:
         groups = await self.groups.groups_of(owner, fallback=principal.groups)
         profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"])
         home = self.settings.user_home(owner)
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
         workdir = home / cwd
         if not workdir.is_dir():
             raise ValidationError(f"cwd: folder '{cwd}' does not exist in your home", field="cwd", reason="no_folder")
@@ -326,6 +338,7 @@ class JobManager:
                 if run.get("experiment_id"):
                     job.backend_state = {**job.backend_state, "mlflow_experiment_id": run["experiment_id"]}
             self.log.info("job %s %s%s", job_id, state, f": {outcome.reason}" if outcome.reason else "")
+        self._mark_ended(job_id)
         await self.schedule()
 
     async def cancel(self, principal, job_id: str) -> dict:
@@ -340,6 +353,7 @@ class JobManager:
                     row.state = transition(row.state, JobState.cancelled).value
                     row.reason = f"cancelled by {who} while queued"
                     row.finished_at = utcnow()
+            self._mark_ended(job_id)
         else:
             self._cancelling.add(job_id)
             try:
