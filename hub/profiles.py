@@ -105,7 +105,7 @@ class ProfileSet:
         return next((p for p in allowed if p.default), allowed[0] if allowed else None)
 
     def authorize(self, slug: str | None, groups, *, admin: bool = False, gpus: int = 0,
-                  server_choice: bool = False) -> Profile:
+                  server_choice: bool = False, gpu_field: str = "gpus") -> Profile:
         """The profile a user may use, or a PolicyError that says why not.
 
         ``server_choice`` restricts ``gpus`` to the exact choices offered for a
@@ -127,15 +127,15 @@ class ProfileSet:
                 fix="ask an admin to add you to one of those groups, or choose another profile",
             )
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-            raise ValidationError("gpus must be a whole number >= 0", field="gpus")
+            raise ValidationError(f"{gpu_field} must be a whole number >= 0", field=gpu_field)
         if server_choice and gpus not in profile.gpu_choices:
             raise PolicyError(
                 f"profile '{profile.slug}' offers {', '.join(map(str, profile.gpu_choices))} GPUs, not {gpus}",
-                reason="gpus_not_offered", field="gpus")
+                reason="gpus_not_offered", field=gpu_field)
         if gpus > profile.max_gpus:
             raise PolicyError(
                 f"profile '{profile.slug}' allows at most {profile.max_gpus} GPUs, {gpus} asked",
-                reason="too_many_gpus", field="gpus", fix=f"ask for {profile.max_gpus} or fewer")
+                reason="too_many_gpus", field=gpu_field, fix=f"ask for {profile.max_gpus} or fewer")
         return profile
 
 

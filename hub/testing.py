@@ -149,10 +149,13 @@ class Workbench:
 
     def wait_job(self, job_id: str, token: str, timeout: float = 300, states=("succeeded", "failed", "cancelled")):
         deadline = time.monotonic() + timeout
+        job = {"state": "unknown"}
         while time.monotonic() < deadline:
-            job = self.api("GET", f"/jobs/{job_id}", token=token).json()
-            if job["state"] in states:
-                return job
+            r = self.api("GET", f"/jobs/{job_id}", token=token)
+            if r.status_code == 200:  # else the service is restarting
+                job = r.json()
+                if job["state"] in states:
+                    return job
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s")
 

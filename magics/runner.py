@@ -107,6 +107,9 @@ def prime(km, env: dict, cwd: str) -> None:
 
 def job_env(jd: JobDir, spec: dict, devices: list[int], run_id: str | None) -> dict:
     env = {k: str(v) for k, v in spec.get("env", {}).items()}
+    for key in ("MLFLOW_TRACKING_URI", "DANLU_URL", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
     env.update({
         "DANLU_JOB_ID": spec["id"],
         "DANLU_JOB_DIR": str(jd.path),
@@ -249,7 +252,10 @@ class JobRunner:
         from danlu.events import MetricForwarder
 
         spec = self.spec
-        self.client = client = MlflowClient(tracking_uri=spec["mlflow"]["tracking_uri"])
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not tracking_uri:
+            raise RuntimeError("MLFLOW_TRACKING_URI is not set for the runner")
+        self.client = client = MlflowClient(tracking_uri=tracking_uri)
         name = spec["experiment"]
         experiment = client.get_experiment_by_name(name)
         if experiment is None:

@@ -80,13 +80,15 @@ class JobsServiceApp(Application):
         backend = backend_cls(
             parent=self, jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
             runner_env={"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter"),
+                        "MLFLOW_TRACKING_URI": self.mlflow_url, "DANLU_URL": settings.local_url,
+                        # a job must not hang on an unreachable MLflow: it runs on and keeps its events
+                        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
                         **({"DANLU_INSTANCE": os.environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in os.environ
                            else {})},
         )
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         self.manager = JobManager(settings=settings, profiles=profiles, ledger=ledger, sessions=sessions,
-                                  backend=backend, groups=GroupDirectory(self.hub_auth),
-                                  mlflow_tracking_uri=self.mlflow_url, log=self.log)
+                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log)
         self.default_kernel = profiles.default.kernel_name
 
     def make_app(self) -> web.Application:

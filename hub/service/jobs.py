@@ -48,15 +48,13 @@ def cell_sha256(nb: dict) -> tuple[str, str]:
 
 
 class JobManager:
-    def __init__(self, *, settings, profiles, ledger, sessions, backend, groups, mlflow_tracking_uri: str,
-                 log: logging.Logger | None = None):
+    def __init__(self, *, settings, profiles, ledger, sessions, backend, groups, log: logging.Logger | None = None):
         self.settings = settings
         self.profiles = profiles
         self.ledger = ledger
         self.sessions = sessions
         self.backend = backend
         self.groups = groups
-        self.mlflow_tracking_uri = mlflow_tracking_uri
         self.log = log or logging.getLogger("danlu.jobs")
         self.scheduler = Scheduler()
         self.plan = Plan()
@@ -186,7 +184,8 @@ class JobManager:
         if source.get("notebook_path"):
             source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
         groups = await self.groups.groups_of(owner, fallback=principal.groups)
-        profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"])
+        profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
+                                          gpu_field="resources.gpus")
         home = self.settings.user_home(owner)
         home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
         workdir = home / cwd
@@ -199,8 +198,12 @@ class JobManager:
         cell_id, sha = cell_sha256(nb)
         source.setdefault("cell_id", cell_id)
 
+        # the job runs on its profile's kernel, whatever the notebook was saved with
+        node.metadata["kernelspec"] = {"name": profile.kernel_name, "display_name": profile.display_name,
+                                       "language": "python"}
+        node.metadata.setdefault("language_info", {"name": "python"})
         if body.get("dry_run"):
-            return 200, await self._dry_run(nb, params, profile, resources)
+            return 200, await self._dry_run(node, params, profile, resources)
 
         job_id = uuid.uuid4().hex[:12]
         jd = JobDir.create(self.settings.jobs_dir, job_id)
@@ -210,9 +213,8 @@ class JobManager:
             "experiment": body.get("experiment") or f"{owner}/{stem or 'jobs'}",
             "cwd": str(workdir), "home": str(home), "datasets": datasets, "source": source, "cell_sha256": sha,
             "state_dir": str(self.settings.state_dir),
-            "mlflow": {"tracking_uri": self.mlflow_tracking_uri},
-            "env": {"HOME": str(home), "USER": owner, "MLFLOW_TRACKING_URI": self.mlflow_tracking_uri,
-                    "DANLU_URL": self.settings.local_url},
+            # addresses that change between starts (MLflow's port) reach the runner in its environment
+            "env": {"HOME": str(home), "USER": owner},
         }
         try:
             nbformat.write(node, str(jd.input_notebook))
@@ -230,12 +232,13 @@ class JobManager:
         with self.sessions() as s:
             return 201, self.to_dict(s.get(Job, job_id))
 
-    async def _dry_run(self, nb: dict, params: dict, profile, resources: dict) -> dict:
+    async def _dry_run(self, node, params: dict, profile, resources: dict) -> dict:
         from papermill.parameterize import parameterize_notebook
 
-        node = nbformat.from_dict(nb)
-        node.metadata.setdefault("kernelspec", {"name": profile.kernel_name, "language": "python",
-                                                "display_name": profile.display_name})
+        # what papermill's load_notebook_node does before parameterizing
+        node.metadata.setdefault("papermill", {})
+        for cell in node.cells:
+            cell.metadata.setdefault("tags", [])
         rendered = parameterize_notebook(node, params, report_mode=False, kernel_name=profile.kernel_name,
                                          language="python") if params else node
         with self.sessions() as s:

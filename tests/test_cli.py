@@ -1,0 +1,75 @@
+"""The ``danlu`` CLI against a real workbench: one API call per command, one clear line per mistake."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.service
+
+
+def danlu(wb, *args, token=None, url=None):
+    env = {**os.environ, "DANLU_URL": url or wb.url, "DANLU_TOKEN": token or wb.tokens["alice"]}
+    env.pop("JUPYTERHUB_API_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "danlu", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.fixture
+def notebook_file(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell("greeting = 'hello'", metadata={"tags": ["parameters"]}))
+    nb.cells.append(nbformat.v4.new_code_cell("print(greeting, 'from the CLI')"))
+    path = tmp_path / "cli.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_submit_wait_list_show_logs(workbench, notebook_file):
+    done = danlu(workbench, "jobs", "submit", str(notebook_file), "-p", "greeting", "bonjour", "--name", "cli-job",
+                 "--wait")
+    assert done.returncode == 0, done.stderr
+    assert "bonjour from the CLI" in done.stdout
+    job_id = done.stdout.split()[1]
+    listed = danlu(workbench, "jobs", "list")
+    assert job_id in listed.stdout and "cli-job" in listed.stdout
+    shown = json.loads(danlu(workbench, "jobs", "show", job_id, "--json").stdout)
+    assert shown["state"] == "succeeded" and shown["parameters"] == {"greeting": "bonjour"}
+    logs = danlu(workbench, "jobs", "logs", job_id, "--tail", "50")
+    assert "bonjour from the CLI" in logs.stdout
+    # bob sees none of it
+    assert job_id not in danlu(workbench, "jobs", "list", token=workbench.tokens["bob"]).stdout
+    hidden = danlu(workbench, "jobs", "show", job_id, token=workbench.tokens["bob"])
+    assert hidden.returncode == 2 and hidden.stderr.strip() == f"danlu: job {job_id} not found"
+
+
+def test_mistakes_are_one_line_and_exit_2(workbench, notebook_file, tmp_path):
+    cases = [
+        (("jobs", "submit", str(tmp_path / "missing.ipynb")), "no such notebook"),
+        (("jobs", "submit", str(notebook_file), "--profile", "gpu-vision"), "restricted to groups vision"),
+        (("jobs", "submit", str(notebook_file), "--nproc", "0"), "resources.nproc must be at least 1"),
+        (("jobs", "show", "not-an-id"), "is not a job id"),
+    ]
+    for args, message in cases:
+        done = danlu(workbench, *args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in done.stderr, done.stderr
+    finished = danlu(workbench, "jobs", "submit", str(notebook_file), "--wait")
+    job_id = finished.stdout.split()[1]
+    again = danlu(workbench, "jobs", "cancel", job_id)
+    assert again.returncode == 2 and "already ended" in again.stderr
+    unreachable = danlu(workbench, "jobs", "list", url="http://127.0.0.1:9")
+    assert unreachable.returncode == 2 and "DANLU_URL" in unreachable.stderr
+    assert len(unreachable.stderr.strip().splitlines()) == 1
+
+
+def test_profiles_command(workbench):
+    done = danlu(workbench, "profiles", token=workbench.tokens["carol"])
+    assert done.returncode == 0
+    assert "* python" in done.stdout and "gpu-vision" in done.stdout
