@@ -8,6 +8,8 @@ import json
 import pytest
 import requests
 
+from danlu.hub.service.validation import check_schema
+
 pytestmark = pytest.mark.service
 
 NB = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
@@ -71,6 +73,7 @@ def test_bad_submission_names_the_field_and_stores_nothing(workbench, case, payl
     r = workbench.api("POST", "/jobs", token=alice, json=payload)
     assert r.status_code == status, r.text
     error = r.json()
+    check_schema("Error", error)
     assert error["field"] == field, error
     assert error["message"] and "Traceback" not in r.text
     assert workbench.api("GET", "/jobs", token=workbench.tokens["admin"]).json()["jobs"] == before
@@ -126,6 +129,7 @@ def test_dry_run_says_whether_it_would_start_and_stores_nothing(workbench):
     r = workbench.api("POST", "/jobs", token=alice, json=body(notebook=nb, dry_run=True, parameters={"lr": 0.25}))
     assert r.status_code == 200, r.text
     answer = r.json()
+    check_schema("DryRun", answer)
     assert answer["dry_run"] is True and answer["admitted"] is True and answer["reason"] == "would start now"
     sources = ["".join(c["source"]) for c in answer["notebook"]["cells"]]
     assert any("lr = 0.25" in s for s in sources)  # papermill's injected parameters

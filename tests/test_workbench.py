@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from danlu.hub.service.validation import check_schema
 from danlu.hub.testing import RemoteKernel
 
 from .conftest import job_processes
@@ -56,6 +57,9 @@ def alice_job(workbench):
     made = kernel.execute("import os; os.makedirs('data', exist_ok=True); open('data/train.csv', 'w')"
                           ".write('x,y\\n1,2\\n3,4\\n')")
     assert made["status"] == "ok", made
+    git = kernel.execute("!git init -q . && git add -A && git -c user.name=t -c user.email=t@example.com "
+                         "commit -qm start && git rev-parse HEAD")
+    assert git["status"] == "ok", git
     setup = kernel.execute(SETUP, cell_id="setup-cell")
     assert setup["status"] == "ok", setup
     cell = f"%%train --nproc 2 --param lr=0.05 --param steps={STEPS} --dataset data/train.csv --wait\n" + TRAIN_BODY
@@ -63,11 +67,13 @@ def alice_job(workbench):
     assert result["status"] == "ok", result
     jobs = wb.api("GET", "/jobs", token=token).json()["jobs"]
     job = next(j for j in jobs if j["source"].get("cell_id") == "train-cell")
-    return {"job": job, "output": result["stdout"], "token": token}
+    return {"job": job, "output": result["stdout"], "token": token, "commit": git["stdout"].split()[-1],
+            "kernel": kernel}
 
 
 def test_train_cell_job_succeeds(alice_job):
     job = alice_job["job"]
+    check_schema("Job", job)  # the API answers what its OpenAPI document says
     assert job["state"] == "succeeded", job
     assert job["resources"] == {"nproc": 2, "gpus": 0}
     assert job["profile"] == "python"
@@ -115,6 +121,7 @@ def test_one_mlflow_run_with_params_tags_metrics_dataset(workbench, alice_job):
     assert tags["danlu.cell_sha256"] == hashlib.sha256(TRAIN_BODY.encode()).hexdigest()
     assert tags["danlu.user"] == "alice" and tags["danlu.profile"] == "python"
     assert tags["danlu.notebook_path"] == "work/mnist.ipynb" and tags["danlu.cell_id"] == "train-cell"
+    assert tags["mlflow.source.git.commit"] == alice_job["commit"]
     history = wb.mlflow("GET", f"/api/2.0/mlflow/metrics/get-history?run_id={job['mlflow_run_id']}&metric_key=loss",
                         token=token).json()["metrics"]
     # rank 0 only: one point per step
@@ -243,3 +250,74 @@ def test_cancel_nproc2_job_ends_every_process(workbench):
     assert all(not p.is_running() or p.status() == "zombie" for p in before)
     again = wb.api("POST", f"/jobs/{job['id']}/cancel", token=alice)
     assert again.status_code == 409 and again.json()["reason"] == "already_final"
+
+
+def test_train_without_wait_shows_a_live_job_card(workbench, alice_job):
+    kernel = alice_job["kernel"]
+    shown = kernel.execute("%%train --name carded\nprint('from a card job')")
+    assert shown["status"] == "ok", shown
+    assert any("application/vnd.jupyter.widget-view+json" in o["data"] for o in shown["outputs"])
+    token = alice_job["token"]
+    job = next(j for j in workbench.api("GET", "/jobs", token=token).json()["jobs"] if j["name"] == "carded")
+    assert workbench.wait_job(job["id"], token)["state"] == "succeeded"
+
+
+def test_magic_mistakes_are_one_line_usage_errors(workbench, alice_job):
+    kernel = alice_job["kernel"]
+    for line, message in (("%%train --profile gpu-vision", "restricted to groups vision"),
+                          ("%%train --param 1x=2", "not a usable Python name"),
+                          ("%%train --nproc 0", "--nproc must be at least 1")):
+        result = kernel.execute(f"{line}\nprint(1)")
+        assert result["status"] == "error"
+        assert result["stderr"].startswith("UsageError: ") and message in result["stderr"], result
+        assert "Traceback" not in result["stderr"] + result["stdout"]
+    unreachable = kernel.execute("import os; os.environ['DANLU_URL'] = 'http://127.0.0.1:9'")
+    assert unreachable["status"] == "ok"
+    result = kernel.execute("%%train\nprint(1)")
+    assert "cannot reach the Danlu jobs service" in result["stderr"] and "DANLU_URL" in result["stderr"]
+    kernel.execute(f"os.environ['DANLU_URL'] = {workbench.url!r}")
+
+
+def _submit(wb, token, source: str, **extra) -> dict:
+    nb = {"cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None,
+                     "source": cell} for i, cell in enumerate(source.split("\n#%%\n"))],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    r = wb.api("POST", "/jobs", token=token, json={"notebook": nb, **extra})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def test_failing_cell_fails_the_job_and_keeps_what_was_logged(workbench):
+    alice = workbench.tokens["alice"]
+    job = _submit(workbench, alice, "from torch.utils.tensorboard import SummaryWriter\nw = SummaryWriter()\n"
+                                    "for i in range(5):\n    w.add_scalar('before_crash', i, i)\n#%%\n1 / 0",
+                  name="crash")
+    done = workbench.wait_job(job["id"], alice)
+    assert done["state"] == "failed"
+    assert "ZeroDivisionError" in done["reason"] and "cell" in done["reason"]
+    run = workbench.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}", token=alice).json()
+    assert run["run"]["info"]["status"] == "FAILED"
+    history = workbench.mlflow("GET", "/api/2.0/mlflow/metrics/get-history?run_id="
+                               f"{done['mlflow_run_id']}&metric_key=before_crash", token=alice).json()["metrics"]
+    assert sorted(m["step"] for m in history) == [0, 1, 2, 3, 4]
+    output = workbench.api("GET", f"/jobs/{job['id']}/output", token=alice).json()
+    assert "ZeroDivisionError" in json.dumps(output)
+
+
+def test_framework_autolog_and_log_dataset_land_in_the_jobs_run(workbench):
+    alice = workbench.tokens["alice"]
+    job = _submit(workbench, alice, "import numpy as np, danlu\n"
+                                    "np.savetxt('tabular.csv', np.arange(20.0).reshape(10, 2), delimiter=',')\n"
+                                    "danlu.log_dataset('tabular.csv', name='tabular')\n"
+                                    "from sklearn.linear_model import LinearRegression\n"
+                                    "data = np.loadtxt('tabular.csv', delimiter=',')\n"
+                                    "LinearRegression(fit_intercept=False).fit(data[:, :1], data[:, 1])",
+                  name="sk")
+    done = workbench.wait_job(job["id"], alice)
+    assert done["state"] == "succeeded", workbench.api("GET", f"/jobs/{job['id']}/logs", token=alice).text
+    run = _one_run(workbench, alice, job["id"])
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params.get("fit_intercept") == "False"  # from mlflow.autolog() for sklearn
+    assert any(m["key"].startswith("training_") for m in run["data"]["metrics"])
+    names = [d["dataset"]["name"] for d in run["inputs"]["dataset_inputs"]]
+    assert "tabular" in names  # sklearn's autolog adds the training data it saw too
