@@ -15,6 +15,7 @@ stopped, and whatever still carries the marker is ended: no orphan remains.
 
 from __future__ import annotations
 
+import getpass
 import os
 import secrets
 import shutil
@@ -33,6 +34,7 @@ from traitlets.config import Application
 
 from danlu import __version__, proctree
 from danlu.errors import ConfigError, DanluError
+from danlu.hub import accounts
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
@@ -99,9 +101,15 @@ class DanluUp(Application):
                              settings.profiles_file)
         state = settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
-        os.chmod(state, 0o700)
-        (state / "logs").mkdir(exist_ok=True)
-        prepare_profiles(state, profiles)
+        # users' servers and jobs must reach the kernelspecs and environments, nothing else
+        os.chmod(state, 0o711 if settings.unix_accounts else 0o700)
+        (state / "logs").mkdir(mode=0o700, exist_ok=True)
+        old = os.umask(0o022)
+        try:
+            prepare_profiles(state, profiles)
+        finally:
+            os.umask(old)
+        os.umask(0o077)  # databases, tokens, logs and job files: owner only
         self.profiles = profiles
         return settings
 
@@ -160,13 +168,23 @@ class DanluUp(Application):
     def banner(self, settings: Settings, token_source: str) -> None:
         kind = settings.auth["type"]
         how = {
-            "native": "sign up at /hub/signup; an admin approves new accounts at /hub/authorize "
-                      "(admins listed in danlu.yaml are approved at once)",
-            "pam": "log in with your account on this machine",
+            "pam": "your account and password on this machine" + (
+                "" if os.geteuid() == 0 else f" (only '{getpass.getuser()}' can log in unless danlu runs as root)"),
+            "shared-password": "any allowed name with the shared password",
             "dummy": "any username and password (testing only!)",
         }.get(kind, f"log in with {kind}")
         self._say(f"Danlu {__version__} is up: {settings.public_url}")
         self._say(f"log in: {how}")
+        if settings.unix_accounts:
+            self._say("servers and jobs run as each user's Unix account")
+        else:
+            self._say(f"servers and jobs run as '{getpass.getuser()}', homes in {settings.state_dir / 'users'} "
+                      "(users.unix_accounts: off)")
+            if os.geteuid() == 0:
+                why = ("" if accounts.runnable_by_others() else
+                       f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)")
+                self._say(f"WARNING: that account is root: every user can act as root. "
+                          f"Set users.unix_accounts: on{why}")
         self._say(f"admin API token: {token_source}")
         self._say(f"state and logs: {settings.state_dir}   stop: Ctrl-C")
 

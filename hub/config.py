@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from danlu.errors import ConfigError
-from danlu.hub import yamlconfig
+from danlu.hub import accounts, yamlconfig
 
 ENV_OVERRIDES = {
     "ip": "DANLU_IP",
@@ -87,7 +87,16 @@ class Settings:
 
     @property
     def auth(self) -> dict:
-        return {"type": "native", **self.data.get("auth", {})}
+        return {"type": "pam", **self.data.get("auth", {})}
+
+    @cached_property
+    def unix_accounts(self) -> bool:
+        """Whether servers and jobs run as each user's Unix account (see danlu.hub.accounts)."""
+        return accounts.enabled(self.data.get("users", {}).get("unix_accounts", "auto"))
+
+    def account(self, username: str) -> "accounts.Account | None":
+        """The Unix account a user's processes run as; None when everything runs as this account."""
+        return accounts.lookup(username) if self.unix_accounts else None
 
     @property
     def profiles_file(self) -> Path:
@@ -124,7 +133,8 @@ class Settings:
 
     def user_home(self, username: str) -> Path:
         """A user's home folder: notebooks, datasets and job working directories live under it."""
-        return self.state_dir / "users" / username
+        account = self.account(username)
+        return Path(account.home) if account else self.state_dir / "users" / username
 
     def where(self, *path: Any) -> str:
         """``file:line`` of a key, for errors found after schema validation."""

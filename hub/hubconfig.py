@@ -19,8 +19,8 @@ from danlu.hub.config import Settings, load_settings
 from danlu.hub.service.auth import ADMIN, CUSTOM_SCOPES, WRITE
 
 AUTHENTICATORS = {
-    "native": "nativeauthenticator.NativeAuthenticator",
     "pam": "jupyterhub.auth.PAMAuthenticator",
+    "shared-password": "jupyterhub.authenticators.shared.SharedPasswordAuthenticator",
     "github": "oauthenticator.github.GitHubOAuthenticator",
     "gitlab": "oauthenticator.gitlab.GitLabOAuthenticator",
     "oidc": "oauthenticator.generic.GenericOAuthenticator",
@@ -45,14 +45,15 @@ def _authenticator(c, settings: Settings) -> None:
     c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
     if auth.get("allowed_users"):
         c.Authenticator.allowed_users = set(auth["allowed_users"])
-    if kind == "native":
-        c.NativeAuthenticator.open_signup = bool(auth.get("open_signup", False))
-        c.NativeAuthenticator.minimum_password_length = 8
-        c.NativeAuthenticator.check_common_password = True
-        c.Authenticator.allow_all = True  # who may log in is decided by sign-up approval
-    elif kind == "dummy":
+    if kind == "dummy":
         c.Authenticator.allow_all = True
     elif kind == "pam":
+        # every account of this machine may log in unless allowed_users narrows it
+        c.Authenticator.allow_all = not auth.get("allowed_users")
+    elif kind == "shared-password":
+        c.SharedPasswordAuthenticator.user_password = auth["user_password"]
+        if auth.get("admin_password"):
+            c.SharedPasswordAuthenticator.admin_password = auth["admin_password"]
         c.Authenticator.allow_all = not auth.get("allowed_users")
     else:
         section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator,
@@ -83,6 +84,8 @@ def _authenticator(c, settings: Settings) -> None:
             c.Authenticator.allow_all = False  # OAuth with no allow-list admits admins only
     for key, value in (auth.get("options") or {}).items():
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
+    if settings.admin_users and kind == "shared-password":
+        c.Authenticator.admin_users = set(settings.admin_users)  # it checks admins' password against this
 
 
 def configure(c, environ=os.environ) -> Settings:
@@ -175,6 +178,7 @@ def configure(c, environ=os.environ) -> Settings:
     c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ", "DANLU_INSTANCE"]
     c.DanluLocalSpawner.profiles_file = str(settings.profiles_file)
     c.DanluLocalSpawner.home_root = str(state / "users")
+    c.DanluLocalSpawner.unix_accounts = settings.unix_accounts
     c.DanluLocalSpawner.jobs_api_url = f"http://127.0.0.1:{service_port}/services/danlu/api/v1"
     c.DanluLocalSpawner.jobs_api_token = admin_token
     c.DanluLocalSpawner.extra_env = {

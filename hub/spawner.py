@@ -10,9 +10,10 @@ come from the jobs service's ledger, the same one jobs use, and reach the
 server as ``CUDA_VISIBLE_DEVICES``; they are given back when the server stops.
 The server offers only its profile's kernel.
 
-Servers run as the account that runs the hub (like JupyterHub's
-``SimpleLocalProcessSpawner``), each in its own home folder under the state
-dir; see docs/admin-guide.md for what that means for isolation.
+With ``unix_accounts`` on (the default when the hub runs as root) a server
+runs as the user's Unix account in its home folder, exactly as JupyterHub's
+``LocalProcessSpawner`` does; otherwise as the hub's own account in a home
+folder under the state dir (see :mod:`danlu.hub.accounts`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Any, Dict, Unicode, default
+from traitlets import Any, Bool, Dict, Unicode, default
 
 from danlu.errors import DanluError
+from danlu.hub import accounts
 from danlu.hub.profiles import ProfileSet, builtin_profiles, load_profiles
 
 
@@ -35,7 +37,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
     """JupyterLab servers from governed profiles, as local processes."""
 
     profiles_file = Unicode(help="The governed profiles file (kernel-images/profiles.yaml).").tag(config=True)
-    home_root = Unicode(help="Folder holding one home folder per user.").tag(config=True)
+    home_root = Unicode(help="Folder holding one home folder per user (when unix_accounts is off).").tag(config=True)
+    unix_accounts = Bool(False, help="Run each server as the user's Unix account (needs root).").tag(config=True)
     jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
     jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
@@ -52,8 +55,13 @@ class DanluLocalSpawner(LocalProcessSpawner):
 
     # identity and home ----------------------------------------------------------
     @property
+    def account(self) -> accounts.Account | None:
+        return accounts.lookup(self.user.name) if self.unix_accounts else None
+
+    @property
     def home_dir(self) -> str:
-        return str(Path(self.home_root) / self.user.name)
+        account = self.account
+        return account.home if account else str(Path(self.home_root) / self.user.name)
 
     @property
     def holder(self) -> str:
@@ -67,6 +75,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
         return [g.name for g in getattr(self.user, "groups", [])]
 
     def make_preexec_fn(self, name):
+        if self.unix_accounts:
+            return super().make_preexec_fn(name)  # setuid to the user, cd to their home
         home = self.home_dir
 
         def preexec():
@@ -76,6 +86,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
         return preexec
 
     def user_env(self, env):
+        if self.unix_accounts:
+            return super().user_env(env)
         env["USER"] = self.user.name
         env["HOME"] = self.home_dir
         env["SHELL"] = os.environ.get("SHELL", "/bin/bash")
@@ -130,6 +142,11 @@ class DanluLocalSpawner(LocalProcessSpawner):
                                               gpus=gpus, server_choice=True)
         except DanluError as e:
             raise web.HTTPError(e.status if e.status < 500 else 400, str(e)) from None
+        if self.unix_accounts:
+            try:
+                self.account  # noqa: B018 - refuse users without an account before anything starts
+            except DanluError as e:
+                raise web.HTTPError(e.status, str(e)) from None
         self.profile = profile
         self.gpus_requested = gpus
         if profile.cpu:
@@ -139,7 +156,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
 
     def get_args(self):
         args = super().get_args()
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and not self.unix_accounts:
             args.append("--allow-root")  # servers run as the hub's account (see the module docstring)
         profile = getattr(self, "profile", None)
         if profile is not None:  # only the profile's kernel is offered
@@ -186,7 +203,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
             result = await self._jobs_api("POST", "/allocations", {
                 "holder": self.holder, "owner": self.user.name, "gpus": self.gpus_requested})
             self.devices = result["devices"]
-        Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.unix_accounts:
+            Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             return await super().start()
         except BaseException:

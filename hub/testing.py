@@ -44,6 +44,7 @@ class Workbench:
         self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
         config = dict(config or {})
         config.setdefault("auth", {"type": "dummy"})
+        config.setdefault("users", {"unix_accounts": "off"})  # test users have no Unix accounts
         config.setdefault("hub", {"idle_timeout_seconds": 0})
         if profiles is not None:
             (self.tmp / "profiles.yaml").write_text(yaml.safe_dump(profiles))

@@ -49,9 +49,7 @@ def log_dataset(path, name: str | None = None, context: str = "training"):
     """
     from danlu import autolog, datasets
 
-    state_dir = os.environ.get("DANLU_STATE_DIR")
-    digest = datasets.digest(path, name=name,
-                             cache_file=Path(state_dir) / "dataset-digests.json" if state_dir else None)
+    digest = datasets.digest(path, name=name, cache_file=datasets.default_cache())
     run = autolog.mlflow_run()
     if run is not None:
         from mlflow import MlflowClient

@@ -65,6 +65,11 @@ class _Cache:
             os.replace(tmp, self.path)
 
 
+def default_cache() -> Path:
+    """Per-user cache of content hashes (``~/.cache/danlu/dataset-digests.json``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "danlu" / "dataset-digests.json"
+
+
 def digest(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None) -> DatasetDigest:
     """The content digest of a file or folder (raises FileNotFoundError if missing)."""
     root = Path(path)

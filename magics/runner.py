@@ -297,9 +297,7 @@ class JobRunner:
                              synchronous=True)
             for ds in spec.get("datasets", []):
                 try:
-                    digest = datasets.digest(ds["path"], name=ds["name"],
-                                             cache_file=Path(spec["state_dir"]) / "dataset-digests.json"
-                                             if spec.get("state_dir") else None)
+                    digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
                     datasets.log_to_mlflow(client, self.run_id, digest)
                     print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
                           file=sys.stderr, flush=True)

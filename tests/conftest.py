@@ -24,6 +24,7 @@ PROFILES = {"profiles": [
 
 CONFIG = {
     "admin_users": ["admin"],
+    "users": {"unix_accounts": "off"},  # test users have no Unix accounts (see test_accounts.py)
     "groups": {"research": ["alice"], "vision": ["carol"]},
     "gpus": {"declared": [{"count": 2, "flavor": "sim"}]},
     "jobs": {"grace_period_seconds": 3, "warm_runners": 1},

@@ -66,7 +66,7 @@ def test_no_file_gives_defaults(tmp_path):
     assert settings.source is None
     assert settings.ip == "127.0.0.1"
     assert settings.port == 8000
-    assert settings.auth == {"type": "native"}
+    assert settings.auth == {"type": "pam"}
     assert settings.jobs == JOB_DEFAULTS
     assert settings.state_dir == (tmp_path / ".danlu").resolve()
     assert settings.profiles_file == tmp_path / "kernel-images" / "profiles.yaml"

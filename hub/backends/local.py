@@ -24,6 +24,7 @@ import psutil
 from traitlets import Dict, Integer, Unicode
 
 from danlu import proctree
+from danlu.hub.accounts import Account, demote, give
 from danlu.hub.backends.base import Backend, Outcome
 from danlu.jobdir import JobDir, write_json_atomic
 
@@ -90,11 +91,13 @@ class LocalBackend(Backend):
         env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         return env
 
-    async def _start_warm(self, kernel_name: str) -> WarmRunner:
+    async def _start_warm(self, kernel_name: str, account: Account | None) -> WarmRunner:
+        env = self._env({"HOME": account.home, "USER": account.name} if account else None)
         proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "danlu.runner", "--warm", kernel_name,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=self._env(), cwd=self.jobs_root,
+            start_new_session=True, env=env, cwd=account.home if account else self.jobs_root,
+            preexec_fn=demote(account) if account else None,
         )
         runner = WarmRunner(proc, kernel_name)
         self._spawn(runner.watch())
@@ -105,17 +108,18 @@ class LocalBackend(Backend):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def warm(self, kernel_name: str) -> None:
-        """Top up the pool of warm runners for a kernel."""
+    async def warm(self, kernel_name: str, account: Account | None = None) -> None:
+        """Top up the pool of warm runners for a kernel (and, with Unix accounts, a user)."""
         if self._closing or self.warm_runners <= 0:
             return
-        pool = [r for r in self._pool.get(kernel_name, []) if r.proc.returncode is None]
+        key = (kernel_name, account.uid if account else None)
+        pool = [r for r in self._pool.get(key, []) if r.proc.returncode is None]
         while len(pool) < self.warm_runners:
-            pool.append(await self._start_warm(kernel_name))
-        self._pool[kernel_name] = pool
+            pool.append(await self._start_warm(kernel_name, account))
+        self._pool[key] = pool
 
-    def _take_warm(self, kernel_name: str) -> WarmRunner | None:
-        pool = self._pool.get(kernel_name, [])
+    def _take_warm(self, kernel_name: str, account: Account | None) -> WarmRunner | None:
+        pool = self._pool.get((kernel_name, account.uid if account else None), [])
         for runner in pool:
             if runner.usable:
                 pool.remove(runner)
@@ -131,12 +135,17 @@ class LocalBackend(Backend):
 
     async def start(self, job: dict) -> dict:
         jd = self.jobdir(job["id"])
+        run_as = jd.spec().get("run_as")
+        account = Account(**run_as) if run_as else None
         with contextlib.suppress(FileNotFoundError):
             jd.status_file.unlink()  # a new attempt of a requeued job
         write_json_atomic(jd.path / "attempt.json", {
             "number": job["attempt"], "devices": job["devices"], "started_at": time.time()})
+        give(jd.path / "attempt.json", account)
+        jd.log_file.touch()
+        give(jd.log_file, account, 0o600)
         kernel = job["kernel_name"]
-        runner = self._take_warm(kernel) if job["nproc"] == 1 else None
+        runner = self._take_warm(kernel, account) if job["nproc"] == 1 else None
         if runner is not None:
             await runner.assign(jd.path)
             proc = runner.proc
@@ -148,12 +157,13 @@ class LocalBackend(Backend):
                     self.python, "-m", "danlu.runner", str(jd.path),
                     stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                     start_new_session=True, env=self._env({"DANLU_JOB_ID": job["id"]}), cwd=str(jd.path),
+                    preexec_fn=demote(account) if account else None,
                 )
             finally:
                 log.close()
             warm = False
         self._procs[job["id"]] = proc
-        self._spawn(self.warm(kernel))
+        self._spawn(self.warm(kernel, account))
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:

@@ -75,7 +75,9 @@ class JobsServiceApp(Application):
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         ledger = Ledger(gpu_inventory.inventory(settings.gpus))
         sessions = make_sessionmaker(settings.jobs_database_url)
-        settings.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+        # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
+        os.chmod(settings.jobs_dir, 0o711 if settings.unix_accounts else 0o700)
         backend_cls = backends.get(self.backend)
         backend = backend_cls(
             parent=self, jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],

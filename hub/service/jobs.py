@@ -26,6 +26,7 @@ import nbformat
 from sqlalchemy import func, select
 
 from danlu.errors import Forbidden, NotFound, PolicyError, ValidationError
+from danlu.hub import accounts
 from danlu.hub.backends.base import Outcome
 from danlu.hub.service import validation
 from danlu.hub.service.models import Attempt, Job, isoformat, utcnow
@@ -183,11 +184,13 @@ class JobManager:
         source = dict(body.get("source", {}))
         if source.get("notebook_path"):
             source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
+        account = self.settings.account(owner)  # refuses a user without a Unix account when they are on
         groups = await self.groups.groups_of(owner, fallback=principal.groups)
         profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
                                           gpu_field="resources.gpus")
         home = self.settings.user_home(owner)
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
+        if account is None:
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
         workdir = home / cwd
         if not workdir.is_dir():
             raise ValidationError(f"cwd: folder '{cwd}' does not exist in your home", field="cwd", reason="no_folder")
@@ -212,13 +215,15 @@ class JobManager:
             "nproc": resources["nproc"], "gpus": resources["gpus"], "parameters": params, "queue": queue,
             "experiment": body.get("experiment") or f"{owner}/{stem or 'jobs'}",
             "cwd": str(workdir), "home": str(home), "datasets": datasets, "source": source, "cell_sha256": sha,
-            "state_dir": str(self.settings.state_dir),
             # addresses that change between starts (MLflow's port) reach the runner in its environment
             "env": {"HOME": str(home), "USER": owner},
+            "run_as": account.to_dict() if account else None,
         }
         try:
             nbformat.write(node, str(jd.input_notebook))
             jd.write_spec(spec)
+            for path in (jd.path, jd.input_notebook, jd.spec_file):
+                accounts.give(path, account)
             with self.sessions() as s, s.begin():
                 s.add(Job(id=job_id, owner=owner, name=name, state=JobState.queued.value, reason="",
                           profile=profile.slug, queue=queue, nproc=resources["nproc"], gpus=resources["gpus"],
