@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build on machines without a GPU; set TORCH_SPEC='torch' on a GPU box.
+# Installed before the project so its `torch>=2.4` extra is already satisfied; on these machines
+# torch==2.13.0 is a CPU build on disk. On a GPU box set TORCH_SPEC to the build you want.
 TORCH_SPEC ?= torch==2.13.0
 CHP_VERSION ?= 5.3.0
 PYTEST_ARGS ?=

@@ -119,6 +119,11 @@ class Settings:
         return {"detect": True, **self.data.get("gpus", {})}
 
     @property
+    def extra_config_file(self) -> Path | None:
+        value = self.hub.get("extra_config_file")
+        return self._path(value) if value else None
+
+    @property
     def dataset_roots(self) -> dict[str, Path]:
         roots = self.data.get("datasets", {}).get("roots", {})
         return {name: self._path(p) for name, p in roots.items()}
@@ -177,4 +182,22 @@ def load_settings(config_file: str | os.PathLike | None = None, overrides: dict 
         if value is not None:
             data[key] = _coerce_override(key, str(value), f"--{key.replace('_', '-')}") if key in ENV_OVERRIDES else value
     base_dir = Path(environ.get("DANLU_BASE_DIR") or Path.cwd())
-    return Settings(data=data, source=source, marks=marks, base_dir=base_dir)
+    settings = Settings(data=data, source=source, marks=marks, base_dir=base_dir)
+    _check(settings)
+    return settings
+
+
+def _check(settings: Settings) -> None:
+    """What the schema cannot say: combinations of keys."""
+    auth = settings.data.get("auth", {})
+    if (auth.get("manage_groups") or auth.get("allowed_groups")) and settings.data.get("groups"):
+        raise ConfigError(f"{settings.where('groups')}: groups cannot be listed when the identity provider "
+                          "manages them (auth.manage_groups or auth.allowed_groups)",
+                          fix="its groups claim decides membership then; remove 'groups'")
+    if auth.get("allowed_groups") and auth.get("type") != "oidc":
+        raise ConfigError(f"{settings.where('auth', 'allowed_groups')}: auth.allowed_groups is for oidc",
+                          fix="use allowed_organizations (github) or allowed_gitlab_groups (gitlab)")
+    extra = settings.hub.get("extra_config_file")
+    if extra and not settings.extra_config_file.exists():
+        raise ConfigError(f"{settings.where('hub', 'extra_config_file')}: {settings.extra_config_file} does not exist",
+                          fix="fix the path (relative paths start where danlu up runs)")

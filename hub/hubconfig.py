@@ -43,6 +43,8 @@ def _authenticator(c, settings: Settings) -> None:
     auth = settings.auth
     kind = auth["type"]
     c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
+    # JupyterHub's own admin list: admins may log in (OAuth's check_allowed admits them) and are hub admins
+    c.Authenticator.admin_users = set(settings.admin_users)
     if auth.get("allowed_users"):
         c.Authenticator.allowed_users = set(auth["allowed_users"])
     if kind == "dummy":
@@ -74,18 +76,18 @@ def _authenticator(c, settings: Settings) -> None:
             section.userdata_url = auth["userdata_url"]
             section.username_claim = auth.get("username_claim", "preferred_username")
             section.scope = auth.get("scope", ["openid", "profile", "email", "groups"])
-            if auth.get("allowed_groups"):
-                section.allowed_groups = set(auth["allowed_groups"])
-            if auth.get("manage_groups"):
+            if auth.get("allowed_groups") or auth.get("manage_groups"):
+                # OAuthenticator reads groups only when it manages them
                 section.manage_groups = True
                 section.auth_state_groups_key = "oauth_user.groups"
+            if auth.get("allowed_groups"):
+                section.allowed_groups = set(auth["allowed_groups"])
         if not any(auth.get(k) for k in ("allowed_users", "allowed_organizations", "allowed_gitlab_groups",
                                          "allowed_groups")):
-            c.Authenticator.allow_all = False  # OAuth with no allow-list admits admins only
+            c.Authenticator.allow_all = False  # OAuth with no allow-list admits only admin_users
     for key, value in (auth.get("options") or {}).items():
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
-    if settings.admin_users and kind == "shared-password":
-        c.Authenticator.admin_users = set(settings.admin_users)  # it checks admins' password against this
+
 
 
 def configure(c, environ=os.environ) -> Settings:
@@ -110,7 +112,9 @@ def configure(c, environ=os.environ) -> Settings:
         c.ConfigurableHTTPProxy.command = [chp]
 
     _authenticator(c, settings)
-    c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
+    if not (settings.auth.get("manage_groups") or settings.auth.get("allowed_groups")):
+        # else the identity provider owns group membership
+        c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
 
     admin_token = environ["DANLU_ADMIN_TOKEN"]
     instance = {"DANLU_INSTANCE": environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in environ else {}
@@ -153,7 +157,7 @@ def configure(c, environ=os.environ) -> Settings:
         {"name": "danlu-admin", "description": "Operate Danlu: every job, the queue and GPU allocations.",
          "scopes": [ADMIN, "access:services"], "users": settings.admin_users, "services": ["danlu-admin"]},
         # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
-        {"name": "admin", "users": settings.admin_users, "services": ["danlu-admin"]},
+        {"name": "admin", "services": ["danlu-admin"]},
         {"name": "danlu-service", "description": "The jobs service reads users' groups.",
          "scopes": ["read:users", "read:groups", "list:users"], "services": ["danlu"]},
         {"name": "idle-culler", "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],

@@ -193,6 +193,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
         if profile is not None:
             env["DANLU_PROFILE"] = profile.slug
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in getattr(self, "devices", []))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ledger's indices are nvidia-smi's (PCI) order
         return env
 
     async def start(self):

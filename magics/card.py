@@ -34,7 +34,7 @@ def summary_html(job: dict) -> str:
     parts.append(f"{resources.get('nproc', 1)} proc, {resources.get('gpus', 0)} GPU · {html.escape(job['profile'])}")
     links = []
     if job.get("output_url") and state in FINAL | {"running"}:
-        links.append(f'<a href="{html.escape(job["output_url"])}" target="_blank">output notebook</a>')
+        links.append(f'<a href="{html.escape(job["output_url"])}?format=html" target="_blank">output notebook</a>')
     if job.get("mlflow_run_url"):
         links.append(f'<a href="{html.escape(job["mlflow_run_url"])}" target="_blank">MLflow run</a>')
     return " · ".join(parts) + ("<br>" + " · ".join(links) if links else "")

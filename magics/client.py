@@ -1,8 +1,8 @@
 """A small client of the jobs service's REST API, shared by ``%%train`` and the CLI.
 
 It finds the workbench from ``$DANLU_URL`` (set in every Danlu server; the
-hub's base URL) and authenticates with ``$JUPYTERHUB_API_TOKEN`` (also set
-there) or ``$DANLU_TOKEN``. API errors come back as the matching
+hub's base URL) and authenticates with ``$DANLU_TOKEN`` if set, else
+``$JUPYTERHUB_API_TOKEN`` (set in every server). API errors come back as the matching
 :class:`~danlu.errors.DanluError` with the server's message, and an
 unreachable service as :class:`~danlu.errors.Unreachable` that says what to
 check.

@@ -116,6 +116,7 @@ def job_env(jd: JobDir, spec: dict, devices: list[int], run_id: str | None) -> d
         "DANLU_CHECKPOINT_DIR": str(jd.checkpoint_dir),
         # exclusive devices: a job that asked for no GPU sees none
         "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # the ledger's indices are nvidia-smi's (PCI) order
     })
     if run_id:
         env["MLFLOW_RUN_ID"] = run_id
@@ -303,7 +304,7 @@ class JobRunner:
                           file=sys.stderr, flush=True)
                 except FileNotFoundError:
                     raise FileNotFoundError(f"dataset {ds['name']} not found at {ds['path']}") from None
-            client.set_tag(self.run_id, "danlu.attempt", str(self.attempt.get("number", 1)))
+        client.set_tag(self.run_id, "danlu.attempt", str(self.attempt.get("number", 1)))
         self.forwarder = MetricForwarder(client, self.run_id, self.jd.logdirs_file,
                                          [self.jd.tensorboard_dir / "rank-0"]).start()
 

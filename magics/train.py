@@ -43,6 +43,8 @@ FINAL = {"succeeded", "failed", "cancelled"}
 
 def parse_param(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` -> (key, value); the value is a JSON/Python literal when it parses as one."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]  # IPython keeps the quotes of --param 'name=a b'
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -237,13 +239,14 @@ class TrainMagics(Magics):
     @argument("--nproc", type=int, default=1, help="Processes (torchrun ranks on one machine); default 1.")
     @argument("--gpus", type=int, default=0, help="GPUs for the whole job (exclusive devices); default 0.")
     @argument("--profile", help="Governed profile (environment) to run on; default: this server's profile.")
-    @argument("--queue", help="Queue to submit to; default: your default queue.")
+    @argument("--queue", help="Queue to submit to; default: default.")
     @argument("--name", help="Job name (letters, digits, . _ -); default: the notebook's name.")
     @argument("--experiment", help="MLflow experiment; default <user>/<notebook name>.")
     @argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
               help="A parameter, injected by papermill (repeatable).")
     @argument("--dataset", action="append", default=[], metavar="PATH",
-              help="A dataset (path relative to your home, or <root>:<path>) recorded with its digest (repeatable).")
+              help="A dataset (path relative to the notebook's folder, or <root>:<path>) recorded with its "
+                   "content digest (repeatable).")
     @argument("--wait", dest="wait", action="store_true", default=False,
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")

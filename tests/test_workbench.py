@@ -321,3 +321,18 @@ def test_framework_autolog_and_log_dataset_land_in_the_jobs_run(workbench):
     assert any(m["key"].startswith("training_") for m in run["data"]["metrics"])
     names = [d["dataset"]["name"] for d in run["inputs"]["dataset_inputs"]]
     assert "tabular" in names  # sklearn's autolog adds the training data it saw too
+
+
+def test_browser_links_go_through_the_hub_login(workbench, alice_job):
+    job = alice_job["job"]
+    for path in (f"/services/danlu/api/v1/jobs/{job['id']}/output?format=html", "/services/danlu/"):
+        r = requests.get(f"{workbench.url}{path}", headers={"Accept": "text/html"}, allow_redirects=False,
+                         timeout=30)
+        assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"], (path, r.text)
+    html = workbench.api("GET", f"/jobs/{job['id']}/output?format=html", token=alice_job["token"])
+    assert html.headers["Content-Type"].startswith("text/html") and "rank 0 of 2 finished" in html.text
+    page = requests.get(f"{workbench.url}/services/danlu/", headers={"Authorization": f"token {alice_job['token']}"},
+                        timeout=30)
+    assert page.status_code == 200 and job["id"] in page.text
+    assert job["id"] not in requests.get(f"{workbench.url}/services/danlu/", timeout=30, headers={
+        "Authorization": f"token {workbench.tokens['bob']}"}).text

@@ -12,7 +12,7 @@ JupyterHub's ``Spawner.__init_subclass__`` does), not at the first call:
 plus ``get_state``/``load_state`` hooks with which the service persists and
 restores what a backend needs to find a job again after a restart. Backends are
 chosen by name through the ``danlu.backends`` entry point group (see
-:mod:`danlu.hub.service.registry`).
+``danlu.hub.backends.backends``).
 """
 
 from __future__ import annotations

@@ -121,7 +121,8 @@ class JobsServiceApp(Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.manager.recover()
-        await self.manager.backend.warm(self.default_kernel)
+        if not self.settings_.unix_accounts:  # with accounts, runners are warmed per user after their first job
+            await self.manager.backend.warm(self.default_kernel)
         scheduler = asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")

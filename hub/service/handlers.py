@@ -45,8 +45,15 @@ class APIHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
         self.set_header("X-Content-Type-Options", "nosniff")
 
+    def wants_html(self) -> bool:
+        return self.request.method == "GET" and "text/html" in self.request.headers.get("Accept", "")
+
     def principal(self) -> Principal:
         model = self.current_user
+        if not model and self.wants_html() and not self.request.headers.get("Authorization"):
+            # a browser following a link (job card, Services menu): through the hub's login and back
+            self.redirect(self.get_login_url())
+            raise web.Finish()
         if not model:
             if self.request.headers.get("Authorization"):
                 raise Forbidden("this token may not use the Danlu service", reason="token_rejected",
@@ -161,9 +168,22 @@ class NotebookHandler(APIHandler):
             path = jd.rank_notebook(rank)
         if not path.exists():
             raise NotFound(f"no output yet: job {job.id} is {job.state}", reason="no_output")
+        if self.get_argument("format", "ipynb") == "html":
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.finish(render_html(path))
+            return
         self.set_header("Content-Type", "application/x-ipynb+json")
         self.set_header("Content-Disposition", f'inline; filename="{job.name}-{which}.ipynb"')
         self.finish(path.read_bytes())
+
+
+def render_html(path) -> str:
+    """A notebook as a standalone HTML page (nbconvert's lab template), for browsers."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(str(path), as_version=4))
+    return body
 
 
 def _tail(data: bytes, lines: int) -> bytes:
@@ -195,6 +215,8 @@ class LogsHandler(APIHandler):
         job = self.jobs.get(who, job_id)
         follow = self.bool_arg("follow")
         tail = self.int_arg("tail")
+        if tail is not None and tail > 100_000:
+            raise UsageError("query parameter tail must be at most 100000", field="tail")
         offset = self.int_arg("offset", 0)
         sse = "text/event-stream" in self.request.headers.get("Accept", "")
         self.set_header("Content-Type", "text/event-stream" if sse else "text/plain; charset=utf-8")
@@ -269,6 +291,38 @@ class AllocationsHandler(APIHandler):
         self.finish()
 
 
+class JobsPageHandler(APIHandler):
+    """``/services/danlu/``: the caller's jobs as a plain HTML page (the hub's Services menu links here)."""
+
+    def get(self):
+        import html
+
+        who = self.principal()
+        jobs = self.jobs.list(who, limit=200)
+        rows = []
+        for job in jobs:
+            info = self.jobs.to_dict(job)
+            links = [f'<a href="{html.escape(info["logs_url"])}">log</a>']
+            if job.state in ("running", "succeeded", "failed"):
+                links.append(f'<a href="{html.escape(info["output_url"])}?format=html">output</a>')
+            if info["mlflow_run_url"]:
+                links.append(f'<a href="{html.escape(info["mlflow_run_url"])}">MLflow run</a>')
+            rows.append(f"<tr><td><code>{job.id}</code></td><td>{html.escape(job.name)}</td>"
+                        f"<td>{html.escape(job.owner)}</td><td>{job.state}</td>"
+                        f"<td>{html.escape(info['reason'] or '')}</td><td>{info['created_at']}</td>"
+                        f"<td>{' · '.join(links)}</td></tr>")
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(
+            "<!doctype html><html><head><meta charset='utf-8'><title>Danlu jobs</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;text-align:left}"
+            "tr:nth-child(even){background:#f4f4f4}</style></head><body>"
+            f"<h1>Danlu jobs</h1><p>{html.escape(who.name)}{' (admin: every job)' if who.admin else ''} · "
+            "<a href='/hub/home'>hub</a> · <a href='/services/mlflow/'>MLflow</a> · "
+            "<a href='api/v1/openapi.json'>API</a></p>"
+            "<table><tr><th>id</th><th>name</th><th>owner</th><th>state</th><th>reason</th><th>submitted</th>"
+            f"<th></th></tr>{''.join(rows) or '<tr><td colspan=7>no jobs yet</td></tr>'}</table></body></html>")
+
+
 class NotFoundHandler(APIHandler):
     def prepare(self):
         raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}", reason="no_endpoint")
@@ -278,6 +332,7 @@ def routes(prefix: str) -> list:
     api = f"{prefix.rstrip('/')}/api/v1"
     job = r"/jobs/(?P<job_id>[^/]+)"
     return [
+        (f"{prefix.rstrip('/')}/?", JobsPageHandler),
         (f"{api}/health", HealthHandler),
         (f"{api}/openapi.json", OpenAPIHandler),
         (f"{api}/profiles", ProfilesHandler),

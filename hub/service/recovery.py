@@ -23,7 +23,8 @@ from danlu.jobdir import JobDir
 log = logging.getLogger(__name__)
 
 
-def interrupt_running_jobs(settings, grace: float = 5.0) -> list[str]:
+def interrupt_running_jobs(settings, grace: float | None = None) -> list[str]:
+    grace = settings.jobs["grace_period_seconds"] if grace is None else grace
     sessions = make_sessionmaker(settings.jobs_database_url)
     interrupted = []
     with sessions() as s, s.begin():

@@ -17,15 +17,14 @@ class JobState(str, enum.Enum):
     """Where a job is in its life.
 
     ``queued``
-        Accepted and waiting for admission (resources, quota, a held queue).
+        Accepted and waiting for admission (free GPUs, a CPU-job slot).
         -> ``running`` when admitted and started; -> ``cancelled`` on cancel.
     ``running``
-        Its runner process (local) or workload (Kubernetes) exists.
+        Its runner process exists.
         -> ``succeeded`` when every rank's notebook executed without error;
-        -> ``failed`` when the user's code raised or an infrastructure failure
-        (killed, lost) used up its retries; -> ``cancelled`` on cancel;
-        -> ``queued`` when an infrastructure failure leaves retries, or the
-        workbench stops under it (the attempt is kept in its history).
+        -> ``failed`` when the user's code raised, or the runner was killed or
+        lost; -> ``cancelled`` on cancel; -> ``queued`` when the workbench
+        stops under it (the interrupted attempt stays in its history).
     ``succeeded``, ``failed``, ``cancelled``
         Final. Logs, the output notebook and the MLflow run stay available.
     """
@@ -44,7 +43,7 @@ class JobState(str, enum.Enum):
 FINAL = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.queued: frozenset({JobState.running, JobState.cancelled, JobState.failed}),
+    JobState.queued: frozenset({JobState.running, JobState.cancelled}),
     JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.queued}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
