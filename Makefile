@@ -28,6 +28,7 @@ up: install
 	$(BIN)/danlu up
 
 test: install
+	$(BIN)/ruff check hub magics tests benchmarks examples
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: install

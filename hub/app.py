@@ -277,7 +277,7 @@ class DanluUp(Application):
                 self._say(f"interrupted and requeued {len(requeued)} running job(s): {', '.join(requeued)}")
         except Exception as e:  # the database may not exist yet
             self.log.warning("could not requeue running jobs: %s", e)
-        for name, proc in procs:
+        for _name, proc in procs:
             if proc.poll() is None:
                 proctree.kill_matching(proc.pid, grace=10)
         left = proctree.kill_matching(env={"DANLU_INSTANCE": instance}, grace=5)

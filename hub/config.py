@@ -180,7 +180,8 @@ def load_settings(config_file: str | os.PathLike | None = None, overrides: dict 
             data[key] = _coerce_override(key, environ[var], var)
     for key, value in (overrides or {}).items():
         if value is not None:
-            data[key] = _coerce_override(key, str(value), f"--{key.replace('_', '-')}") if key in ENV_OVERRIDES else value
+            flag = f"--{key.replace('_', '-')}"
+            data[key] = _coerce_override(key, str(value), flag) if key in ENV_OVERRIDES else value
     base_dir = Path(environ.get("DANLU_BASE_DIR") or Path.cwd())
     settings = Settings(data=data, source=source, marks=marks, base_dir=base_dir)
     _check(settings)

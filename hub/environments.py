@@ -46,8 +46,9 @@ def build_environment(state_dir: Path, profile: Profile, *, pip_args: tuple[str,
         return _python_of(venv)
     log.info("building environment for profile %s from %s", profile.slug, profile.requirements_path)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    purelib = Path(subprocess.run([str(_python_of(venv)), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
+    query = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    purelib = Path(subprocess.run([str(_python_of(venv)), "-c", query], check=True, capture_output=True,
+                                  text=True).stdout.strip())
     # the workbench's packages come after the environment's own, so pins win
     base = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
     (purelib / "_danlu_base.pth").write_text("\n".join(dict.fromkeys(base)) + "\n")

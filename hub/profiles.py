@@ -143,7 +143,8 @@ def _check_requirements(path: Path, where: str) -> None:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise ConfigError(f"{where}: requirements file {path} does not exist", fix="create it or fix the path") from None
+        raise ConfigError(f"{where}: requirements file {path} does not exist",
+                          fix="create it or fix the path") from None
     for number, line in enumerate(lines, 1):
         text = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
         if not text:
@@ -183,10 +184,10 @@ def load_profiles(path: str | Path) -> ProfileSet:
         req = None
         if "requirements" in env:
             req = (path.parent / env["requirements"]).resolve()
+            at = yamlconfig.line_of(marks, ("profiles", i, "environment", "requirements"), str(path))
             if not req.is_relative_to(path.parent.resolve()):
-                raise ConfigError(f"{yamlconfig.line_of(marks, ('profiles', i, 'environment', 'requirements'), str(path))}: "
-                                  f"profiles[{i}].environment.requirements must stay inside {path.parent}")
-            _check_requirements(req, yamlconfig.line_of(marks, ("profiles", i, "environment", "requirements"), str(path)))
+                raise ConfigError(f"{at}: profiles[{i}].environment.requirements must stay inside {path.parent}")
+            _check_requirements(req, at)
         resources = raw.get("resources", {})
         if raw.get("default"):
             defaults.append(slug)

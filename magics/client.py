@@ -15,8 +15,16 @@ from collections.abc import Iterator
 
 import requests
 
-from danlu.errors import (Conflict, DanluError, Forbidden, NotFound, PolicyError, Unreachable, UsageError,
-                          ValidationError)
+from danlu.errors import (
+    Conflict,
+    DanluError,
+    Forbidden,
+    NotFound,
+    PolicyError,
+    Unreachable,
+    UsageError,
+    ValidationError,
+)
 
 _BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 422: ValidationError}
 

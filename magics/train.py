@@ -143,8 +143,8 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
         raise UsageError(f"--gpus must be 0 or more, got {gpus}")
     params = params or {}
     place = where_am_i()
-    nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=f"danlu-{profile or os.environ.get('DANLU_PROFILE', 'python')}",
-                            cell_id=cell_id)
+    kernel = f"danlu-{profile or os.environ.get('DANLU_PROFILE', 'python')}"  # the service sets the real one
+    nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
     body = {
         "notebook": json.loads(nbformat.writes(nb)),
         "parameters": params,

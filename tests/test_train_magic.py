@@ -19,7 +19,6 @@ from danlu.errors import UsageError
 from danlu.hub.service.validation import check_notebook, check_schema
 from danlu.train import SetupCells, build_job_notebook, parse_param
 
-
 # parse_param ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [

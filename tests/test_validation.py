@@ -13,8 +13,14 @@ import nbformat
 import pytest
 
 from danlu.errors import UsageError, ValidationError
-from danlu.hub.service.validation import (check_dataset, check_notebook, check_parameters, check_schema,
-                                          parse_json, safe_relative_path)
+from danlu.hub.service.validation import (
+    check_dataset,
+    check_notebook,
+    check_parameters,
+    check_schema,
+    parse_json,
+    safe_relative_path,
+)
 
 
 def notebook(*cells) -> dict:

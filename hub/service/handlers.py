@@ -17,8 +17,8 @@ import json
 
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
-from tornado.log import app_log
 from tornado.iostream import StreamClosedError
+from tornado.log import app_log
 
 from danlu import __version__
 from danlu.errors import DanluError, Forbidden, NotFound, UsageError

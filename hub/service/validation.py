@@ -121,7 +121,8 @@ def safe_relative_path(value: str, field: str) -> str:
 
 def check_dataset(value: str, field: str, roots: dict) -> str:
     """``path`` (relative to the job's cwd) or ``root:path`` under a configured dataset root."""
-    if isinstance(value, str) and re.match(r"^[a-z][a-z0-9_-]*:(?!//)", value) and not re.match(r"^[A-Za-z]:[\\/]", value):
+    is_rooted = isinstance(value, str) and re.match(r"^[a-z][a-z0-9_-]*:(?!//)", value)
+    if is_rooted and not re.match(r"^[A-Za-z]:[\\/]", value):
         root, _, rest = value.partition(":")
         if root not in roots:
             known = ", ".join(sorted(roots)) or "none are configured"
