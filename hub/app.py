@@ -96,6 +96,10 @@ class DanluUp(Application):
     def load(self) -> Settings:
         settings = load_settings(self.config_file, {"ip": self.ip, "port": self.port, "state_dir": self.state_dir})
         profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
+        from danlu.hub import gpus
+        from danlu.hub.service import quotas
+
+        quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
         if not settings.profiles_file.exists():
             self.log.warning("no profiles file at %s: offering only the built-in 'python' profile",
                              settings.profiles_file)

@@ -29,10 +29,27 @@ ENV_OVERRIDES = {
 
 JOB_DEFAULTS = {
     "warm_runners": 1,
-    "max_running_cpu_jobs": max(1, (os.cpu_count() or 2)),
     "max_nproc": 64,
     "grace_period_seconds": 10.0,
+    "max_runtime_seconds": 7 * 24 * 3600,
+    "default_retries": 0,
+    "max_retries": 10,
+    "retry_backoff_seconds": 10.0,
+    "preemption_grace_seconds": 30.0,
+    "starvation_seconds": 600.0,
 }
+
+DEFAULT_QUEUE = "default"
+_SIZE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(value) -> float:
+    """Bytes in ``512M``, ``8G``, ``1.5T`` (binary units; ``Gi`` is accepted too) or a plain number."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().removesuffix("i").removesuffix("B")
+    unit = text[-1:].upper() if text[-1:].isalpha() else ""
+    return float(text[:-1] if unit else text) * _SIZE[unit]
 
 
 def schema() -> dict:
@@ -109,6 +126,33 @@ class Settings:
     @property
     def jobs_database_url(self) -> str:
         return self.jobs.get("database_url") or f"sqlite:///{self.state_dir / 'danlu.sqlite'}"
+
+    @property
+    def job_resources(self) -> dict:
+        """CPU and memory jobs may use on this machine (memory: inf when not declared)."""
+        declared = self.data.get("resources", {})
+        return {"cpu": float(declared.get("cpu", os.cpu_count() or 1)),
+                "memory": parse_size(declared["memory"]) if "memory" in declared else float("inf")}
+
+    @property
+    def teams(self) -> dict[str, dict]:
+        """Team (queue) name -> its settings; without teams, one queue ``default`` holds everything."""
+        return {name: dict(team) for name, team in self.data.get("teams", {}).items()}
+
+    @property
+    def priority_classes(self) -> dict[str, int]:
+        classes = self.data.get("priority_classes") or {"normal": {"value": 0, "default": True}}
+        return {name: int(spec["value"]) for name, spec in classes.items()}
+
+    @property
+    def default_priority_class(self) -> str | None:
+        classes = self.data.get("priority_classes") or {"normal": {"value": 0, "default": True}}
+        marked = [name for name, spec in classes.items() if spec.get("default")]
+        return marked[0] if marked else None
+
+    @property
+    def usage(self) -> dict:
+        return {"gpu_hour_cost": {}, "currency": "", "idle_server_minutes": 30, **self.data.get("usage", {})}
 
     @property
     def mlflow(self) -> dict:
@@ -198,6 +242,15 @@ def _check(settings: Settings) -> None:
     if auth.get("allowed_groups") and auth.get("type") != "oidc":
         raise ConfigError(f"{settings.where('auth', 'allowed_groups')}: auth.allowed_groups is for oidc",
                           fix="use allowed_organizations (github) or allowed_gitlab_groups (gitlab)")
+    classes = settings.data.get("priority_classes") or {}
+    defaults = [name for name, spec in classes.items() if spec.get("default")]
+    if len(defaults) > 1:
+        raise ConfigError(f"{settings.where('priority_classes')}: priority classes {', '.join(defaults)} are all "
+                          "marked default", fix="mark only one")
+    for name, team in settings.data.get("teams", {}).items():
+        if team.get("cohort") is None and (team.get("borrowing_limit") or team.get("lending_limit")):
+            raise ConfigError(f"{settings.where('teams', name)}: teams.{name} sets a borrowing or lending limit "
+                              "but belongs to no cohort", fix=f"add teams.{name}.cohort, or remove the limits")
     extra = settings.hub.get("extra_config_file")
     if extra and not settings.extra_config_file.exists():
         raise ConfigError(f"{settings.where('hub', 'extra_config_file')}: {settings.extra_config_file} does not exist",

@@ -159,7 +159,7 @@ def configure(c, environ=os.environ) -> Settings:
         # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         {"name": "admin", "services": ["danlu-admin"]},
         {"name": "danlu-service", "description": "The jobs service reads users' groups.",
-         "scopes": ["read:users", "read:groups", "list:users"], "services": ["danlu"]},
+         "scopes": ["read:users", "read:groups", "list:users", "read:servers"], "services": ["danlu"]},
         {"name": "idle-culler", "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
          "services": ["idle-culler"]},
     ]

@@ -202,7 +202,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
         self.devices = []
         if self.gpus_requested:
             result = await self._jobs_api("POST", "/allocations", {
-                "holder": self.holder, "owner": self.user.name, "gpus": self.gpus_requested})
+                "holder": self.holder, "owner": self.user.name, "gpus": self.gpus_requested,
+                "profile": self.profile.slug, "groups": self._groups()})
             self.devices = result["devices"]
         if not self.unix_accounts:
             Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)

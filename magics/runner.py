@@ -32,12 +32,16 @@ from danlu.jobdir import JobDir, write_json_atomic
 log = logging.getLogger("danlu.runner")
 
 
-class Cancelled(BaseException):
-    """SIGTERM after the service asked to cancel the job."""
+class Stopped(BaseException):
+    """SIGTERM after the service stopped the job: cancelled, preempted or timed_out."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Interrupted(BaseException):
-    """SIGTERM for any other reason (the workbench is stopping, preemption)."""
+    """SIGTERM for any other reason (the workbench is stopping)."""
 
 
 # kernels ---------------------------------------------------------------------------
@@ -170,8 +174,9 @@ class JobRunner:
     # signals --------------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if (self.jd.path / "cancel").exists():
-            raise Cancelled()
+        marker = self.jd.path / "stop"
+        if marker.exists():
+            raise Stopped(marker.read_text().strip() or "cancelled")
         raise Interrupted()
 
     # order of a run -----------------------------------------------------------------
@@ -182,8 +187,8 @@ class JobRunner:
             self.prepare()
             self.execute()
             self.on_complete()
-        except Cancelled:
-            self.state, self.reason = "cancelled", "cancelled"
+        except Stopped as stop:
+            self.state, self.reason = stop.reason, stop.reason
         except Interrupted:
             self.state, self.reason, self.infrastructure = "failed", "interrupted (SIGTERM)", True
         except BaseException as error:  # noqa: BLE001 - every failure must end in status.json
@@ -234,7 +239,8 @@ class JobRunner:
                 self.notes.append(f"metrics not forwarded: {e}")
         if self.client is not None and self.run_id:
             self._log_artifacts()
-            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(self.state, "FAILED")
+            status = {"succeeded": "FINISHED", "cancelled": "KILLED", "preempted": "KILLED",
+                      "timed_out": "KILLED"}.get(self.state, "FAILED")
             try:
                 self.client.set_terminated(self.run_id, status=status)
             except Exception as e:
@@ -323,7 +329,7 @@ class JobRunner:
 
     def stop_kernel(self) -> None:
         if self.km is not None:
-            stop_kernel(self.km, now=self.state == "cancelled")
+            stop_kernel(self.km, now=self.state in ("cancelled", "preempted", "timed_out"))
             self.km = None
 
 

@@ -27,6 +27,7 @@ CONFIG = {
     "users": {"unix_accounts": "off"},  # test users have no Unix accounts (see test_accounts.py)
     "groups": {"research": ["alice"], "vision": ["carol"]},
     "gpus": {"declared": [{"count": 2, "flavor": "sim"}]},
+    "resources": {"cpu": 16},  # declared: several small jobs run at once on a 2-core machine
     "jobs": {"grace_period_seconds": 3, "warm_runners": 1},
 }
 

@@ -14,6 +14,12 @@ ALLOWED = [
     ("running", "failed"),
     ("running", "cancelled"),
     ("running", "queued"),
+    ("running", "preempted"),
+    ("running", "timed_out"),
+    ("preempted", "queued"),
+    ("preempted", "cancelled"),
+    ("preempted", "succeeded"),
+    ("preempted", "failed"),
 ]
 
 
@@ -59,7 +65,7 @@ def test_nothing_leaves_a_final_state(current, new):
 
 def test_final_states():
     assert {state for state in JobState if state.final} == FINAL == {
-        JobState.succeeded, JobState.failed, JobState.cancelled}
+        JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out}
     assert JobState.running == "running"  # a str Enum: compares equal to its database value
 
 

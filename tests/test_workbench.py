@@ -75,7 +75,7 @@ def test_train_cell_job_succeeds(alice_job):
     job = alice_job["job"]
     check_schema("Job", job)  # the API answers what its OpenAPI document says
     assert job["state"] == "succeeded", job
-    assert job["resources"] == {"nproc": 2, "gpus": 0}
+    assert job["resources"] == {"nproc": 2, "gpus": 0, "gpu_type": None, "cpu": 2.0, "memory": 0.0}
     assert job["profile"] == "python"
     assert job["source"]["notebook_path"] == "work/mnist.ipynb"
     assert job["source"]["included_cells"] == ["setup-cell"]
@@ -205,7 +205,7 @@ def test_server_gpus_are_exclusive_and_released(workbench):
                                                      "profile": "gpu-vision"}).json()
     assert job["state"] == "queued"
     assert job["queue_position"] == 1
-    assert "waiting for 2 GPUs: 1 of 2 free" in job["reason"]
+    assert "waiting for 2 `sim` GPUs: default uses 1/2, 1 free on the machine" in job["reason"]
     assert wb.hub("DELETE", "/users/carol/server").status_code in (202, 204)
     done = wb.wait_job(job["id"], carol)
     assert done["state"] == "succeeded", done

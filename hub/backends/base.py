@@ -6,7 +6,9 @@ JupyterHub's ``Spawner.__init_subclass__`` does), not at the first call:
 ``start(job)``          start an admitted job; returns the state to persist
 ``poll(job_id, state)`` None while it runs, else an :class:`Outcome`
 ``wait(job_id, state)`` optional: return when it may have ended (push, not poll)
-``cancel(job_id, state, grace)``  end it and every process it started
+``cancel(job_id, state, grace, reason)``  end it and every process it started
+                        (``reason``: cancelled, preempted or timed_out; the job sees SIGTERM,
+                        then SIGKILL after ``grace`` seconds)
 ``log_path(job_id)``    where its log is
 
 plus ``get_state``/``load_state`` hooks with which the service persists and
@@ -65,7 +67,7 @@ class Backend(LoggingConfigurable):
         while await self.poll(job_id, state) is None:
             await asyncio.sleep(1.0)
 
-    async def cancel(self, job_id: str, state: dict, grace: float) -> None:
+    async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
         raise NotImplementedError
 
     def log_path(self, job_id: str) -> Path:

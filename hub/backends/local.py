@@ -137,8 +137,9 @@ class LocalBackend(Backend):
         jd = self.jobdir(job["id"])
         run_as = jd.spec().get("run_as")
         account = Account(**run_as) if run_as else None
-        with contextlib.suppress(FileNotFoundError):
-            jd.status_file.unlink()  # a new attempt of a requeued job
+        for stale in (jd.status_file, jd.path / "stop"):  # left by an earlier attempt of a requeued job
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         write_json_atomic(jd.path / "attempt.json", {
             "number": job["attempt"], "devices": job["devices"], "started_at": time.time()})
         give(jd.path / "attempt.json", account)
@@ -202,9 +203,9 @@ class LocalBackend(Backend):
         while await self.poll(job_id, state) is None:
             await asyncio.sleep(0.5)
 
-    async def cancel(self, job_id: str, state: dict, grace: float) -> None:
+    async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
         jd = self.jobdir(job_id)
-        (jd.path / "cancel").touch()
+        (jd.path / "stop").write_text(reason)  # the runner reports why it got SIGTERM
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: proctree.kill_matching(state.get("pid"), state.get("create_time"),
                                                  {"DANLU_JOB_ID": job_id}, grace=grace))
@@ -213,7 +214,7 @@ class LocalBackend(Backend):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 5)
         if jd.status() is None:
-            jd.write_status("cancelled", "cancelled", exit_code=None)
+            jd.write_status(reason, reason, exit_code=None)
 
     async def shutdown(self) -> None:
         self._closing = True

@@ -33,7 +33,6 @@ from danlu.hub.profiles import builtin_profiles, load_profiles
 from danlu.hub.service import handlers
 from danlu.hub.service.auth import GroupDirectory
 from danlu.hub.service.jobs import JobManager
-from danlu.hub.service.ledger import Ledger
 from danlu.hub.service.models import make_sessionmaker
 
 
@@ -73,7 +72,7 @@ class JobsServiceApp(Application):
         self.settings_ = settings = load_settings()
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
-        ledger = Ledger(gpu_inventory.inventory(settings.gpus))
+        inventory = gpu_inventory.inventory(settings.gpus)
         sessions = make_sessionmaker(settings.jobs_database_url)
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
@@ -89,7 +88,7 @@ class JobsServiceApp(Application):
                            else {})},
         )
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
-        self.manager = JobManager(settings=settings, profiles=profiles, ledger=ledger, sessions=sessions,
+        self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
                                   backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log)
         self.default_kernel = profiles.default.kernel_name
 

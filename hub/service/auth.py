@@ -60,10 +60,10 @@ class GroupDirectory:
         self.ttl = ttl
         self._cache: dict[str, tuple[float, tuple[str, ...]]] = {}
 
-    async def groups_of(self, username: str, fallback=()) -> tuple[str, ...]:
-        hit = self._cache.get(username)
-        if hit and time.monotonic() - hit[0] < self.ttl:
-            return hit[1]
+    async def user(self, username: str) -> dict | None:
+        """The hub's model of a user (groups, servers and their activity), or None if unreachable."""
+        import json
+
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         url = f"{self.hub_auth.api_url}/users/{quote(username, safe='')}"
@@ -71,10 +71,17 @@ class GroupDirectory:
             response = await AsyncHTTPClient().fetch(
                 url, headers={"Authorization": f"token {self.hub_auth.api_token}"}, request_timeout=10)
         except (HTTPClientError, OSError):
-            return tuple(fallback)
-        import json
+            return None
+        return json.loads(response.body)
 
-        groups = tuple(sorted(json.loads(response.body).get("groups") or ()))
+    async def groups_of(self, username: str, fallback=()) -> tuple[str, ...]:
+        hit = self._cache.get(username)
+        if hit and time.monotonic() - hit[0] < self.ttl:
+            return hit[1]
+        model = await self.user(username)
+        if model is None:
+            return tuple(fallback)
+        groups = tuple(sorted(model.get("groups") or ()))
         self._cache[username] = (time.monotonic(), groups)
         return groups
 

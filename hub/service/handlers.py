@@ -147,6 +147,12 @@ class JobHandler(APIHandler):
     def get(self, job_id):
         self.write_json(self.jobs.to_dict(self.jobs.get(self.principal(), job_id)))
 
+    async def patch(self, job_id):
+        who = self.principal()
+        body = self.json_body()
+        validation.check_schema("JobChange", body)
+        self.write_json(await self.jobs.reprioritize(who, job_id, body["priority"]))
+
 
 class CancelHandler(APIHandler):
     async def post(self, job_id):
@@ -281,7 +287,8 @@ class AllocationsHandler(APIHandler):
         self._admin()
         body = self.json_body()
         validation.check_schema("AllocationRequest", body)
-        devices = await self.jobs.allocate_server(body["holder"], body["owner"], body["gpus"])
+        devices = await self.jobs.allocate_server(body["holder"], body["owner"], body["gpus"],
+                                                  profile=body.get("profile", ""), groups=body.get("groups", []))
         self.write_json({"devices": devices}, 201)
 
     async def delete(self, holder):
@@ -323,6 +330,109 @@ class JobsPageHandler(APIHandler):
             f"<th></th></tr>{''.join(rows) or '<tr><td colspan=7>no jobs yet</td></tr>'}</table></body></html>")
 
 
+class QueuesHandler(APIHandler):
+    def get(self):
+        who = self.principal()
+        self.write_json({"queues": self.jobs.queues(who), "draining": self.jobs.draining,
+                         "priority_classes": self.jobs.settings.priority_classes,
+                         "default_priority_class": self.jobs.settings.default_priority_class})
+
+
+class QueueHandler(APIHandler):
+    async def patch(self, name):
+        who = self.principal()
+        self.write_json(await self.jobs.change_queue(who, name, self.json_body()))
+
+
+class QueueHoldHandler(APIHandler):
+    async def post(self, name, action):
+        self.write_json(await self.jobs.hold(self.principal(), name, action == "hold"))
+
+
+class DrainHandler(APIHandler):
+    async def post(self):
+        who = self.principal()
+        body = self.json_body()
+        validation.check_schema("Drain", body)
+        self.write_json(await self.jobs.drain(who, body["on"]))
+
+
+class AuditHandler(APIHandler):
+    def get(self, verify=None):
+        from sqlalchemy import select
+
+        from danlu.hub.service import audit
+        from danlu.hub.service.models import AuditRecord
+
+        who = self.principal()
+        if not who.admin:
+            raise Forbidden("the audit log is for admins", reason="not_admin")
+        with self.jobs.sessions() as s:
+            if verify:
+                self.write_json(audit.verify(s).to_dict())
+                return
+            query = select(AuditRecord).order_by(AuditRecord.seq.desc()).limit(
+                min(self.int_arg("limit", 200, minimum=1), 10000))
+            if self.get_argument("action", None):
+                query = query.where(AuditRecord.action == self.get_argument("action"))
+            if self.get_argument("target", None):
+                query = query.where(AuditRecord.target == self.get_argument("target"))
+            self.write_json({"records": [audit.to_dict(r) for r in s.scalars(query)]})
+
+
+def _when(handler, name: str, default):
+    import datetime as dt
+
+    raw = handler.get_argument(name, None)
+    if raw is None:
+        return default
+    try:
+        value = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"query parameter {name} must be an ISO 8601 time, got {raw!r}", field=name,
+                         fix="e.g. 2026-11-01 or 2026-11-01T08:00:00Z") from None
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return value
+
+
+class UsageHandler(APIHandler):
+    async def get(self):
+        import datetime as dt
+
+        from danlu.hub.service import usage
+        from danlu.hub.service.models import utcnow
+
+        who = self.principal()
+        user = self.get_argument("user", None)
+        by = self.get_argument("by", "user")
+        if by not in usage.GROUPINGS:
+            raise UsageError(f"query parameter by must be one of {', '.join(usage.GROUPINGS)}", field="by")
+        if not who.admin:
+            if user not in (None, who.name) or by != "user":
+                raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
+                                fix=f"ask for user={who.name}, grouped by user")
+            user = who.name
+        end = _when(self, "to", utcnow())
+        start = _when(self, "from", end - dt.timedelta(days=30))
+        if start >= end:
+            raise UsageError("from must be before to", field="from")
+        with self.jobs.sessions() as s:
+            body = usage.report(s, self.jobs.settings, start, end, by=by, owner=user)
+        if who.admin:
+            body["idle_gpu_servers"] = await self.jobs.idle_gpu_servers()
+        self.write_json(body)
+
+
+class MetricsHandler(APIHandler):
+    def get(self):
+        who = self.principal()
+        if not who.admin:
+            raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin")
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(self.jobs.metrics.exposition())
+
+
 class NotFoundHandler(APIHandler):
     def prepare(self):
         raise NotFound(f"no such endpoint: {self.request.method} {self.request.path}", reason="no_endpoint")
@@ -343,4 +453,12 @@ def routes(prefix: str) -> list:
         (f"{api}{job}/(?P<which>output|input)", NotebookHandler),
         (f"{api}/allocations", AllocationsHandler),
         (f"{api}/allocations/server/(?P<holder>[^/]+)", AllocationsHandler),
+        (f"{api}/queues", QueuesHandler),
+        (f"{api}/queues/(?P<name>[^/]+)", QueueHandler),
+        (f"{api}/queues/(?P<name>[^/]+)/(?P<action>hold|release)", QueueHoldHandler),
+        (f"{api}/drain", DrainHandler),
+        (f"{api}/audit", AuditHandler),
+        (f"{api}/audit/(?P<verify>verify)", AuditHandler),
+        (f"{api}/usage", UsageHandler),
+        (f"{prefix.rstrip('/')}/metrics", MetricsHandler),
     ]

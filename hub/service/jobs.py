@@ -1,70 +1,81 @@
-"""The jobs service's core: accept, admit, start, watch, cancel and recover jobs.
+"""The jobs service's core: accept, admit, start, watch, preempt, retry, time out and recover jobs.
 
 :class:`JobManager` is everything the REST handlers call, with no HTTP in it.
 A submission is fully validated before anything is written; then its files
-(``input.ipynb``, ``job.json``) are written and its row committed. A single
-admission pass (:meth:`JobManager.schedule`, serialized by a lock) asks the
-:class:`~danlu.hub.service.scheduler.Scheduler` what fits, reserves devices in
-the ledger and marks jobs running in one transaction, then starts them through
-the backend. Each running job has a watcher task that records its outcome.
-After a restart, :meth:`JobManager.recover` re-attaches watchers to the jobs
-that were running, so a job started before the service died still ends with
-its state, log and output recorded.
+(``input.ipynb``, ``job.json``) are written and its row committed. Admission is
+the in-memory :class:`~danlu.hub.service.admission.Model` (Kueue's semantics)
+kept in step with the database: one pass at a time (a lock) asks the model what
+to admit and whom to preempt, records it in one transaction (ledger rows, job
+states, attempts, audit records), then starts and stops processes through the
+backend. Each running job has a watcher task that records how its attempt
+ended: an infrastructure failure with retries left goes back to the queue after
+a backoff, a preempted job goes back once its processes are gone. After a
+restart, :meth:`JobManager.recover` rebuilds the model and re-attaches to the
+jobs that were running.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import datetime as dt
 import logging
 import re
 import shutil
+import statistics
+import time
 import uuid
 from pathlib import Path, PurePosixPath
 
 import nbformat
 from sqlalchemy import func, select
 
-from danlu.errors import Forbidden, NotFound, PolicyError, ValidationError
+from danlu.errors import Conflict, Forbidden, NotFound, PolicyError, ValidationError
 from danlu.hub import accounts
 from danlu.hub.backends.base import Outcome
-from danlu.hub.service import validation
-from danlu.hub.service.models import Attempt, Job, isoformat, utcnow
-from danlu.hub.service.scheduler import Candidate, Plan, Scheduler, Snapshot
+from danlu.hub.service import audit, quotas, validation
+from danlu.hub.service.admission import Decision, Request, Workload
+from danlu.hub.service.ledger import Ledger
+from danlu.hub.service.metrics import Metrics
+from danlu.hub.service.models import Attempt, Flag, Job, QueueSetting, ServerUsage, isoformat, utcnow
 from danlu.hub.service.states import FINAL, JobState, transition
 from danlu.jobdir import JobDir, read_json
 
-JOB_ID = re.compile(r"^[0-9a-f]{12}$")
-QUEUES = ("default",)
+from .jobinfo import JOB_ID, cell_sha256, job_to_dict  # noqa: F401 - re-exported for handlers
+
+RUNNING = (JobState.running.value, JobState.preempted.value)
 
 
-def cell_sha256(nb: dict) -> tuple[str, str]:
-    """(cell id, sha256 of its source) of the job's cell: tagged ``danlu-cell``, else the last code cell."""
-    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    tagged = [c for c in code if "danlu-cell" in c.get("metadata", {}).get("tags", [])]
-    cell = (tagged or code)[-1]
-    source = cell.get("source", "")
-    source = "".join(source) if isinstance(source, list) else source
-    return cell.get("id", ""), hashlib.sha256(source.encode()).hexdigest()
+def _ts(value) -> float:
+    return value.timestamp() if value else 0.0
 
 
 class JobManager:
-    def __init__(self, *, settings, profiles, ledger, sessions, backend, groups, log: logging.Logger | None = None):
+    def __init__(self, *, settings, profiles, inventory, sessions, backend, groups, log: logging.Logger | None = None):
         self.settings = settings
         self.profiles = profiles
-        self.ledger = ledger
+        self.inventory = inventory
+        self.ledger = Ledger(inventory)
         self.sessions = sessions
         self.backend = backend
         self.groups = groups
         self.log = log or logging.getLogger("danlu.jobs")
-        self.scheduler = Scheduler()
-        self.plan = Plan()
+        self.metrics = Metrics()
+        quotas.check(settings, inventory)
+        with self.sessions() as s:
+            overrides = {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
+            drain = s.get(Flag, "drain")
+        self.model = quotas.build_model(settings, inventory, overrides)
+        self.draining = bool(drain and drain.value.get("on"))
+        self.pending: dict[str, Workload] = {}
+        self.plan = Decision()
+        self.estimates: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._watchers: dict[str, asyncio.Task] = {}
-        self._cancelling: set[str] = set()
+        self._stopping: dict[str, str] = {}  # job id -> why its processes are being stopped
         self._ended: dict[str, asyncio.Event] = {}
-        self._stopping = False
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
 
     # reading -----------------------------------------------------------------
     def jobdir(self, job_id: str) -> JobDir:
@@ -83,7 +94,7 @@ class JobManager:
             return job
 
     def list(self, principal, *, states: list[str] | None = None, owner: str | None = None,
-             limit: int = 200) -> list[Job]:
+             queue: str | None = None, limit: int = 200) -> list[Job]:
         if owner and owner != principal.name and not principal.admin:
             raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner")
         for state in states or []:
@@ -98,42 +109,12 @@ class JobManager:
                 query = query.where(Job.owner == owner)
             if states:
                 query = query.where(Job.state.in_(states))
+            if queue:
+                query = query.where(Job.queue == queue)
             return list(s.scalars(query))
 
-    def run_info(self, job: Job) -> dict:
-        return read_json(self.jobdir(job.id).run_file) or {}
-
     def to_dict(self, job: Job) -> dict:
-        base = f"{self.settings.public_url}/services/danlu/api/v1/jobs/{job.id}"
-        run = self.run_info(job) if job.mlflow_run_id is None or job.state == "running" else {}
-        run_id = job.mlflow_run_id or run.get("run_id")
-        experiment_id = job.backend_state.get("mlflow_experiment_id") or run.get("experiment_id")
-        attempts = [{
-            "number": a.number, "state": a.state, "reason": a.reason, "devices": list(a.devices or []),
-            "exit_code": a.exit_code, "started_at": isoformat(a.started_at), "finished_at": isoformat(a.finished_at),
-        } for a in job.attempts]
-        end = job.finished_at or (utcnow() if job.state == "running" else None)
-        reason = job.reason
-        if job.state == "queued":
-            reason = self.plan.waiting.get(job.id, reason or "waiting for admission")
-        return {
-            "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
-            "profile": job.profile, "queue": job.queue,
-            "resources": {"nproc": job.nproc, "gpus": job.gpus},
-            "parameters": job.parameters, "experiment": job.experiment,
-            "datasets": [d["name"] for d in job.datasets], "source": job.source,
-            "devices": list(job.attempts[-1].devices or []) if job.attempts and job.state == "running" else [],
-            "attempts": attempts,
-            "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
-            "finished_at": isoformat(job.finished_at),
-            "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
-            "queue_position": self.plan.positions.get(job.id) if job.state == "queued" else None,
-            "mlflow_run_id": run_id,
-            "mlflow_run_url": (f"{self.settings.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
-                               if run_id and experiment_id else None),
-            "output_url": f"{base}/output", "logs_url": f"{base}/logs",
-            "runner": ("warm" if job.backend_state.get("warm") else "cold") if "pid" in job.backend_state else None,
-        }
+        return job_to_dict(self, job)
 
     def ended(self, job_id: str) -> asyncio.Event:
         """An event set when the job reaches a final state (for log followers)."""
@@ -163,21 +144,30 @@ class JobManager:
         if not principal.is_user:
             raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user")
         owner = principal.name
+        jobs = self.settings.jobs
         nb = body["notebook"]
         node = validation.check_notebook(nb)
         params = body.get("parameters", {})
         validation.check_parameters(params)
         resources = {"nproc": 1, "gpus": 0, **body.get("resources", {})}
-        max_nproc = self.settings.jobs["max_nproc"]
-        if resources["nproc"] > max_nproc:
-            raise ValidationError(f"resources.nproc must be at most {max_nproc}, got {resources['nproc']}",
+        if resources["nproc"] > jobs["max_nproc"]:
+            raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
                                   field="resources.nproc", reason="too_many_processes")
         if resources["gpus"] > self.ledger.total:
             raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {self.ledger.total}",
                               field="resources.gpus", reason="not_enough_gpus")
-        queue = body.get("queue", "default")
-        if queue not in QUEUES:
-            raise ValidationError(f"unknown queue '{queue}'", field="queue", fix=f"use one of: {', '.join(QUEUES)}")
+        if resources.get("gpu_type") and resources["gpu_type"] not in self.model.devices:
+            raise ValidationError(f"resources.gpu_type: no GPUs of flavor '{resources['gpu_type']}' here",
+                                  field="resources.gpu_type", fix=f"flavors: {', '.join(self.model.devices) or 'none'}")
+        if "memory" in resources:
+            resources["memory"] = validation.check_size(resources["memory"], "resources.memory")
+        retries = body.get("retries", jobs["default_retries"])
+        if retries > jobs["max_retries"]:
+            raise ValidationError(f"retries must be at most {jobs['max_retries']}", field="retries")
+        timeout = body.get("timeout_seconds")
+        if timeout is not None and timeout > jobs["max_runtime_seconds"]:
+            raise ValidationError(f"timeout_seconds must be at most {jobs['max_runtime_seconds']} (the workbench's "
+                                  "max runtime)", field="timeout_seconds")
         cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
         for i, ds in enumerate(body.get("datasets", [])):
             validation.check_dataset(ds, f"datasets[{i}]", self.settings.dataset_roots)
@@ -188,6 +178,13 @@ class JobManager:
         groups = await self.groups.groups_of(owner, fallback=principal.groups)
         profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
                                           gpu_field="resources.gpus")
+        queue = quotas.queue_for(self.settings, body.get("queue"), groups, admin=principal.admin)
+        priority_class, priority = quotas.priority_of(self.settings, body.get("priority"))
+        request = quotas.request_for(resources, resources["nproc"], profile)
+        probe = Workload("(new)", queue, priority, time.time(), request, owner)
+        never = self.model.impossible(probe)
+        if never:
+            raise PolicyError(f"this job could never start: {never}", reason="never_fits", field="resources")
         home = self.settings.user_home(owner)
         if account is None:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
@@ -200,13 +197,12 @@ class JobManager:
         name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
         cell_id, sha = cell_sha256(nb)
         source.setdefault("cell_id", cell_id)
-
         # the job runs on its profile's kernel, whatever the notebook was saved with
         node.metadata["kernelspec"] = {"name": profile.kernel_name, "display_name": profile.display_name,
                                        "language": "python"}
         node.metadata.setdefault("language_info", {"name": "python"})
         if body.get("dry_run"):
-            return 200, await self._dry_run(node, params, profile, resources)
+            return 200, await self._dry_run(node, params, profile, resources, probe)
 
         job_id = uuid.uuid4().hex[:12]
         jd = JobDir.create(self.settings.jobs_dir, job_id)
@@ -219,25 +215,34 @@ class JobManager:
             "env": {"HOME": str(home), "USER": owner},
             "run_as": account.to_dict() if account else None,
         }
+        now = utcnow()
         try:
             nbformat.write(node, str(jd.input_notebook))
             jd.write_spec(spec)
             for path in (jd.path, jd.input_notebook, jd.spec_file):
                 accounts.give(path, account)
-            with self.sessions() as s, s.begin():
-                s.add(Job(id=job_id, owner=owner, name=name, state=JobState.queued.value, reason="",
-                          profile=profile.slug, queue=queue, nproc=resources["nproc"], gpus=resources["gpus"],
-                          parameters=params, experiment=spec["experiment"], datasets=datasets, source=source,
-                          cwd=cwd, groups=list(groups)))
+            async with self._lock:
+                with self.sessions() as s, s.begin():
+                    job = Job(id=job_id, owner=owner, name=name, state=JobState.queued.value, reason="",
+                              profile=profile.slug, queue=queue, priority=priority, priority_class=priority_class,
+                              nproc=resources["nproc"], gpus=request.gpus, gpu_type=request.gpu_flavor,
+                              cpu=request.cpu, memory=request.memory, retries=retries, timeout_seconds=timeout,
+                              parameters=params, experiment=spec["experiment"], datasets=datasets, source=source,
+                              cwd=cwd, groups=list(groups), created_at=now, queued_at=now)
+                    s.add(job)
+                    audit.append(s, owner, "submit", job_id, after={
+                        "queue": queue, "priority": priority_class, "profile": profile.slug, "resources": resources,
+                        "name": name})
+                self.pending[job_id] = self._workload(job)
         except BaseException:
             shutil.rmtree(jd.path, ignore_errors=True)
             raise
-        self.log.info("job %s submitted by %s (%s, %s)", job_id, owner, profile.slug, resources)
+        self.log.info("job %s submitted by %s (%s, queue %s, %s)", job_id, owner, profile.slug, queue, resources)
         await self.schedule()
         with self.sessions() as s:
             return 201, self.to_dict(s.get(Job, job_id))
 
-    async def _dry_run(self, node, params: dict, profile, resources: dict) -> dict:
+    async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
         from papermill.parameterize import parameterize_notebook
 
         # what papermill's load_notebook_node does before parameterizing
@@ -246,52 +251,127 @@ class JobManager:
             cell.metadata.setdefault("tags", [])
         rendered = parameterize_notebook(node, params, report_mode=False, kernel_name=profile.kernel_name,
                                          language="python") if params else node
-        with self.sessions() as s:
-            snapshot = self._snapshot(s)
-            queued = self._queued(s)
-        probe = Candidate(id="(dry run)", gpus=resources["gpus"], nproc=resources["nproc"])
-        plan = self.scheduler.plan(snapshot, queued + [probe])
-        admitted = probe.id in plan.admit
-        return {"dry_run": True, "admitted": admitted,
-                "reason": "would start now" if admitted else plan.waiting.get(probe.id, "would wait"),
-                "queue_position": plan.positions.get(probe.id), "profile": profile.slug, "resources": resources,
+        async with self._lock:
+            import copy
+
+            sim = copy.deepcopy(self.model)
+            decision = sim.cycle([copy.copy(w) for w in self.pending.values()] + [probe], time.time(), preempt=True)
+        admitted = any(w.id == probe.id for w in decision.admitted)
+        if self.draining:
+            admitted, reason = False, "the workbench is draining: no job starts until an admin ends it"
+        else:
+            reason = "would start now" if admitted else decision.waiting.get(probe.id, "would wait")
+        return {"dry_run": True, "admitted": admitted, "reason": reason, "queue": probe.team,
+                "queue_position": decision.positions.get(probe.id), "profile": profile.slug, "resources": resources,
                 "notebook": dict(rendered)}
 
     # admission -------------------------------------------------------------------
-    def _snapshot(self, s) -> Snapshot:
-        running_cpu = s.scalar(select(func.count()).select_from(Job).where(
-            Job.state == JobState.running.value, Job.gpus == 0)) or 0
-        return Snapshot(free_gpus=len(self.ledger.free(s)), total_gpus=self.ledger.total,
-                        running_cpu_jobs=running_cpu, max_cpu_jobs=self.settings.jobs["max_running_cpu_jobs"])
-
-    def _queued(self, s) -> list[Candidate]:
-        rows = s.execute(select(Job.id, Job.gpus, Job.nproc, Job.queue).where(
-            Job.state == JobState.queued.value).order_by(Job.created_at, Job.id))
-        return [Candidate(id=r.id, gpus=r.gpus, nproc=r.nproc, queue=r.queue) for r in rows]
+    def _workload(self, job: Job, attempt: Attempt | None = None) -> Workload:
+        wl = Workload(job.id, job.queue, job.priority, _ts(job.created_at),
+                      Request(job.gpus, job.gpu_type, job.cpu, job.memory), job.owner)
+        if attempt is not None:
+            wl.flavor = attempt.flavor
+            wl.devices = tuple(attempt.devices or ())
+            wl.admitted_at = _ts(attempt.started_at)
+        return wl
 
     async def schedule(self) -> None:
-        """One admission pass: start every queued job that fits now."""
-        if self._stopping:
+        """One admission pass: start what fits now, preempt what must make room."""
+        if self._closing:
             return
         async with self._lock:
-            starts = []
-            with self.sessions() as s, s.begin():
-                plan = self.scheduler.plan(self._snapshot(s), self._queued(s))
-                for job_id in plan.admit:
-                    job = s.get(Job, job_id)
-                    devices = self.ledger.allocate(s, "job", job_id, job.owner, job.gpus)
-                    if devices is None:  # changed under us; next pass
-                        continue
-                    job.state = transition(job.state, JobState.running).value
-                    job.reason = ""
-                    job.started_at = job.started_at or utcnow()
-                    attempt = Attempt(number=len(job.attempts) + 1, state="running", devices=devices)
-                    job.attempts.append(attempt)
-                    starts.append({"id": job.id, "attempt": attempt.number, "devices": devices, "nproc": job.nproc,
-                                   "kernel_name": self.profiles.get(job.profile).kernel_name})
-                self.plan = plan
-            for start in starts:
-                await self._start(start)
+            started = time.perf_counter()
+            now = time.time()
+            if self.draining:
+                self.plan = Decision(waiting={jid: "the workbench is draining: no job starts until an admin "
+                                                   "ends it" for jid in self.pending})
+                return
+            with self.sessions() as s:
+                not_before = {j.id: j.not_before for j in s.scalars(
+                    select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))}
+            eligible = [w for jid, w in self.pending.items() if not not_before.get(jid) or _ts(not_before[jid]) <= now]
+            decision = self.model.cycle(eligible, now)
+            for jid, when in not_before.items():
+                if jid in self.pending and _ts(when) > now:
+                    decision.waiting[jid] = f"retrying after a backoff, at {isoformat(when)}"
+            starts, stops = [], []
+            try:
+                with self.sessions() as s, s.begin():
+                    for wl in decision.admitted:
+                        job = s.get(Job, wl.id)
+                        for device in wl.devices:
+                            self.ledger.claim(s, device, "job", job.id, job.owner, wl.flavor)
+                        job.state = transition(job.state, JobState.running).value
+                        job.reason = ""
+                        job.not_before = None
+                        job.started_at = job.started_at or utcnow()
+                        attempt = Attempt(number=len(job.attempts) + 1, state="running", devices=list(wl.devices),
+                                          flavor=wl.flavor)
+                        job.attempts.append(attempt)
+                        self.metrics.admitted.labels(job.queue).inc()
+                        waited = now - _ts(job.queued_at or job.created_at)
+                        self.metrics.wait.labels(job.queue).observe(max(0.0, waited))
+                        starts.append({"id": job.id, "attempt": attempt.number, "devices": list(wl.devices),
+                                       "nproc": job.nproc, "kernel_name": self.profiles.get(job.profile).kernel_name})
+                    for victim, preemptor in decision.preempted:
+                        job = s.get(Job, victim.id)
+                        by = s.get(Job, preemptor.id)
+                        why = (f"preempted by job {by.id} of {by.owner} ({by.queue}, priority "
+                               f"{by.priority_class or by.priority})")
+                        job.state = transition(job.state, JobState.preempted).value
+                        job.reason = why
+                        self._stopping[job.id] = "preempted"
+                        self.metrics.preempted.labels(job.queue).inc()
+                        audit.append(s, "danlu", "preempt", job.id, before={"state": "running"},
+                                     after={"state": "preempted", "by": by.id, "reason": why})
+                        stops.append((job.id, dict(job.backend_state)))
+            except Exception:
+                self.log.exception("recording an admission pass failed; rebuilding the queue from the database")
+                self._rebuild()
+                return
+            for wl in decision.admitted:
+                self.pending.pop(wl.id, None)
+            self.plan = decision
+            self._estimate(now)
+            self.metrics.observe_model(self.model, self._pending_by_queue())
+            self.metrics.cycle.observe(time.perf_counter() - started)
+        for start in starts:
+            await self._start(start)
+        for job_id, state in stops:
+            self._spawn(self._stop(job_id, state, self.settings.jobs["preemption_grace_seconds"], "preempted"))
+
+    def _pending_by_queue(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for wl in self.pending.values():
+            counts[wl.team] = counts.get(wl.team, 0) + 1
+        return counts
+
+    def _expected_duration(self, s, job: Job, history: dict) -> float:
+        limit = float(job.timeout_seconds or self.settings.jobs["max_runtime_seconds"])
+        key = (job.owner, job.name)
+        if key not in history:
+            rows = s.execute(select(Attempt.started_at, Attempt.finished_at).join(Job).where(
+                Job.owner == job.owner, Job.name == job.name, Attempt.state == "succeeded")
+                .order_by(Attempt.finished_at.desc()).limit(20))
+            durations = [(f - b).total_seconds() for b, f in rows if f and b]
+            history[key] = statistics.median(durations) if durations else None
+        return min(limit, history[key]) if history[key] else limit
+
+    def _estimate(self, now: float) -> None:
+        """Estimated start times of waiting jobs, from running jobs' history and limits."""
+        waiting = [w for w in self.pending.values() if w.id in self.plan.waiting]
+        if not waiting or len(waiting) > 500:
+            self.estimates = {}
+            return
+        history: dict = {}
+        ends, durations = {}, {}
+        with self.sessions() as s:
+            for job in s.scalars(select(Job).where(Job.id.in_(list(self.model.admitted)))):
+                start = _ts(job.attempts[-1].started_at) if job.attempts else now
+                ends[job.id] = max(now, start + self._expected_duration(s, job, history))
+            for job in s.scalars(select(Job).where(Job.id.in_([w.id for w in waiting]))):
+                durations[job.id] = self._expected_duration(s, job, history)
+        self.estimates = self.model.estimate(waiting, ends, durations, now)
 
     async def _start(self, start: dict) -> None:
         try:
@@ -304,6 +384,11 @@ class JobManager:
             job = s.get(Job, start["id"])
             job.backend_state = {**job.backend_state, **state}
         self._watch(start["id"], state)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _watch(self, job_id: str, state: dict) -> None:
         task = asyncio.ensure_future(self._watch_job(job_id, state))
@@ -323,31 +408,74 @@ class JobManager:
         except Exception:
             self.log.exception("watching job %s failed", job_id)
 
+    async def _stop(self, job_id: str, state: dict, grace: float, why: str) -> None:
+        """End a running job's processes (cancel, preemption, timeout); its watcher records the end."""
+        try:
+            await self.backend.cancel(job_id, state, grace, reason=why)
+        except Exception:
+            self.log.exception("stopping job %s (%s) failed", job_id, why)
+        if job_id not in self._watchers:  # nothing else will notice
+            await self.finalize(job_id, Outcome(why, why))
+
     async def finalize(self, job_id: str, outcome: Outcome) -> None:
-        """Record how an attempt ended (idempotent) and free what it held."""
-        if job_id in self._cancelling and outcome.state != "cancelled":
-            return  # cancel() records the outcome itself
+        """Record how an attempt ended (idempotent), free what it held, and decide what comes next."""
         async with self._lock:
+            stopping = self._stopping.pop(job_id, None)
             with self.sessions() as s, s.begin():
                 job = s.get(Job, job_id)
-                if job is None or job.state != JobState.running.value:
+                if job is None or job.state not in RUNNING:
                     return
-                state = outcome.state if outcome.state in ("succeeded", "failed", "cancelled") else "failed"
                 attempt = job.attempts[-1] if job.attempts else None
-                if attempt is not None:
-                    attempt.state, attempt.reason = state, outcome.reason
-                    attempt.exit_code, attempt.finished_at = outcome.exit_code, utcnow()
                 self.ledger.release(s, "job", job_id)
-                job.state = transition(job.state, state).value
-                job.reason = outcome.reason
-                job.finished_at = utcnow()
-                run = self.run_info(job)
+                self.model.release(job_id)
+                run = read_json(self.jobdir(job_id).run_file) or {}
                 job.mlflow_run_id = outcome.mlflow_run_id or run.get("run_id") or job.mlflow_run_id
                 if run.get("experiment_id"):
                     job.backend_state = {**job.backend_state, "mlflow_experiment_id": run["experiment_id"]}
-            self.log.info("job %s %s%s", job_id, state, f": {outcome.reason}" if outcome.reason else "")
-        self._mark_ended(job_id)
+                state, reason, failure, ended_as = self._next_state(s, job, outcome, stopping)
+                if attempt is not None:
+                    attempt.state, attempt.failure = ended_as, failure
+                    attempt.reason = outcome.reason if state == JobState.queued.value and failure else reason
+                    attempt.exit_code, attempt.finished_at = outcome.exit_code, utcnow()
+                job.state = transition(job.state, state).value
+                job.reason = reason
+                job.failure = failure if state == JobState.failed.value else ""
+                if state == JobState.queued.value:
+                    job.queued_at = utcnow()
+                    self.pending[job_id] = self._workload(job)
+                else:
+                    job.finished_at = utcnow()
+                    self.metrics.finished.labels(job.queue, state).inc()
+            self.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
+            if state != JobState.queued.value:
+                self._mark_ended(job_id)
         await self.schedule()
+
+    def _next_state(self, s, job: Job, outcome: Outcome, stopping: str | None) -> tuple[str, str, str, str]:
+        """(job state, reason, failure kind, how the attempt ended) after an attempt ended."""
+        jobs = self.settings.jobs
+        if outcome.state == "succeeded":
+            return "succeeded", "", "", "succeeded"
+        if stopping == "cancelled" or outcome.state == "cancelled":
+            return "cancelled", outcome.reason or "cancelled", "", "cancelled"
+        if stopping == "timed_out" or outcome.state == "timed_out":
+            limit = job.timeout_seconds or jobs["max_runtime_seconds"]
+            return "timed_out", f"ran longer than its limit of {limit} s and was stopped", "", "timed_out"
+        if job.state == JobState.preempted.value or stopping == "preempted" or outcome.state == "preempted":
+            return ("queued", f"{job.reason}; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)", "",
+                    "preempted")
+        if not outcome.infrastructure:
+            return "failed", f"error in your code: {outcome.reason}", "user", "failed"
+        failures = 1 + sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")
+        if failures <= job.retries:
+            delay = min(3600.0, jobs["retry_backoff_seconds"] * 2 ** (failures - 1))
+            job.not_before = utcnow() + dt.timedelta(seconds=delay)
+            audit.append(s, "danlu", "retry", job.id, before={"attempt": len(job.attempts)},
+                         after={"retry": failures, "of": job.retries, "after_seconds": delay,
+                                "reason": outcome.reason})
+            return "queued", (f"retry {failures} of {job.retries} in {delay:g} s after an infrastructure failure: "
+                              f"{outcome.reason}"), "infrastructure", "failed"
+        return "failed", f"infrastructure failure: {outcome.reason}", "infrastructure", "failed"
 
     async def cancel(self, principal, job_id: str) -> dict:
         job = self.get(principal, job_id, write=True)
@@ -358,17 +486,22 @@ class JobManager:
             async with self._lock:
                 with self.sessions() as s, s.begin():
                     row = s.get(Job, job_id)
+                    if row.state != JobState.queued.value:
+                        raise Conflict(f"job {job_id} started meanwhile; cancel it again", reason="raced")
                     row.state = transition(row.state, JobState.cancelled).value
                     row.reason = f"cancelled by {who} while queued"
                     row.finished_at = utcnow()
+                    audit.append(s, who, "cancel", job_id, before={"state": "queued"}, after={"state": "cancelled"})
+                self.pending.pop(job_id, None)
+                self.metrics.finished.labels(row.queue, "cancelled").inc()
             self._mark_ended(job_id)
         else:
-            self._cancelling.add(job_id)
-            try:
-                await self.backend.cancel(job_id, job.backend_state, self.settings.jobs["grace_period_seconds"])
-                await self.finalize(job_id, Outcome("cancelled", f"cancelled by {who}"))
-            finally:
-                self._cancelling.discard(job_id)
+            with self.sessions() as s, s.begin():
+                audit.append(s, who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
+            self._stopping[job_id] = "cancelled"
+            await self.backend.cancel(job_id, job.backend_state, self.settings.jobs["grace_period_seconds"],
+                                      reason="cancelled")
+            await self.finalize(job_id, Outcome("cancelled", f"cancelled by {who}"))
             watcher = self._watchers.pop(job_id, None)
             if watcher is not None:
                 watcher.cancel()
@@ -376,51 +509,260 @@ class JobManager:
         with self.sessions() as s:
             return self.to_dict(s.get(Job, job_id))
 
-    # restarts -------------------------------------------------------------------
-    async def recover(self) -> None:
-        """Re-attach to jobs that were running when the service stopped."""
+    async def check_timeouts(self) -> None:
+        """Stop running jobs that outran their limit."""
+        now = utcnow()
         with self.sessions() as s:
             running = list(s.scalars(select(Job).where(Job.state == JobState.running.value)))
+            late = []
+            for job in running:
+                limit = job.timeout_seconds or self.settings.jobs["max_runtime_seconds"]
+                started = job.attempts[-1].started_at if job.attempts else None
+                if started and (now - started).total_seconds() > limit and job.id not in self._stopping:
+                    late.append((job.id, dict(job.backend_state)))
+        for job_id, state in late:
+            self._stopping[job_id] = "timed_out"
+            self._spawn(self._stop(job_id, state, self.settings.jobs["grace_period_seconds"], "timed_out"))
+
+    # admin operations -----------------------------------------------------------------
+    def _require_admin(self, principal) -> None:
+        if not principal.admin:
+            raise Forbidden("this is an admin operation", reason="not_admin")
+
+    async def reprioritize(self, principal, job_id: str, priority: str) -> dict:
+        self._require_admin(principal)
+        job = self.get(principal, job_id)
+        if JobState(job.state) in FINAL:
+            raise Conflict(f"job {job_id} already ended ({job.state})", reason="already_final")
+        name, value = quotas.priority_of(self.settings, priority)
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                row = s.get(Job, job_id)
+                before = {"priority": row.priority_class, "value": row.priority}
+                row.priority_class, row.priority = name, value
+                audit.append(s, principal.name, "reprioritize", job_id, before=before,
+                             after={"priority": name, "value": value})
+            for wl in (self.pending.get(job_id), self.model.admitted.get(job_id)):
+                if wl is not None:
+                    wl.priority = value
+        await self.schedule()
+        with self.sessions() as s:
+            return self.to_dict(s.get(Job, job_id))
+
+    def queues(self, principal) -> list[dict]:
+        """Every queue: quota, use, borrowing, held; everyone may see them (no other user's jobs)."""
+        out = []
+        pending = self._pending_by_queue()
+        specs = quotas.team_specs(self.settings, self._overrides())
+        for team in self.model.teams.values():
+            usage = {r: v for r, v in self.model.used[team.name].items() if v}
+            out.append({
+                "name": team.name, "cohort": team.cohort, "held": team.held,
+                "quota": specs.get(team.name, {}).get("quota") or _gpu_amounts(team.nominal),
+                "borrowing_limit": specs.get(team.name, {}).get("borrowing_limit") or {},
+                "lending_limit": specs.get(team.name, {}).get("lending_limit") or {},
+                "usage": _gpu_amounts(usage), "pending": pending.get(team.name, 0),
+                "running": sum(1 for w in self.model.admitted.values() if w.team == team.name and w.kind == "job"),
+                "servers": sum(1 for w in self.model.admitted.values() if w.team == team.name and w.kind == "server"),
+                "borrowing": {k[4:]: v - team.nominal.get(k, 0) for k, v in usage.items()
+                              if k.startswith("gpu/") and v > team.nominal.get(k, 0)},
+            })
+        return out
+
+    def _overrides(self) -> dict:
+        with self.sessions() as s:
+            return {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
+
+    async def change_queue(self, principal, name: str, changes: dict) -> dict:
+        """Change a team's quota or limits live (validated against the schema of danlu.yaml's teams)."""
+        self._require_admin(principal)
+        if name not in self.model.teams:
+            raise NotFound(f"no queue '{name}'", field="name", fix=f"queues: {', '.join(self.model.teams)}")
+        if not self.settings.teams:
+            raise Conflict("the default queue holds the whole machine; define teams in danlu.yaml to set quotas",
+                           reason="no_teams")
+        validation.check_team_change(changes, self.model.devices)
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                row = s.get(QueueSetting, name) or QueueSetting(name=name, changes={}, held=False)
+                before = quotas.team_specs(self.settings, self._overrides()).get(name, {})
+                row.changes = {**row.changes, **changes}
+                s.merge(row)
+                audit.append(s, principal.name, "change_quota", name,
+                             before={k: before.get(k) for k in changes}, after=changes)
+            self._rebuild()
+        await self.schedule()
+        return next(q for q in self.queues(principal) if q["name"] == name)
+
+    async def hold(self, principal, name: str, held: bool) -> dict:
+        self._require_admin(principal)
+        if name not in self.model.teams:
+            raise NotFound(f"no queue '{name}'", field="name", fix=f"queues: {', '.join(self.model.teams)}")
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                row = s.get(QueueSetting, name) or QueueSetting(name=name, changes={}, held=False)
+                before = row.held
+                row.held = held
+                s.merge(row)
+                audit.append(s, principal.name, "hold" if held else "release", name, before={"held": before},
+                             after={"held": held})
+            self.model.teams[name].held = held
+        await self.schedule()
+        return next(q for q in self.queues(principal) if q["name"] == name)
+
+    async def drain(self, principal, on: bool) -> dict:
+        self._require_admin(principal)
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                before = self.draining
+                flag = s.get(Flag, "drain") or Flag(key="drain", value={})
+                flag.value = {"on": on, "by": principal.name, "at": isoformat(utcnow())}
+                s.merge(flag)
+                audit.append(s, principal.name, "drain" if on else "undrain", "workbench",
+                             before={"draining": before}, after={"draining": on})
+            self.draining = on
+        await self.schedule()
+        return {"draining": on}
+
+    def _rebuild(self) -> None:
+        """Rebuild the admission model from the database (after a live change, or to recover from an error)."""
+        model = quotas.build_model(self.settings, self.inventory, self._overrides())
+        pending = {}
+        with self.sessions() as s:
+            for job in s.scalars(select(Job).where(Job.state.in_(RUNNING))):
+                attempt = job.attempts[-1] if job.attempts else None
+                wl = self._workload(job, attempt)
+                wl.stopping = job.state == JobState.preempted.value
+                try:
+                    model.restore(wl)
+                except ValueError as e:
+                    self.log.error("job %s: %s", job.id, e)
+            for row in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))):
+                if row.team in model.teams:
+                    server = Workload(f"server:{row.holder}", row.team, 1 << 40, _ts(row.started_at),
+                                      Request(len(row.devices), row.flavor, 0.0, 0.0), row.owner, kind="server")
+                    server.flavor, server.devices = row.flavor, tuple(row.devices)
+                    model.restore(server)
+            for job in s.scalars(select(Job).where(Job.state == JobState.queued.value)):
+                pending[job.id] = self._workload(job)
+        self.model, self.pending = model, pending
+
+    # restarts -------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Rebuild the model and re-attach to jobs that were running when the service stopped."""
+        async with self._lock:
+            self._rebuild()
+        with self.sessions() as s:
+            running = list(s.scalars(select(Job).where(Job.state.in_(RUNNING))))
         for job in running:
             self.backend.load_state(job.id, job.backend_state)
-            self.log.info("re-attaching to running job %s", job.id)
+            self.log.info("re-attaching to %s job %s", job.state, job.id)
+            if job.state == JobState.preempted.value:
+                self._stopping[job.id] = "preempted"
+                self._spawn(self._stop(job.id, dict(job.backend_state), self.settings.jobs["preemption_grace_seconds"],
+                                       "preempted"))
             self._watch(job.id, job.backend_state)
         await self.schedule()
 
     async def run_forever(self, interval: float = 2.0) -> None:
-        while not self._stopping:
+        samples = 0.0
+        while not self._closing:
             try:
                 await asyncio.wait_for(self._wake.wait(), interval)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
             try:
+                await self.check_timeouts()
                 await self.schedule()
+                if time.monotonic() - samples > 30:
+                    samples = time.monotonic()
+                    from danlu.hub.service.usage import sample_gpus
+
+                    with self.sessions() as s, s.begin():
+                        sample_gpus(s, self.inventory)
             except Exception:
                 self.log.exception("admission pass failed")
 
     async def stop(self) -> None:
-        self._stopping = True
-        for task in list(self._watchers.values()):
+        self._closing = True
+        for task in list(self._watchers.values()) + list(self._tasks):
             task.cancel()
         await self.backend.shutdown()
 
     # notebook servers ----------------------------------------------------------
-    async def allocate_server(self, holder: str, owner: str, gpus: int) -> list[int]:
+    async def allocate_server(self, holder: str, owner: str, gpus: int, profile: str = "",
+                              groups=()) -> list[int]:
+        """Reserve GPUs for a server from its owner's team quota, now or never (servers do not queue)."""
+        team = quotas.queue_for(self.settings, None, groups, admin=True) if self.settings.teams else "default"
+        if self.settings.teams:
+            mine = [t for t in self.settings.teams if t in set(groups)]
+            if not mine:
+                raise PolicyError(f"{owner} is in no team, so has no GPU quota for a server", reason="no_team",
+                                  field="gpus", fix="ask an admin to add you to a team, or start without GPUs")
+            team = mine[0]
         async with self._lock:
+            await self._release_server_locked(holder)
+            server = Workload(f"server:{holder}", team, 1 << 40, time.time(), Request(gpus, None, 0.0, 0.0), owner,
+                              kind="server")
+            ok, why = self.model.try_server(server)
+            if not ok:
+                raise Conflict(f"no room for {gpus} GPUs for the server: {why.removeprefix('waiting for ')}",
+                               reason="gpus_busy", field="gpus", fix="pick fewer GPUs, or wait for jobs to finish")
             with self.sessions() as s, s.begin():
-                self.ledger.release(s, "server", holder)
-                devices = self.ledger.allocate(s, "server", holder, owner, gpus)
-                if devices is None:
-                    free = len(self.ledger.free(s))
-                    from danlu.errors import Conflict
+                for device in server.devices:
+                    self.ledger.claim(s, device, "server", holder, owner, server.flavor)
+                s.add(ServerUsage(holder=holder, owner=owner, team=team, profile=profile, flavor=server.flavor,
+                                  devices=list(server.devices)))
+            self.metrics.observe_model(self.model, self._pending_by_queue())
+        return list(server.devices)
 
-                    raise Conflict(f"{gpus} GPUs asked for the server, {free} of {self.ledger.total} free",
-                                   reason="gpus_busy", field="gpus", fix="pick fewer GPUs or wait for jobs to finish")
-        return devices
+    async def _release_server_locked(self, holder: str) -> None:
+        self.model.release(f"server:{holder}")
+        with self.sessions() as s, s.begin():
+            self.ledger.release(s, "server", holder)
+            for row in s.scalars(select(ServerUsage).where(ServerUsage.holder == holder,
+                                                           ServerUsage.ended_at.is_(None))):
+                row.ended_at = utcnow()
 
     async def release_server(self, holder: str) -> None:
         async with self._lock:
-            with self.sessions() as s, s.begin():
-                self.ledger.release(s, "server", holder)
+            await self._release_server_locked(holder)
         await self.schedule()
+
+    async def idle_gpu_servers(self) -> list[dict]:
+        """Servers holding GPUs with no activity for ``usage.idle_server_minutes`` (the culler stops them)."""
+        import datetime as dt
+
+        minutes = self.settings.usage["idle_server_minutes"]
+        with self.sessions() as s:
+            holding = list(s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))))
+        idle = []
+        for row in holding:
+            user, _, name = row.holder.partition(":")
+            model = await self.groups.user(user)
+            server = ((model or {}).get("servers") or {}).get(name, {})
+            last = server.get("last_activity")
+            if not last:
+                continue
+            seen = dt.datetime.fromisoformat(last.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
+            quiet = (dt.datetime.now(dt.timezone.utc) - seen).total_seconds() / 60
+            if quiet >= minutes:
+                idle.append({"server": row.holder, "owner": row.owner, "team": row.team, "gpus": len(row.devices),
+                             "devices": row.devices, "idle_minutes": round(quiet, 1)})
+        return idle
+
+    def counts(self) -> dict:
+        with self.sessions() as s:
+            return dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+
+
+def _gpu_amounts(resources: dict) -> dict:
+    out: dict = {}
+    for key, value in resources.items():
+        if key.startswith("gpu/"):
+            out.setdefault("gpus", {})[key[4:]] = value
+        else:
+            out[key] = value
+    return out
+

@@ -51,6 +51,12 @@ class Ledger:
         session.flush()  # a concurrent writer holding the same device fails here, not later
         return [g.index for g in chosen]
 
+    def claim(self, session: Session, device: int, kind: str, holder: str, owner: str, flavor: str | None) -> None:
+        """Record that a device (chosen by the admission model) is held; a second claim fails on the key."""
+        session.add(Allocation(device=device, holder_kind=kind, holder_id=holder, owner=owner,
+                               flavor=flavor or self.by_index[device].flavor))
+        session.flush()
+
     def release(self, session: Session, kind: str, holder: str) -> list[int]:
         devices = self.held_by(session, kind, holder)
         session.execute(delete(Allocation).where(Allocation.holder_kind == kind, Allocation.holder_id == holder))

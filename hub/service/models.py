@@ -1,10 +1,11 @@
-"""The jobs service's database: jobs, their attempts and the GPU ledger.
+"""The jobs service's database: jobs, attempts, the GPU ledger, queue changes, audit and usage.
 
 SQLAlchemy 2 declarative models that run on SQLite (the default, a file in the
 state dir) and PostgreSQL. Notebooks, logs and outputs are files in the job's
 directory, not rows; a row holds what the API reports and what the scheduler
 needs. :func:`make_engine` applies the pragmas SQLite needs to be shared by
-the service and its recovery code (WAL, a busy timeout).
+the service and its recovery code (WAL, a busy timeout); :func:`make_sessionmaker`
+creates missing tables and adds columns a newer Danlu introduced.
 """
 
 from __future__ import annotations
@@ -12,7 +13,21 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, create_engine, event
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
@@ -38,9 +53,19 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(20), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     profile: Mapped[str] = mapped_column(String(64))
-    queue: Mapped[str] = mapped_column(String(64), default="default")
+    queue: Mapped[str] = mapped_column(String(64), default="default", index=True)  # its team
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    priority_class: Mapped[str] = mapped_column(String(64), default="")
     nproc: Mapped[int] = mapped_column(Integer, default=1)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cpu: Mapped[float] = mapped_column(Float, default=1.0)
+    memory: Mapped[float] = mapped_column(Float, default=0.0)
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    timeout_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    not_before: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    queued_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)  # last (re)entry to the queue
+    failure: Mapped[str] = mapped_column(String(20), default="")  # "" | "user" | "infrastructure"
     parameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
     experiment: Mapped[str] = mapped_column(String(255), default="")
     datasets: Mapped[list[Any]] = mapped_column(default=list)
@@ -70,6 +95,8 @@ class Attempt(Base):
     state: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str] = mapped_column(Text, default="")
     devices: Mapped[list[Any]] = mapped_column(default=list)
+    flavor: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    failure: Mapped[str] = mapped_column(String(20), default="")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
@@ -94,6 +121,68 @@ class Allocation(Base):
     since: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class QueueSetting(Base):
+    """An admin's live change to a team's queue (quota, limits, hold), over danlu.yaml."""
+
+    __tablename__ = "queue_settings"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    changes: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Flag(Base):
+    """Workbench-wide switches (``drain``)."""
+
+    __tablename__ = "flags"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class AuditRecord(Base):
+    """One audited action; ``hash`` chains every record to the one before it."""
+
+    __tablename__ = "audit"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(255), default="")
+    before: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    after: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class ServerUsage(Base):
+    """GPUs a notebook server held, from start to stop (for usage reports)."""
+
+    __tablename__ = "server_usage"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    holder: Mapped[str] = mapped_column(String(255), index=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    team: Mapped[str] = mapped_column(String(64))
+    profile: Mapped[str] = mapped_column(String(64), default="")
+    flavor: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    devices: Mapped[list[Any]] = mapped_column(default=list)
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class GpuSample(Base):
+    """Measured utilization of a device (NVML), sampled while the service runs."""
+
+    __tablename__ = "gpu_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device: Mapped[int] = mapped_column(Integer, index=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    utilization: Mapped[float] = mapped_column(Float)
+
+
 def make_engine(url: str) -> Engine:
     kwargs: dict[str, Any] = {"future": True}
     if url.startswith("sqlite"):
@@ -112,7 +201,33 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Add the columns a newer Danlu defines to tables an older one created (nullable or defaulted)."""
+    added = []
+    found = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if not found.has_table(table.name):
+                continue
+            have = {c["name"] for c in found.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in have:
+                    continue
+                kind = column.type.compile(engine.dialect)
+                default = column.default.arg if column.default is not None and not callable(column.default.arg) \
+                    else None
+                clause = ""
+                if isinstance(default, (bool, int, float)) and not isinstance(default, dict):
+                    clause = f" DEFAULT {int(default) if isinstance(default, bool) else default}"
+                elif isinstance(default, str):
+                    clause = f" DEFAULT '{default}'"
+                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}{clause}'))
+                added.append(f"{table.name}.{column.name}")
+    return added
+
+
 def make_sessionmaker(url: str) -> sessionmaker:
     engine = make_engine(url)
     Base.metadata.create_all(engine)
+    add_missing_columns(engine)
     return sessionmaker(engine, expire_on_commit=False)

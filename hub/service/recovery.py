@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 
 from danlu import proctree
 from danlu.hub.service.ledger import Ledger
-from danlu.hub.service.models import Allocation, Job, make_sessionmaker, utcnow
+from danlu.hub.service.models import Allocation, Job, ServerUsage, make_sessionmaker, utcnow
 from danlu.hub.service.states import JobState, transition
 from danlu.jobdir import JobDir
 
@@ -28,14 +28,15 @@ def interrupt_running_jobs(settings, grace: float | None = None) -> list[str]:
     sessions = make_sessionmaker(settings.jobs_database_url)
     interrupted = []
     with sessions() as s, s.begin():
-        for job in s.scalars(select(Job).where(Job.state == JobState.running.value)):
+        for job in s.scalars(select(Job).where(Job.state.in_([JobState.running.value, JobState.preempted.value]))):
             state = job.backend_state or {}
             proctree.kill_matching(state.get("pid"), state.get("create_time"), {"DANLU_JOB_ID": job.id}, grace=grace)
             jd = JobDir(settings.jobs_dir / job.id)
             status = jd.status()
             attempt = job.attempts[-1] if job.attempts else None
-            if status and status.get("state") in ("succeeded", "cancelled") or (
-                    status and status.get("state") == "failed" and not status.get("infrastructure")):
+            ended = bool(status) and (status.get("state") in ("succeeded", "cancelled") or (
+                status.get("state") == "failed" and not status.get("infrastructure")))
+            if job.state == JobState.running.value and ended:
                 # it ended on its own just before we stopped: record that, do not run it again
                 job.state = transition(job.state, status["state"]).value
                 job.reason = status.get("reason", "")
@@ -51,9 +52,12 @@ def interrupt_running_jobs(settings, grace: float | None = None) -> list[str]:
                 job.state = transition(job.state, JobState.queued).value
                 job.reason = "interrupted when the workbench stopped; runs again at the next start"
                 interrupted.append(job.id)
+                job.queued_at = utcnow()
             Ledger([]).release(s, "job", job.id)
         # every server has stopped with the hub: the GPUs they held are free again
         s.execute(delete(Allocation).where(Allocation.holder_kind == "server"))
+        for row in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))):
+            row.ended_at = utcnow()
     for job_id in interrupted:
         log.info("job %s interrupted and requeued", job_id)
     return interrupted

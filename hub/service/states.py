@@ -22,10 +22,20 @@ class JobState(str, enum.Enum):
     ``running``
         Its runner process exists.
         -> ``succeeded`` when every rank's notebook executed without error;
-        -> ``failed`` when the user's code raised, or the runner was killed or
-        lost; -> ``cancelled`` on cancel; -> ``queued`` when the workbench
-        stops under it (the interrupted attempt stays in its history).
-    ``succeeded``, ``failed``, ``cancelled``
+        -> ``failed`` when the user's code raised (``failure: user``), or the
+        runner was killed or lost and no retry is left (``failure:
+        infrastructure``); -> ``queued`` when such an infrastructure failure
+        leaves a retry (after a backoff) or the workbench stops under it;
+        -> ``preempted`` when a higher-priority job or a team reclaiming its
+        quota needs its resources; -> ``timed_out`` when it outruns its
+        limit; -> ``cancelled`` on cancel. Every ending attempt stays in the
+        job's history.
+    ``preempted``
+        It got SIGTERM (and its grace period to checkpoint into
+        ``$DANLU_CHECKPOINT_DIR``); -> ``queued`` once its processes are gone.
+        -> ``cancelled`` on cancel; -> ``succeeded``/``failed`` if it ended on
+        its own first.
+    ``succeeded``, ``failed``, ``cancelled``, ``timed_out``
         Final. Logs, the output notebook and the MLflow run stay available.
     """
 
@@ -34,20 +44,25 @@ class JobState(str, enum.Enum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+    preempted = "preempted"
+    timed_out = "timed_out"
 
     @property
     def final(self) -> bool:
         return self in FINAL
 
 
-FINAL = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled})
+FINAL = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.running, JobState.cancelled}),
-    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.queued}),
+    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.queued,
+                                 JobState.preempted, JobState.timed_out}),
+    JobState.preempted: frozenset({JobState.queued, JobState.cancelled, JobState.succeeded, JobState.failed}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
     JobState.cancelled: frozenset(),
+    JobState.timed_out: frozenset(),
 }
 
 

@@ -155,6 +155,43 @@ def check_notebook(nb: dict) -> Any:
     return node
 
 
+def check_size(value, field: str) -> float:
+    """Bytes from a size (``8G``, ``512M``) or a number; a ValidationError naming the field otherwise."""
+    from danlu.hub.config import parse_size
+
+    try:
+        size = parse_size(value)
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValidationError(f"{field}: {value!r} is not a size", field=field, fix="write 512M, 8G or 1T") from None
+    if size < 0:
+        raise ValidationError(f"{field} must not be negative", field=field)
+    return size
+
+
+@functools.cache
+def _team_schema() -> jsonschema.Draft202012Validator:
+    from danlu.hub.config import schema
+
+    full = schema()
+    change = {"type": "object", "additionalProperties": False, "minProperties": 1,
+              "properties": {k: {"$ref": "#/$defs/amounts"} for k in ("quota", "borrowing_limit", "lending_limit")}}
+    return jsonschema.Draft202012Validator({**change, "$defs": full["$defs"]})
+
+
+def check_team_change(changes, flavors) -> None:
+    """A live change of a team's quota or limits: the shape of danlu.yaml's teams, known GPU flavors."""
+    errors = sorted(_team_schema().iter_errors(changes), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        field = _field_of(error)
+        raise ValidationError(_message_of(error, field), field=field, reason="invalid_field")
+    for section, amounts in changes.items():
+        for flavor in (amounts.get("gpus") or {}):
+            if flavor not in flavors:
+                raise ValidationError(f"{section}.gpus.{flavor}: no GPUs of that flavor here",
+                                      field=f"{section}.gpus.{flavor}", fix=f"flavors: {', '.join(flavors)}")
+
+
 def check_parameters(params: dict) -> None:
     for key in params:
         if not key.isidentifier() or keyword.iskeyword(key):

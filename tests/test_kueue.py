@@ -1,0 +1,649 @@
+"""Pure tests of :mod:`danlu.hub.kueue`: whole objects, the example config, and the Kueue CRD schemas.
+
+The Kueue CRDs (v0.19.2, copied under tests/schemas/kueue/, see its SOURCES.md) hold Kubernetes
+structural schemas. :func:`crd_validator` turns one served version into a Draft 7 validator that
+rejects what the API server would reject on ``kubectl apply`` (strict field validation): unknown
+fields, wrong types, bad quantities, missing required fields, a wrong apiVersion/kind, metadata
+without a valid name, and the CEL rules (``x-kubernetes-validations``) this test knows how to check.
+:func:`webhook_errors` adds what Kueue's validating webhook checks on a ClusterQueue
+(``pkg/webhooks/clusterqueue_webhook.go``), which no schema says.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from decimal import Decimal
+from fractions import Fraction
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from danlu.errors import ConfigError
+from danlu.hub import gpus, kueue
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.service.admission import gpu_key
+from danlu.hub.service.quotas import build_teams
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "config" / "shared-workstation.yaml"
+CRDS = Path(__file__).parent / "schemas" / "kueue" / "v0.19.2"
+VERSION = "v1beta2"
+LABELS = {"app.kubernetes.io/managed-by": "danlu"}
+FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"}
+NS_SELECTOR = {"matchLabels": {"kubernetes.io/metadata.name": "danlu"}}
+
+# --- CRD openAPIV3Schema -> JSON Schema -------------------------------------------------------
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+STRING_KEYWORDS = ("pattern", "maxLength", "minLength", "format", "enum")
+
+# CEL rules of the Kueue CRDs, translated. Keyed by the exact rule text, so a changed rule in a newer
+# CRD is reported as untranslated instead of passing silently. Defaults apply before CEL runs.
+CEL_RULES = {
+    "!has(self.cohortName) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
+    "f.resources.all(r, !has(r.borrowingLimit)))) : true":
+        lambda s: "cohortName" in s or "resourceGroups" not in s or all(
+            "borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"] for r in f["resources"]),
+    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))":
+        lambda rg: all(len(f["resources"]) == len(rg["coveredResources"]) for f in rg["flavors"]),
+    "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) &&  "
+    "self.borrowWithinCohort.policy != 'Never')":
+        lambda p: not (p.get("reclaimWithinCohort", "Never") == "Never" and "borrowWithinCohort" in p
+                       and p["borrowWithinCohort"].get("policy", "Never") != "Never"),
+    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')":
+        lambda f: "preference" not in f or (f.get("whenCanBorrow", "MayStopSearch") == "TryNextFlavor"
+                                            and f.get("whenCanPreempt", "TryNextFlavor") == "TryNextFlavor"),
+    "!has(self.topologyName) || self.nodeLabels.size() >= 1":
+        lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
+}
+
+
+def structural_to_jsonschema(node: dict) -> dict:
+    """A Kubernetes structural schema node as plain JSON Schema (Draft 7).
+
+    * ``x-kubernetes-int-or-string``: an integer, or a string meeting the string keywords (``pattern``);
+    * ``format: int32/int64``: the integer range, which jsonschema does not check itself;
+    * ``nullable: true``: null is allowed too (otherwise the API server rejects null);
+    * an object with ``properties`` and no ``additionalProperties`` or
+      ``x-kubernetes-preserve-unknown-fields`` rejects unknown fields (kubectl's strict field validation;
+      without this a misspelled field would pass and be pruned by the API server);
+    * ``x-kubernetes-validations`` and ``x-kubernetes-list-type`` stay, checked by keywords of
+      :func:`crd_validator`; ``description`` goes.
+    """
+    out: dict = {}
+    for key, value in node.items():
+        if key == "description":
+            continue
+        if key == "properties":
+            out[key] = {name: structural_to_jsonschema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            out[key] = structural_to_jsonschema(value)
+        elif key in ("anyOf", "allOf", "oneOf"):
+            out[key] = [structural_to_jsonschema(sub) for sub in value]
+        else:
+            out[key] = value
+    if node.get("x-kubernetes-int-or-string"):
+        string = {"type": "string", **{k: out.pop(k) for k in STRING_KEYWORDS if k in out}}
+        out.pop("anyOf", None)
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, string]
+    if node.get("type") == "integer" and node.get("format") in INT_RANGES:
+        low, high = INT_RANGES[node["format"]]
+        out.setdefault("minimum", low)
+        out.setdefault("maximum", high)
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if (node.get("type") == "object" and "properties" in node and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def _object_meta(namespaced: bool) -> dict:
+    """What the API server requires of metadata on create (ObjectMeta, the fields Danlu sets)."""
+    meta = {
+        "type": "object",
+        "required": ["name", "namespace"] if namespaced else ["name"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN},
+            "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    }
+    if namespaced:
+        meta["properties"]["namespace"] = {"type": "string", "pattern": DNS_LABEL}
+    else:
+        meta["not"] = {"required": ["namespace"]}  # a cluster-scoped object in a namespace is a mistake
+    return meta
+
+
+def _cel(validator, rules, instance, schema):
+    for rule in rules:
+        if "oldSelf" in rule["rule"]:
+            continue  # a transition rule: it applies to updates only
+        check = CEL_RULES.get(rule["rule"])
+        if check is None:
+            yield jsonschema.ValidationError(f"CEL rule not translated in tests/test_kueue.py: {rule['rule']}")
+        elif not check(instance):
+            yield jsonschema.ValidationError(rule.get("message") or rule["rule"])
+
+
+def _list_type(validator, list_type, instance, schema):
+    if not validator.is_type(instance, "array"):
+        return
+    if list_type == "set":
+        keys = [repr(item) for item in instance]
+    elif list_type == "map":
+        keys = [tuple(item.get(k) for k in schema.get("x-kubernetes-list-map-keys", [])) for item in instance]
+    else:
+        return
+    dupes = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if dupes:
+        yield jsonschema.ValidationError(f"duplicate entries in a list of type {list_type}: {', '.join(dupes)}")
+
+
+KubernetesValidator = jsonschema.validators.extend(
+    jsonschema.Draft7Validator, {"x-kubernetes-validations": _cel, "x-kubernetes-list-type": _list_type})
+
+
+def load_crd(kind: str) -> dict:
+    plural = {"ClusterQueue": "clusterqueues", "LocalQueue": "localqueues", "ResourceFlavor": "resourceflavors",
+              "WorkloadPriorityClass": "workloadpriorityclasses"}[kind]
+    return yaml.safe_load((CRDS / f"kueue.x-k8s.io_{plural}.yaml").read_text())
+
+
+def raw_schema(crd: dict, version: str) -> dict:
+    return next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+
+
+def crd_schema(crd: dict, version: str) -> dict:
+    """The JSON Schema of one served version of a CRD, with apiVersion, kind and metadata pinned down."""
+    served = {v["name"]: v for v in crd["spec"]["versions"] if v["served"]}
+    if version not in served:
+        raise ValueError(f"{crd['metadata']['name']} does not serve {version}; it serves {', '.join(served)}")
+    schema = structural_to_jsonschema(served[version]["schema"]["openAPIV3Schema"])
+    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version}"}
+    schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
+    schema["properties"]["metadata"] = _object_meta(crd["spec"]["scope"] == "Namespaced")
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    return schema
+
+
+@cache
+def crd_validator(kind: str, version: str = VERSION) -> jsonschema.Validator:
+    return KubernetesValidator(crd_schema(load_crd(kind), version))
+
+
+def errors(obj: dict) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in crd_validator(obj["kind"]).iter_errors(obj)]
+
+
+# --- Kueue's ClusterQueue webhook --------------------------------------------------------------
+
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
+           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(value) -> Fraction:
+    """A Kubernetes quantity as an exact number: ``"500m"`` -> 1/2, ``"64Gi"`` -> 64 * 2**30."""
+    if isinstance(value, int):
+        return Fraction(value)
+    match = _QUANTITY.match(value)
+    if not match:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = match.group(1), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Fraction(Decimal(number)) * Fraction(10) ** int(suffix[1:])
+    return Fraction(Decimal(number)) * _SUFFIX[suffix]
+
+
+def webhook_errors(cq: dict) -> list[str]:
+    """What Kueue v0.19's validating webhook refuses in a v1beta2 ClusterQueue (beyond the CRD schema)."""
+    out = []
+    spec = cq["spec"]
+    seen_resources, seen_flavors = set(), set()
+    for i, group in enumerate(spec.get("resourceGroups", [])):
+        for resource in group["coveredResources"]:
+            if resource in seen_resources:
+                out.append(f"resourceGroups[{i}]: duplicate resource {resource}")
+            seen_resources.add(resource)
+        for flavor in group["flavors"]:
+            if flavor["name"] in seen_flavors:
+                out.append(f"resourceGroups[{i}]: duplicate flavor {flavor['name']}")
+            seen_flavors.add(flavor["name"])
+            for covered, quota in zip(group["coveredResources"], flavor["resources"], strict=False):
+                where = f"{flavor['name']}/{quota['name']}"
+                if quota["name"] != covered:
+                    out.append(f"{where}: must match the name in coveredResources ({covered})")
+                nominal = parse_quantity(quota["nominalQuota"])
+                for key in ("nominalQuota", "borrowingLimit", "lendingLimit"):
+                    if key in quota and parse_quantity(quota[key]) < 0:
+                        out.append(f"{where}: {key} must be greater than or equal to 0")
+                    if key != "nominalQuota" and key in quota and not spec.get("cohortName"):
+                        out.append(f"{where}: {key} must be nil when cohort is empty")
+                if "lendingLimit" in quota and parse_quantity(quota["lendingLimit"]) > nominal:
+                    out.append(f"{where}: lendingLimit must be less than or equal to the nominalQuota")
+    return out
+
+
+# --- the helpers themselves -------------------------------------------------------------------
+
+def _cq(**spec) -> dict:
+    base = {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+        {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "team"},
+            "spec": {**base, **spec}}
+
+
+def _gpu_quota(cq: dict) -> dict:
+    return cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
+
+
+@pytest.mark.parametrize("kind", ["ClusterQueue", "LocalQueue", "ResourceFlavor", "WorkloadPriorityClass"])
+def test_every_converted_crd_version_is_a_valid_schema(kind):
+    crd = load_crd(kind)
+    assert {v["name"] for v in crd["spec"]["versions"] if v["served"]} == {"v1beta1", "v1beta2"}
+    assert next(v["name"] for v in crd["spec"]["versions"] if v["storage"]) == VERSION
+    for version in ("v1beta1", "v1beta2"):
+        KubernetesValidator.check_schema(crd_schema(crd, version))
+
+
+def test_int_or_string_quantities_accept_both_forms():
+    for value in (2, "2", "500m", "64Gi", "1.5", "1e3"):
+        cq = _cq()
+        _gpu_quota(cq)["nominalQuota"] = value
+        assert errors(cq) == [], value
+
+
+@pytest.mark.parametrize("value", ["2 GPUs", "two", "64GB", "", 2.5, None, True])
+def test_an_invalid_quantity_is_caught(value):
+    cq = _cq()
+    _gpu_quota(cq)["nominalQuota"] = value
+    assert any("nominalQuota" in e for e in errors(cq))
+
+
+def test_a_misspelled_field_is_caught_where_the_raw_crd_schema_lets_it_through():
+    cq = _cq(cohort="shared")  # the v1beta1 name of cohortName
+    raw = raw_schema(load_crd("ClusterQueue"), VERSION)
+    assert list(jsonschema.Draft7Validator(raw).iter_errors(cq)) == []  # the API server would prune it
+    assert any("'cohort' was unexpected" in e for e in errors(cq))
+    typo = _cq()
+    _gpu_quota(typo)["nominalQouta"] = "2"
+    assert any("nominalQouta" in e for e in errors(typo))
+
+
+def test_wrong_types_and_values_are_caught():
+    assert any("is not of type 'integer'" in e for e in errors(kueue.make_workload_priority_class("x", 1) | {
+        "value": "100"}))
+    assert any("is not one of" in e for e in errors(_cq(preemption={"withinClusterQueue": "lowerPriority"})))
+    assert any("2147483648" in e for e in errors(kueue.make_workload_priority_class("x", 2**31)))
+    assert any("does not match" in e for e in errors(kueue.make_local_queue("Vision", "danlu")))
+
+
+def test_missing_required_fields_are_caught():
+    cq = _cq()
+    del _gpu_quota(cq)["nominalQuota"]
+    assert any("'nominalQuota' is a required property" in e for e in errors(cq))
+    wpc = kueue.make_workload_priority_class("high", 10)
+    del wpc["value"]
+    assert any("'value' is a required property" in e for e in errors(wpc))
+    lq = kueue.make_local_queue("vision", "danlu")
+    del lq["metadata"]["namespace"]
+    assert any("'namespace' is a required property" in e for e in errors(lq))
+    rf = kueue.make_resource_flavor("a100")
+    del rf["metadata"]["name"]
+    assert any("'name' is a required property" in e for e in errors(rf))
+
+
+def test_wrong_api_version_kind_and_scope_are_caught():
+    old = _cq()
+    old["apiVersion"] = "kueue.x-k8s.io/v1beta1"
+    assert any("apiVersion" in e for e in errors(old))
+    cluster_scoped = kueue.make_resource_flavor("a100")
+    cluster_scoped["metadata"]["namespace"] = "danlu"
+    assert errors(cluster_scoped)
+
+
+def test_cel_rules_and_list_maps_are_checked():
+    limit_without_cohort = _cq()
+    _gpu_quota(limit_without_cohort)["borrowingLimit"] = "1"
+    assert any("borrowingLimit must be nil when cohort is empty" in e for e in errors(limit_without_cohort))
+    assert errors(_cq(cohortName="shared")) == []
+    short = _cq()
+    short["spec"]["resourceGroups"][0]["coveredResources"].append("cpu")
+    assert any("same number of resources" in e for e in errors(short))
+    twice = _cq()
+    flavors = twice["spec"]["resourceGroups"][0]["flavors"]
+    flavors.append(copy.deepcopy(flavors[0]))
+    assert any("duplicate entries" in e for e in errors(twice))
+    assert any("preference" in e for e in errors(_cq(flavorFungibility={"preference": "BorrowingOverPreemption"})))
+
+
+def test_untranslated_cel_rules_fail_loudly():
+    rf = kueue.make_resource_flavor("a100")
+    rf["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert any("not translated" in e for e in errors(rf))
+
+
+def test_webhook_checks():
+    cq = _cq(cohortName="shared")
+    _gpu_quota(cq)["lendingLimit"] = "3"
+    assert webhook_errors(cq) == ["a100/nvidia.com/gpu: lendingLimit must be less than or equal to the nominalQuota"]
+    assert parse_quantity("500m") == Fraction(1, 2) and parse_quantity("64Gi") == 64 * 2**30
+    assert parse_quantity("1e3") == 1000 and parse_quantity(7) == 7
+
+
+# --- quantities and the make_* functions --------------------------------------------------------
+
+def test_quantities():
+    assert [kueue.cpu_quantity(v) for v in (16, 16.0, 0.5, 2.25)] == ["16", "16", "500m", "2250m"]
+    assert kueue.memory_quantity("64G") == "64Gi"
+    assert kueue.memory_quantity("1.5T") == "1536Gi"
+    assert kueue.memory_quantity("512M") == "512Mi"
+    assert kueue.memory_quantity(1024) == "1Ki"
+    assert kueue.memory_quantity(1000) == "1000"
+    assert kueue.memory_quantity(kueue.UNLIMITED_MEMORY) == "1Pi"
+
+
+def test_make_resource_flavor():
+    assert kueue.make_resource_flavor("default-flavor") == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "default-flavor", "labels": LABELS}, "spec": {}}
+    assert kueue.make_resource_flavor("h200", {"nvidia.com/gpu.product": "NVIDIA-H200"}) == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "h200", "labels": LABELS},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}
+
+
+def test_make_cluster_queue_in_a_cohort():
+    team = {
+        "cohort": "research",
+        "quota": {"gpus": {"a100": 2}, "cpu": 8, "memory": "32G"},
+        "borrowing_limit": {"gpus": {"a100": 1, "h100": 4}},
+        "lending_limit": {"gpus": {"a100": 1}, "cpu": 100},
+        "preemption": {"within_team": "never", "reclaim": "lower_priority"},
+    }
+    assert kueue.make_cluster_queue("vision", team, ["h100", "a100"], cpu=64, memory=256 * 2**30) == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "vision", "labels": LABELS},
+        "spec": {
+            "cohortName": "research",
+            "namespaceSelector": NS_SELECTOR,
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": [
+                {"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                    {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2",
+                                                    "borrowingLimit": "1", "lendingLimit": "1"}]},
+                    {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "0",
+                                                    "borrowingLimit": "4"}]},
+                ]},
+                {"coveredResources": ["cpu", "memory"], "flavors": [
+                    {"name": "default-flavor", "resources": [
+                        {"name": "cpu", "nominalQuota": "8", "lendingLimit": "8"},  # lending capped at nominal
+                        {"name": "memory", "nominalQuota": "32Gi"},
+                    ]},
+                ]},
+            ],
+            "preemption": {"withinClusterQueue": "Never", "reclaimWithinCohort": "LowerPriority"},
+            "flavorFungibility": FUNGIBILITY,
+        },
+    }
+
+
+def test_make_cluster_queue_alone_with_unquoted_cpu_and_memory():
+    assert kueue.make_cluster_queue("solo", {"quota": {"gpus": {"t4": 1}}}, ["t4"], namespace="ml") == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "solo", "labels": LABELS},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}},
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": [
+                {"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                    {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]},
+                {"coveredResources": ["cpu", "memory"], "flavors": [
+                    {"name": "default-flavor", "resources": [
+                        {"name": "cpu", "nominalQuota": "1000000"},
+                        {"name": "memory", "nominalQuota": "1Pi"},
+                    ]},
+                ]},
+            ],
+            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+            "flavorFungibility": FUNGIBILITY,
+        },
+    }
+
+
+def test_make_cluster_queue_without_gpus_held():
+    cq = kueue.make_cluster_queue("cpu-only", {"quota": {"cpu": 4}}, [], cpu=16, memory=2**30, held=True)
+    assert cq["spec"]["resourceGroups"] == [{"coveredResources": ["cpu", "memory"], "flavors": [
+        {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "4"},
+                                                 {"name": "memory", "nominalQuota": "1Gi"}]}]}]
+    assert cq["spec"]["stopPolicy"] == "Hold"
+    assert errors(cq) == [] and webhook_errors(cq) == []
+
+
+def test_make_cluster_queue_refuses_limits_without_a_cohort():
+    with pytest.raises(ValueError, match="no cohort"):
+        kueue.make_cluster_queue("x", {"quota": {}, "borrowing_limit": {"gpus": {"a": 1}}}, ["a"])
+
+
+def test_make_local_queue():
+    assert kueue.make_local_queue("vision", "danlu") == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "vision", "namespace": "danlu", "labels": LABELS},
+        "spec": {"clusterQueue": "vision"}}
+
+
+def test_make_workload_priority_class():
+    assert kueue.make_workload_priority_class("high", 10000, "Deadlines.") == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "high", "labels": LABELS}, "value": 10000, "description": "Deadlines."}
+    assert kueue.make_workload_priority_class("low", -5) == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "low", "labels": LABELS}, "value": -5}
+
+
+# --- render --------------------------------------------------------------------------------------
+
+def _load(path: Path) -> tuple[Settings, list]:
+    settings = load_settings(path, environ={})
+    return settings, gpus.inventory(settings.gpus)
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "danlu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+RICH = {
+    "gpus": {"declared": [{"count": 4, "flavor": "a100"}, {"count": 2, "flavor": "t4"}]},
+    "resources": {"cpu": 32, "memory": "128G"},
+    "teams": {
+        "vision": {"cohort": "lab", "quota": {"gpus": {"t4": 1, "a100": 2}, "cpu": 8},
+                   "borrowing_limit": {"gpus": {"a100": 1}},
+                   "lending_limit": {"gpus": {"a100": 5}, "cpu": 4}},
+        "nlp": {"cohort": "lab", "quota": {"gpus": {"a100": 2}, "memory": "64G"},
+                "preemption": {"within_team": "never", "reclaim": "lower_priority"}},
+        "ops": {"quota": {"gpus": {"t4": 1}}, "preemption": {"reclaim": "never"}},
+    },
+    "priority_classes": {"batch": {"value": -10, "description": "Runs when nothing else does."},
+                         "normal": {"value": 0, "default": True}},
+}
+
+
+def _by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def test_render_the_shared_workstation_example():
+    settings, inventory = _load(EXAMPLE)
+    objects = kueue.render(settings, inventory)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ResourceFlavor", "sim"), ("ResourceFlavor", "default-flavor"),
+        ("ClusterQueue", "vision"), ("ClusterQueue", "nlp"),
+        ("LocalQueue", "vision"), ("LocalQueue", "nlp"),
+        ("WorkloadPriorityClass", "low"), ("WorkloadPriorityClass", "normal"), ("WorkloadPriorityClass", "high"),
+    ]
+    queues = _by_kind(objects, "ClusterQueue")
+    for name in ("vision", "nlp"):
+        assert queues[name] == {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name, "labels": LABELS},
+            "spec": {
+                "cohortName": "shared",
+                "namespaceSelector": NS_SELECTOR,
+                "queueingStrategy": "BestEffortFIFO",
+                "resourceGroups": [
+                    {"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                        {"name": "sim", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2",
+                                                       "borrowingLimit": "2"}]}]},
+                    {"coveredResources": ["cpu", "memory"], "flavors": [
+                        {"name": "default-flavor", "resources": [
+                            {"name": "cpu", "nominalQuota": "16", "borrowingLimit": "0", "lendingLimit": "0"},
+                            {"name": "memory", "nominalQuota": "64Gi", "borrowingLimit": "0", "lendingLimit": "0"},
+                        ]},
+                    ]},
+                ],
+                "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+                "flavorFungibility": FUNGIBILITY,
+            },
+        }
+    local = _by_kind(objects, "LocalQueue")
+    assert {n: (q["metadata"]["namespace"], q["spec"]["clusterQueue"]) for n, q in local.items()} == {
+        "vision": ("danlu", "vision"), "nlp": ("danlu", "nlp")}
+    classes = _by_kind(objects, "WorkloadPriorityClass")
+    assert {n: c["value"] for n, c in classes.items()} == {"low": 100, "normal": 1000, "high": 10000}
+    assert "description" in classes["normal"] and "description" not in classes["low"]
+
+
+def test_render_without_teams_is_one_default_queue(tmp_path):
+    settings, inventory = _load(_write(tmp_path, {"gpus": {"declared": [{"count": 2, "flavor": "a100"},
+                                                                        {"count": 1, "flavor": "t4"}]}}))
+    objects = kueue.render(settings, inventory, namespace="ml")
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ResourceFlavor", "a100"), ("ResourceFlavor", "t4"), ("ResourceFlavor", "default-flavor"),
+        ("ClusterQueue", "default"), ("LocalQueue", "default"), ("WorkloadPriorityClass", "normal")]
+    assert objects[3]["spec"] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}},
+        "queueingStrategy": "BestEffortFIFO",
+        "resourceGroups": [
+            {"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]},
+                {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]},
+            {"coveredResources": ["cpu", "memory"], "flavors": [
+                {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "1000000"},
+                                                         {"name": "memory", "nominalQuota": "1Pi"}]}]},
+        ],
+        "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+        "flavorFungibility": FUNGIBILITY,
+    }
+    assert objects[4]["metadata"]["namespace"] == "ml" and objects[4]["spec"] == {"clusterQueue": "default"}
+    assert objects[5]["value"] == 0
+
+
+def test_render_without_teams_or_gpus():
+    objects = kueue.render(Settings(data={"gpus": {"detect": False}, "resources": {"cpu": 4}}), [])
+    cq = _by_kind(objects, "ClusterQueue")["default"]
+    assert cq["spec"]["resourceGroups"] == [{"coveredResources": ["cpu", "memory"], "flavors": [
+        {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "4"},
+                                                 {"name": "memory", "nominalQuota": "1Pi"}]}]}]
+    assert [o["kind"] for o in objects].count("ResourceFlavor") == 1
+
+
+def test_render_refuses_a_flavor_the_inventory_lacks(tmp_path):
+    settings, inventory = _load(_write(tmp_path, {"gpus": {"declared": [{"count": 1, "flavor": "t4"}]},
+                                                  "teams": {"a": {"quota": {"gpus": {"a100": 1}}}}}))
+    with pytest.raises(ConfigError, match="no GPU of flavor 'a100'"):
+        kueue.render(settings, inventory)
+    clash = [gpus.GPU(0, "default-flavor")]
+    with pytest.raises(ConfigError, match="default-flavor"):
+        kueue.render(Settings(data={}), clash)
+
+
+def test_render_applies_admins_live_changes(tmp_path):
+    settings, inventory = _load(_write(tmp_path, RICH))
+    objects = kueue.render(settings, inventory, overrides={"ops": {"held": True, "quota": {"gpus": {"t4": 2}}}})
+    ops = _by_kind(objects, "ClusterQueue")["ops"]
+    assert ops["spec"]["stopPolicy"] == "Hold"
+    assert ops["spec"]["resourceGroups"][0]["flavors"][0] == {
+        "name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]}
+    assert "stopPolicy" not in _by_kind(objects, "ClusterQueue")["nlp"]["spec"]
+
+
+def test_render_means_what_the_admission_model_means(tmp_path):
+    """Every team's ClusterQueue read back equals the in-memory Team that quotas.build_teams makes."""
+    settings, inventory = _load(_write(tmp_path, RICH))
+    queues = _by_kind(kueue.render(settings, inventory), "ClusterQueue")
+    machine = {"cpu": Fraction(32), "memory": Fraction(128 * 2**30)}
+    preemption = {"lower_priority": "LowerPriority", "never": "Never", "any": "Any"}
+    teams = build_teams(settings, inventory)
+    assert sorted(queues) == sorted(t.name for t in teams)
+    for team in teams:
+        spec = queues[team.name]["spec"]
+        assert spec.get("cohortName") == team.cohort
+        assert spec["preemption"] == {"withinClusterQueue": preemption[team.within_team],
+                                      "reclaimWithinCohort": preemption[team.reclaim]}
+        gpu_group, cpu_group = spec["resourceGroups"]
+        assert [f["name"] for f in gpu_group["flavors"]] == list(team.flavors)
+        for flavor in gpu_group["flavors"]:
+            (quota,) = flavor["resources"]
+            key = gpu_key(flavor["name"])
+            nominal = team.nominal.get(key, 0.0)
+            assert parse_quantity(quota["nominalQuota"]) == nominal
+            assert ("borrowingLimit" in quota) == (key in team.borrowing_limit)
+            if key in team.borrowing_limit:
+                assert parse_quantity(quota["borrowingLimit"]) == team.borrowing_limit[key]
+            if key in team.lending_limit:
+                assert parse_quantity(quota["lendingLimit"]) == min(team.lending_limit[key], nominal)
+        for quota in cpu_group["flavors"][0]["resources"]:
+            resource = quota["name"]
+            if resource in team.nominal:
+                assert parse_quantity(quota["nominalQuota"]) == Fraction(team.nominal[resource])
+            else:  # unquoted: the machine, neither borrowed nor lent
+                assert parse_quantity(quota["nominalQuota"]) == machine[resource]
+                if team.cohort:
+                    assert (quota["borrowingLimit"], quota["lendingLimit"]) == ("0", "0")
+    vision_cpu = queues["vision"]["spec"]["resourceGroups"][1]["flavors"][0]["resources"][0]
+    assert vision_cpu == {"name": "cpu", "nominalQuota": "8", "lendingLimit": "4"}
+
+
+@pytest.mark.parametrize("config", ["example", "rich", "no-teams"])
+def test_every_rendered_object_is_valid(config, tmp_path):
+    if config == "example":
+        settings, inventory = _load(EXAMPLE)
+    else:
+        data = RICH if config == "rich" else {"gpus": {"declared": [{"count": 8, "flavor": "h200"}]}}
+        settings, inventory = _load(_write(tmp_path, data))
+    objects = kueue.render(settings, inventory, node_labels={"h200": {"nvidia.com/gpu.product": "NVIDIA-H200"}})
+    for obj in objects:
+        assert errors(obj) == [], obj["metadata"]["name"]
+        if obj["kind"] == "ClusterQueue":
+            assert webhook_errors(obj) == [], obj["metadata"]["name"]
+    flavors = set(_by_kind(objects, "ResourceFlavor"))
+    queues = _by_kind(objects, "ClusterQueue")
+    for cq in queues.values():
+        assert {f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]} <= flavors
+    assert {lq["spec"]["clusterQueue"] for lq in _by_kind(objects, "LocalQueue").values()} == set(queues)
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
+
+
+def test_to_yaml_is_a_multi_document_stream():
+    settings, inventory = _load(EXAMPLE)
+    objects = kueue.render(settings, inventory)
+    text = kueue.to_yaml(objects)
+    assert text.startswith("---\n") and text.count("\n---\n") == len(objects) - 1
+    assert list(yaml.safe_load_all(text)) == objects
+    assert "nominalQuota: '2'" in text  # quantities stay strings
