@@ -148,7 +148,8 @@ class Workbench:
         headers = {"Authorization": f"token {token or self.admin_token}"}
         return requests.request(method, f"{self.url}/services/mlflow{path}", headers=headers, timeout=60, **kwargs)
 
-    def wait_job(self, job_id: str, token: str, timeout: float = 300, states=("succeeded", "failed", "cancelled")):
+    def wait_job(self, job_id: str, token: str, timeout: float = 300,
+                 states=("succeeded", "failed", "cancelled", "timed_out")):
         deadline = time.monotonic() + timeout
         job = {"state": "unknown"}
         while time.monotonic() < deadline:

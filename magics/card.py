@@ -13,9 +13,10 @@ import html
 import threading
 import time
 
-FINAL = {"succeeded", "failed", "cancelled"}
+from danlu.client import FINAL_STATES as FINAL
+
 COLORS = {"queued": "#8a6d00", "running": "#1565c0", "succeeded": "#2e7d32", "failed": "#c62828",
-          "cancelled": "#616161"}
+          "cancelled": "#616161", "preempted": "#6a1b9a", "timed_out": "#c62828"}
 
 
 def summary_html(job: dict) -> str:
@@ -26,6 +27,8 @@ def summary_html(job: dict) -> str:
     if state == "queued":
         pos = job.get("queue_position")
         parts.append(f"position {pos} in {html.escape(job.get('queue', 'default'))}" if pos else "queued")
+        if job.get("estimated_start"):
+            parts.append(f"starts ~{html.escape(job['estimated_start'][11:16])} UTC")
     if job.get("reason"):
         parts.append(html.escape(job["reason"]))
     if job.get("elapsed_seconds") is not None:

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from danlu.errors import DanluError, UsageError
 
-FINAL = {"succeeded", "failed", "cancelled"}
-
 
 def _client(args):
     from danlu.client import DanluClient
@@ -26,8 +24,23 @@ def _client(args):
 
 def _row(job: dict) -> str:
     where = f"#{job['queue_position']}" if job.get("queue_position") else ""
-    return (f"{job['id']}  {job['state']:<10} {where:<4} {job['name'][:28]:<28} {job['owner'][:12]:<12} "
-            f"{job['resources']['nproc']}p {job['resources']['gpus']}g  {job.get('reason') or ''}").rstrip()
+    eta = f" (est. start {job['estimated_start'][:16]})" if job.get("estimated_start") else ""
+    return (f"{job['id']}  {job['state']:<10} {where:<4} {job['name'][:24]:<24} {job['owner'][:10]:<10} "
+            f"{job.get('queue', ''):<10} {job['resources']['nproc']}p {job['resources']['gpus']}g  "
+            f"{job.get('reason') or ''}{eta}").rstrip()
+
+
+def _pairs(values: list[str], option: str) -> dict:
+    out = {}
+    for value in values:
+        key, sep, amount = value.partition("=")
+        if not sep:
+            raise UsageError(f"{option} {value!r}: write FLAVOR=COUNT, e.g. {option} a100=2")
+        try:
+            out[key] = int(amount)
+        except ValueError:
+            raise UsageError(f"{option} {value!r}: {amount!r} is not a whole number") from None
+    return out
 
 
 def cmd_submit(args) -> int:
@@ -43,9 +56,12 @@ def cmd_submit(args) -> int:
     except Exception as e:
         raise UsageError(f"{path}: not a notebook ({e})") from None
     params = dict(parse_param(f"{k}={v}") for k, v in args.param)
-    body = {"notebook": json.loads(nbformat.writes(nb)), "parameters": params,
-            "resources": {"nproc": args.nproc, "gpus": args.gpus}, "name": args.name or None,
-            "profile": args.profile, "queue": args.queue, "experiment": args.experiment,
+    resources = {"nproc": args.nproc, "gpus": args.gpus}
+    resources.update({k: v for k, v in (("gpu_type", args.gpu_type), ("cpu", args.cpu), ("memory", args.memory))
+                      if v is not None})
+    body = {"notebook": json.loads(nbformat.writes(nb)), "parameters": params, "resources": resources,
+            "name": args.name or None, "profile": args.profile, "queue": args.queue, "priority": args.priority,
+            "retries": args.retries, "timeout_seconds": args.timeout, "experiment": args.experiment,
             "datasets": args.dataset or None, "cwd": args.cwd,
             "source": {"notebook_path": str(path) if not path.is_absolute() else path.name}}
     body = {k: v for k, v in body.items() if v is not None}
@@ -68,7 +84,7 @@ def cmd_submit(args) -> int:
 
 
 def cmd_list(args) -> int:
-    jobs = _client(args).jobs(state=args.state, owner=args.owner)
+    jobs = _client(args).jobs(state=args.state, owner=args.owner, queue=args.queue)
     if args.json:
         print(json.dumps(jobs, indent=1))
     elif not jobs:
@@ -84,8 +100,9 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(job, indent=1))
         return 0
-    for key in ("id", "name", "owner", "state", "reason", "profile", "queue", "queue_position", "created_at",
-                "started_at", "finished_at", "elapsed_seconds", "mlflow_run_url", "output_url"):
+    for key in ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority", "queue_position",
+                "estimated_start", "retry_at", "created_at", "started_at", "finished_at", "elapsed_seconds",
+                "mlflow_run_url", "output_url"):
         if job.get(key) not in (None, ""):
             print(f"{key:>15}: {job[key]}")
     print(f"{'resources':>15}: {job['resources']['nproc']} process(es), {job['resources']['gpus']} GPU(s)")
@@ -104,6 +121,117 @@ def cmd_logs(args) -> int:
 def cmd_cancel(args) -> int:
     job = _client(args).cancel(args.id)
     print(f"{job['id']} {job['state']}")
+    return 0
+
+
+def cmd_priority(args) -> int:
+    job = _client(args).reprioritize(args.id, args.priority)
+    print(f"{job['id']} priority {job['priority']} ({job['state']})")
+    return 0
+
+
+def _amount(quota: dict) -> str:
+    parts = [f"{n:g} {flavor}" for flavor, n in (quota.get("gpus") or {}).items()]
+    if "cpu" in quota:
+        parts.append(f"{quota['cpu']:g} cpu")
+    if "memory" in quota:
+        parts.append(f"{quota['memory']} memory")
+    return ", ".join(parts) or "-"
+
+
+def cmd_queues(args) -> int:
+    client = _client(args)
+    if args.action and not args.name:
+        raise UsageError(f"danlu queues {args.action} needs a queue name")
+    if args.action in ("hold", "release"):
+        queue = client.hold(args.name, args.action == "hold")
+        print(f"queue {queue['name']} {'held' if queue['held'] else 'released'}")
+        return 0
+    if args.action == "set":
+        changes = {}
+        quota = {}
+        if args.gpus:
+            quota["gpus"] = _pairs(args.gpus, "--gpus")
+        if args.cpu is not None:
+            quota["cpu"] = args.cpu
+        if args.memory is not None:
+            quota["memory"] = args.memory
+        if quota:
+            changes["quota"] = quota
+        if args.borrow_gpus:
+            changes["borrowing_limit"] = {"gpus": _pairs(args.borrow_gpus, "--borrow-gpus")}
+        if args.lend_gpus:
+            changes["lending_limit"] = {"gpus": _pairs(args.lend_gpus, "--lend-gpus")}
+        if not changes:
+            raise UsageError("nothing to change: give --gpus, --cpu, --memory, --borrow-gpus or --lend-gpus")
+        queue = client.change_queue(args.name, changes)
+        print(f"queue {queue['name']}: quota {_amount(queue['quota'])}")
+        return 0
+    data = client.queues()
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    if data["draining"]:
+        print("the workbench is draining: no job starts")
+    print(f"{'queue':<12} {'cohort':<10} {'quota':<22} {'in use':<18} {'running':>7} {'waiting':>7}")
+    for q in data["queues"]:
+        held = " (held)" if q["held"] else ""
+        borrowed = "".join(f" +{n:g} {f} borrowed" for f, n in q.get("borrowing", {}).items())
+        print(f"{q['name'] + held:<12} {q.get('cohort') or '-':<10} {_amount(q['quota']):<22} "
+              f"{_amount(q['usage']) + borrowed:<18} {q['running']:>7} {q['pending']:>7}")
+    return 0
+
+
+def cmd_drain(args) -> int:
+    state = _client(args).drain(args.state == "on")
+    print("draining: no job starts until 'danlu drain off'" if state["draining"] else "no longer draining")
+    return 0
+
+
+def cmd_audit(args) -> int:
+    client = _client(args)
+    if args.action == "verify":
+        result = client.audit_verify()
+        if result["ok"]:
+            print(f"audit log intact: {result['records']} records")
+            return 0
+        print(f"audit log broken: {result['problem']}", file=sys.stderr)
+        return 1
+    records = client.audit(limit=args.limit, action=args.filter_action, target=args.target)
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return 0
+    for r in records:
+        change = f"{json.dumps(r['before'])} -> {json.dumps(r['after'])}" if r["before"] else json.dumps(r["after"])
+        print(f"{r['seq']:>6} {r['at'][:19]} {r['actor']:<12} {r['action']:<14} {r['target']:<14} {change}")
+    return 0
+
+
+def cmd_usage(args) -> int:
+    data = _client(args).usage(start=args.start, end=args.end, by=args.by, user=args.user)
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    currency = data.get("currency") or ""
+    print(f"GPU usage {data['from'][:16]} .. {data['to'][:16]}, by {data['by']}")
+    print(f"{data['by']:<16} {'GPU-hours':>10} {'cost':>10} {'jobs':>6} {'servers':>8} {'measured util':>14}")
+    for row in data["rows"]:
+        util = f"{row['measured_utilization']:.0f}%" if row["measured_utilization"] is not None else "n/a"
+        print(f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>9.2f}{currency[:1]} {row['jobs']:>6} "
+              f"{row['servers']:>8} {util:>14}")
+    print(f"{'total':<16} {data['total']['gpu_hours']:>10.2f} {data['total']['cost']:>9.2f}{currency[:1]}")
+    for server in data.get("idle_gpu_servers", []):
+        print(f"idle: server {server['server']} holds {server['gpus']} GPU(s), no activity for "
+              f"{server['idle_minutes']:.0f} min")
+    return 0
+
+
+def cmd_kueue(args) -> int:
+    from danlu.hub import gpus, kueue
+    from danlu.hub.config import load_settings
+
+    settings = load_settings(args.config)
+    print(kueue.to_yaml(kueue.render(settings, gpus.inventory(settings.gpus), namespace=args.namespace)), end="")
     return 0
 
 
@@ -132,7 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--nproc", type=int, default=1)
     s.add_argument("--gpus", type=int, default=0)
     s.add_argument("--profile")
-    s.add_argument("--queue")
+    s.add_argument("--queue", help="a team's queue (default your first team's)")
+    s.add_argument("--priority", help="a priority class")
+    s.add_argument("--retries", type=int, help="retries after infrastructure failures")
+    s.add_argument("--timeout", type=int, help="seconds before the job is stopped (timed_out)")
+    s.add_argument("--gpu-type", help="GPU flavor")
+    s.add_argument("--cpu", type=float, help="CPU cores (default one per process)")
+    s.add_argument("--memory", help="memory, e.g. 16G")
     s.add_argument("--name")
     s.add_argument("--experiment")
     s.add_argument("--dataset", action="append", default=[])
@@ -158,8 +292,48 @@ def build_parser() -> argparse.ArgumentParser:
     cc = jsub.add_parser("cancel", help="cancel a job")
     cc.add_argument("id")
     cc.set_defaults(func=cmd_cancel)
-    for p in (s, ls, sh, lg, cc):
+    pp = jsub.add_parser("priority", help="reprioritize a job (admins)")
+    pp.add_argument("id")
+    pp.add_argument("priority", help="a priority class")
+    pp.set_defaults(func=cmd_priority)
+    for p in (s, ls, sh, lg, cc, pp):
         client_args(p)
+    ls.add_argument("--queue", help="only this queue")
+
+    qs = sub.add_parser("queues", help="queues, quotas and use; admins: hold, release, set")
+    qs.add_argument("action", nargs="?", choices=["hold", "release", "set"])
+    qs.add_argument("name", nargs="?")
+    qs.add_argument("--gpus", action="append", default=[], metavar="FLAVOR=N", help="set: nominal GPU quota")
+    qs.add_argument("--cpu", type=float, help="set: nominal CPU quota")
+    qs.add_argument("--memory", help="set: nominal memory quota")
+    qs.add_argument("--borrow-gpus", action="append", default=[], metavar="FLAVOR=N", help="set: borrowing limit")
+    qs.add_argument("--lend-gpus", action="append", default=[], metavar="FLAVOR=N", help="set: lending limit")
+    qs.add_argument("--json", action="store_true")
+    qs.set_defaults(func=cmd_queues)
+    dr = sub.add_parser("drain", help="admins: stop admitting jobs (on) or resume (off)")
+    dr.add_argument("state", choices=["on", "off"])
+    dr.set_defaults(func=cmd_drain)
+    au = sub.add_parser("audit", help="admins: the audit log, or 'verify' its hash chain")
+    au.add_argument("action", nargs="?", choices=["verify"])
+    au.add_argument("--limit", type=int, default=50)
+    au.add_argument("--action", dest="filter_action", help="only this action")
+    au.add_argument("--target", help="only this job or queue")
+    au.add_argument("--json", action="store_true")
+    au.set_defaults(func=cmd_audit)
+    us = sub.add_parser("usage", help="GPU-hours and cost (yours; admins: everyone's)")
+    us.add_argument("--from", dest="start", help="ISO date/time (default 30 days ago)")
+    us.add_argument("--to", dest="end", help="ISO date/time (default now)")
+    us.add_argument("--by", choices=["user", "team", "queue", "profile"], default="user")
+    us.add_argument("--user")
+    us.add_argument("--json", action="store_true")
+    us.set_defaults(func=cmd_usage)
+    for p in (qs, dr, au, us):
+        client_args(p)
+    kq = sub.add_parser("kueue", help="render danlu.yaml's teams as Kueue objects (YAML)")
+    kq.add_argument("what", choices=["render"])
+    kq.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
+    kq.add_argument("--namespace", default="danlu")
+    kq.set_defaults(func=cmd_kueue)
     pr = sub.add_parser("profiles", help="profiles you may use")
     client_args(pr)
     pr.set_defaults(func=cmd_profiles)

@@ -26,6 +26,9 @@ from danlu.errors import (
     ValidationError,
 )
 
+#: job states after which nothing changes (the jobs service's states.FINAL, for clients)
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+
 _BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 422: ValidationError}
 
 
@@ -84,8 +87,8 @@ class DanluClient:
     def submit(self, body: dict) -> dict:
         return self.request("POST", "/jobs", json=body, timeout=120).json()
 
-    def jobs(self, state: str | None = None, owner: str | None = None) -> list[dict]:
-        params = {k: v for k, v in {"state": state, "owner": owner}.items() if v}
+    def jobs(self, state: str | None = None, owner: str | None = None, queue: str | None = None) -> list[dict]:
+        params = {k: v for k, v in {"state": state, "owner": owner, "queue": queue}.items() if v}
         return self.request("GET", "/jobs", params=params).json()["jobs"]
 
     def job(self, job_id: str) -> dict:
@@ -114,3 +117,30 @@ class DanluClient:
 
     def profiles(self) -> dict:
         return self.request("GET", "/profiles").json()
+
+    def queues(self) -> dict:
+        return self.request("GET", "/queues").json()
+
+    def change_queue(self, name: str, changes: dict) -> dict:
+        return self.request("PATCH", f"/queues/{name}", json=changes).json()
+
+    def hold(self, name: str, held: bool = True) -> dict:
+        return self.request("POST", f"/queues/{name}/{'hold' if held else 'release'}").json()
+
+    def drain(self, on: bool) -> dict:
+        return self.request("POST", "/drain", json={"on": on}).json()
+
+    def reprioritize(self, job_id: str, priority: str) -> dict:
+        return self.request("PATCH", f"/jobs/{job_id}", json={"priority": priority}).json()
+
+    def audit(self, limit: int = 50, action: str | None = None, target: str | None = None) -> list[dict]:
+        params = {k: v for k, v in {"limit": limit, "action": action, "target": target}.items() if v}
+        return self.request("GET", "/audit", params=params).json()["records"]
+
+    def audit_verify(self) -> dict:
+        return self.request("GET", "/audit/verify").json()
+
+    def usage(self, start: str | None = None, end: str | None = None, by: str = "user",
+              user: str | None = None) -> dict:
+        params = {k: v for k, v in {"from": start, "to": end, "by": by, "user": user}.items() if v}
+        return self.request("GET", "/usage", params=params).json()

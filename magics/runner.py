@@ -46,21 +46,30 @@ class Interrupted(BaseException):
 
 # kernels ---------------------------------------------------------------------------
 def start_kernel(kernel_name: str, cwd: str | None = None, env: dict | None = None):
-    """Start a kernel and wait until it answers; returns a jupyter_client KernelManager."""
+    """Start a kernel and wait until it answers; returns an AsyncKernelManager.
+
+    Async, as nbclient (papermill) expects: with a blocking client it would wait
+    on a reply forever when the kernel dies instead of raising DeadKernelError.
+    """
     import tempfile
 
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
 
     # IPC sockets: no TCP port to allocate or expose, and no unencrypted-TCP warning
     sockets = tempfile.mkdtemp(prefix="danlu-kernel-")
-    km = KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(sockets, "k"))
-    km.start_kernel(cwd=cwd, env={**os.environ, **(env or {})})
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
-    finally:
-        kc.stop_channels()
+    km = AsyncKernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(sockets, "k"))
+
+    async def start():
+        await km.start_kernel(cwd=cwd, env={**os.environ, **(env or {})})
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=120)
+        finally:
+            kc.stop_channels()
+
+    run_sync(start)()
     return km
 
 
@@ -68,9 +77,14 @@ def stop_kernel(km, now: bool = False) -> None:
     """Shut a kernel down (gracefully unless ``now``: atexit handlers flush TensorBoard) and remove its sockets."""
     import shutil
 
+    from jupyter_core.utils import run_sync
+
+    async def stop():
+        if await km.is_alive():
+            await km.shutdown_kernel(now=now)
+
     try:
-        if km.is_alive():
-            km.shutdown_kernel(now=now)
+        run_sync(stop)()
     except Exception as e:
         print(f"danlu: kernel shutdown: {e}", file=sys.stderr, flush=True)
     if km.transport == "ipc":
@@ -96,17 +110,22 @@ def prime_code(env: dict, cwd: str) -> str:
 
 
 def prime(km, env: dict, cwd: str) -> None:
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=120)
-        reply = kc.execute_interactive(prime_code(env, cwd), silent=True, store_history=False, timeout=120,
-                                       output_hook=lambda msg: None)
+    from jupyter_core.utils import run_sync
+
+    async def run():
+        kc = km.client()
+        kc.start_channels()
+        try:
+            await kc.wait_for_ready(timeout=120)
+            reply = await kc.execute_interactive(prime_code(env, cwd), silent=True, store_history=False,
+                                                 timeout=120, output_hook=lambda msg: None)
+        finally:
+            kc.stop_channels()
         if reply["content"].get("status") != "ok":
             content = reply["content"]
             raise RuntimeError(f"preparing the kernel failed: {content.get('ename')}: {content.get('evalue')}")
-    finally:
-        kc.stop_channels()
+
+    run_sync(run)()
 
 
 def job_env(jd: JobDir, spec: dict, devices: list[int], run_id: str | None) -> dict:

@@ -38,8 +38,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 
-FINAL = {"succeeded", "failed", "cancelled"}
-
 
 def parse_param(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` -> (key, value); the value is a JSON/Python literal when it parses as one."""
@@ -135,6 +133,8 @@ def where_am_i() -> dict:
 def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: str | None, nproc: int = 1,
                 gpus: int = 0, profile: str | None = None, queue: str | None = None, name: str | None = None,
                 experiment: str | None = None, params: dict | None = None, datasets: list[str] | None = None,
+                priority: str | None = None, retries: int | None = None, timeout: int | None = None,
+                gpu_type: str | None = None, cpu: float | None = None, memory: str | None = None,
                 dry_run: bool = False) -> dict:
     """Build the job notebook for a cell and submit it (or dry-run it); returns the API's answer."""
     if nproc < 1:
@@ -145,18 +145,21 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
     place = where_am_i()
     kernel = f"danlu-{profile or os.environ.get('DANLU_PROFILE', 'python')}"  # the service sets the real one
     nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
+    resources = {"nproc": nproc, "gpus": gpus}
+    resources.update({k: v for k, v in (("gpu_type", gpu_type), ("cpu", cpu), ("memory", memory)) if v is not None})
     body = {
         "notebook": json.loads(nbformat.writes(nb)),
         "parameters": params,
-        "resources": {"nproc": nproc, "gpus": gpus},
+        "resources": resources,
         "cwd": place["cwd"],
         "source": {k: v for k, v in {
             "notebook_path": place["notebook_path"], "cell_id": cell_id, "git_commit": place["git_commit"],
             "included_cells": list(setup.cells)}.items() if v is not None},
     }
     for key, value in (("profile", profile or os.environ.get("DANLU_PROFILE")), ("queue", queue), ("name", name),
-                       ("experiment", experiment)):
-        if value:
+                       ("experiment", experiment), ("priority", priority), ("retries", retries),
+                       ("timeout_seconds", timeout)):
+        if value is not None and value != "":
             body[key] = value
     if datasets:
         body["datasets"] = list(datasets)
@@ -197,8 +200,8 @@ def show_dry_run(result: dict) -> None:
         print(f"# --- cell {i}" + (f" [{tags}]" if tags else "") + " ---")
         print(source)
     verdict = "would start now" if result["admitted"] else f"would wait: {result['reason']}"
-    print(f"# profile {result['profile']}, {result['resources']['nproc']} process(es), "
-          f"{result['resources']['gpus']} GPU(s): {verdict}")
+    print(f"# profile {result['profile']}, queue {result.get('queue', 'default')}, "
+          f"{result['resources']['nproc']} process(es), {result['resources']['gpus']} GPU(s): {verdict}")
 
 
 def follow(client: DanluClient, job: dict) -> dict:
@@ -239,7 +242,13 @@ class TrainMagics(Magics):
     @argument("--nproc", type=int, default=1, help="Processes (torchrun ranks on one machine); default 1.")
     @argument("--gpus", type=int, default=0, help="GPUs for the whole job (exclusive devices); default 0.")
     @argument("--profile", help="Governed profile (environment) to run on; default: this server's profile.")
-    @argument("--queue", help="Queue to submit to; default: default.")
+    @argument("--queue", help="A team's queue; default: your first team's.")
+    @argument("--priority", help="A priority class (see danlu queues); default: the workbench's default class.")
+    @argument("--retries", type=int, help="Retries after infrastructure failures (killed, lost), with backoff.")
+    @argument("--timeout", type=int, metavar="SECONDS", help="Stop the job after this long (it ends timed_out).")
+    @argument("--gpu-type", help="A GPU flavor; default the first of your team's that fits.")
+    @argument("--cpu", type=float, help="CPU cores for the job; default one per process.")
+    @argument("--memory", help="Memory for the job, e.g. 16G; default the profile's.")
     @argument("--name", help="Job name (letters, digits, . _ -); default: the notebook's name.")
     @argument("--experiment", help="MLflow experiment; default <user>/<notebook name>.")
     @argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
@@ -274,7 +283,8 @@ class TrainMagics(Magics):
             result = submit_cell(cell, client=client, setup=self.setup, cell_id=_cell_id(self.shell),
                                  nproc=args.nproc, gpus=args.gpus, profile=args.profile, queue=args.queue,
                                  name=args.name, experiment=args.experiment, params=params, datasets=args.dataset,
-                                 dry_run=args.dry_run)
+                                 priority=args.priority, retries=args.retries, timeout=args.timeout,
+                                 gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run)
             if args.dry_run:
                 show_dry_run(result)
                 return None
@@ -284,7 +294,7 @@ class TrainMagics(Magics):
                 job = follow(client, result)
                 print(f"Job {job['id']} {job['state']}" + (f": {job['reason']}" if job.get("reason") else "")
                       + (f"\nMLflow run: {job['mlflow_run_url']}" if job.get("mlflow_run_url") else ""))
-                if job["state"] in ("failed", "cancelled"):
+                if job["state"] in ("failed", "cancelled", "timed_out"):
                     raise UsageError(f"job {job['id']} {job['state']}: {job.get('reason') or 'see its log'}")
                 return None
             from danlu.card import JobCard

@@ -245,7 +245,7 @@ def test_dry_run_shows_the_notebook_and_the_verdict(shell, dry_run_client, capsy
     assert out.startswith("Dry run: nothing was submitted.\n")
     assert "# --- cell 1 [parameters] ---\nlr = 0.01\n" in out
     assert "# --- cell 2 [danlu-cell] ---\nprint(lr)\n" in out
-    assert out.rstrip().endswith("# profile python, 1 process(es), 0 GPU(s): would start now")
+    assert out.rstrip().endswith("# profile python, queue default, 1 process(es), 0 GPU(s): would start now")
 
 
 def test_setup_cells_run_here_and_join_the_job(shell, magics, dry_run_client):

@@ -134,6 +134,7 @@ class JobsHandler(APIHandler):
         who = self.principal()
         states = [s for s in self.get_argument("state", "").split(",") if s]
         jobs = self.jobs.list(who, states=states, owner=self.get_argument("owner", None),
+                              queue=self.get_argument("queue", None),
                               limit=min(self.int_arg("limit", 200, minimum=1), 1000))
         self.write_json({"jobs": [self.jobs.to_dict(j) for j in jobs]})
 
