@@ -90,6 +90,27 @@ def _authenticator(c, settings: Settings) -> None:
 
 
 
+def audit_logins(jobs_api: str, token: str):
+    """A post_auth_hook that records every login in Danlu's audit log (never blocks the login)."""
+
+    async def hook(authenticator, handler, auth_model):
+        import json
+
+        from tornado.httpclient import AsyncHTTPClient
+
+        body = {"action": "login", "actor": auth_model["name"],
+                "details": {"admin": bool(auth_model.get("admin")), "from": handler.request.remote_ip,
+                            "authenticator": type(authenticator).__name__}}
+        try:
+            await AsyncHTTPClient().fetch(f"{jobs_api}/audit", method="POST", body=json.dumps(body),
+                                          headers={"Authorization": f"token {token}"}, request_timeout=5)
+        except Exception as e:  # the jobs service restarting must not lock people out
+            authenticator.log.warning("could not record the login of %s in the audit log: %s", auth_model["name"], e)
+        return auth_model
+
+    return hook
+
+
 def configure(c, environ=os.environ) -> Settings:
     settings = load_settings(environ=environ)
     state = settings.state_dir
@@ -185,6 +206,7 @@ def configure(c, environ=os.environ) -> Settings:
     c.DanluLocalSpawner.unix_accounts = settings.unix_accounts
     c.DanluLocalSpawner.jobs_api_url = f"http://127.0.0.1:{service_port}/services/danlu/api/v1"
     c.DanluLocalSpawner.jobs_api_token = admin_token
+    c.Authenticator.post_auth_hook = audit_logins(f"http://127.0.0.1:{service_port}/services/danlu/api/v1", admin_token)
     c.DanluLocalSpawner.extra_env = {
         "DANLU_URL": settings.local_url,
         "DANLU_PUBLIC_URL": settings.public_url,

@@ -314,6 +314,33 @@ def test_metrics_are_exported(wb):
     assert 'danlu_jobs_preempted_total{queue="vision"}' in text
 
 
+def test_a_servers_gpus_count_against_its_team(wb):
+    r = wb.start_server("carol", {"profile": "python", "gpus": 2})
+    assert r.status_code in (201, 202), r.text
+    try:
+        vision = next(q for q in wb.api("GET", "/queues").json()["queues"] if q["name"] == "vision")
+        assert vision["servers"] == 1 and vision["usage"]["gpus"] == {"sim": 2}
+        big = wb.api("POST", "/jobs", token=wb.tokens["alice"], json={
+            "notebook": notebook("1"), "resources": {"gpus": 3}, "dry_run": True}).json()
+        assert big["admitted"] is False and "vision uses 2/2" in big["reason"]
+    finally:
+        wb.hub("DELETE", "/users/carol/server")
+    wait_for(lambda: next(q for q in wb.api("GET", "/queues").json()["queues"] if q["name"] == "vision")
+             ["servers"] == 0, what="the server's GPUs back")
+
+
+def test_logins_and_profile_changes_are_audited(wb):
+    browser = requests.Session()
+    browser.get(f"{wb.url}/hub/login", timeout=30)
+    r = browser.post(f"{wb.url}/hub/login", data={"username": "carol", "password": "any",
+                                                  "_xsrf": browser.cookies.get("_xsrf")}, timeout=30)
+    assert r.status_code == 200
+    logins = wb.api("GET", "/audit?action=login").json()["records"]
+    assert any(rec["actor"] == "carol" for rec in logins)
+    profiles = wb.api("GET", "/audit?action=change_profiles").json()["records"]
+    assert profiles and "python" in profiles[-1]["after"]
+
+
 def test_audit_chain_verifies_and_detects_tampering(wb):
     assert wb.api("GET", "/audit/verify").json()["ok"] is True
     db = sqlite3.connect(wb.state / "danlu.sqlite")

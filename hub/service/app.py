@@ -91,6 +91,7 @@ class JobsServiceApp(Application):
         self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
                                   backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log)
         self.default_kernel = profiles.default.kernel_name
+        self.manager.record_profiles(profiles)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix

@@ -359,6 +359,19 @@ class DrainHandler(APIHandler):
 
 
 class AuditHandler(APIHandler):
+    def post(self, verify=None):
+        """The hub records logins here (admin token); no other action may be written from outside."""
+        from danlu.hub.service import audit
+
+        who = self.principal()
+        if not who.admin:
+            raise Forbidden("the audit log is for admins", reason="not_admin")
+        body = self.json_body()
+        validation.check_schema("AuditEvent", body)
+        with self.jobs.sessions() as s, s.begin():
+            record = audit.append(s, body["actor"], body["action"], "workbench", after=body.get("details", {}))
+            self.write_json(audit.to_dict(record), 201)
+
     def get(self, verify=None):
         from sqlalchemy import select
 

@@ -524,6 +524,21 @@ class JobManager:
             self._stopping[job_id] = "timed_out"
             self._spawn(self._stop(job_id, state, self.settings.jobs["grace_period_seconds"], "timed_out"))
 
+    def record_profiles(self, profiles) -> None:
+        """Audit a change of the governed profiles since the service last started."""
+        now = {p.slug: {"display_name": p.display_name, "environment": p.environment, "groups": list(p.groups),
+                        "gpus": list(p.gpu_choices), "requirements": p.requirements_digest()} for p in profiles}
+        with self.sessions() as s, s.begin():
+            flag = s.get(Flag, "profiles")
+            before = flag.value.get("profiles", {}) if flag else None
+            if before == now:
+                return
+            changed = {slug for slug in set(now) | set(before or {}) if (before or {}).get(slug) != now.get(slug)}
+            audit.append(s, "danlu", "change_profiles", profiles.source,
+                         before={slug: (before or {}).get(slug) for slug in sorted(changed)},
+                         after={slug: now.get(slug) for slug in sorted(changed)})
+            s.merge(Flag(key="profiles", value={"profiles": now}))
+
     # admin operations -----------------------------------------------------------------
     def _require_admin(self, principal) -> None:
         if not principal.admin:
