@@ -247,6 +247,10 @@ def _check(settings: Settings) -> None:
     if len(defaults) > 1:
         raise ConfigError(f"{settings.where('priority_classes')}: priority classes {', '.join(defaults)} are all "
                           "marked default", fix="mark only one")
+    retries, most = settings.jobs["default_retries"], settings.jobs["max_retries"]
+    if retries > most:
+        raise ConfigError(f"{settings.where('jobs', 'default_retries')}: jobs.default_retries ({retries}) is above "
+                          f"jobs.max_retries ({most})", fix="lower default_retries or raise max_retries")
     for name, team in settings.data.get("teams", {}).items():
         if team.get("cohort") is None and (team.get("borrowing_limit") or team.get("lending_limit")):
             raise ConfigError(f"{settings.where('teams', name)}: teams.{name} sets a borrowing or lending limit "

@@ -143,6 +143,10 @@ def cmd_queues(args) -> int:
     client = _client(args)
     if args.action and not args.name:
         raise UsageError(f"danlu queues {args.action} needs a queue name")
+    if args.action == "reset":
+        queue = client.reset_queue(args.name)
+        print(f"queue {queue['name']}: back to danlu.yaml, quota {_amount(queue['quota'])}")
+        return 0
     if args.action in ("hold", "release"):
         queue = client.hold(args.name, args.action == "hold")
         print(f"queue {queue['name']} {'held' if queue['held'] else 'released'}")
@@ -214,12 +218,13 @@ def cmd_usage(args) -> int:
         return 0
     currency = data.get("currency") or ""
     print(f"GPU usage {data['from'][:16]} .. {data['to'][:16]}, by {data['by']}")
-    print(f"{data['by']:<16} {'GPU-hours':>10} {'cost':>10} {'jobs':>6} {'servers':>8} {'measured util':>14}")
+    cost = f"cost {currency}".strip()
+    print(f"{data['by']:<16} {'GPU-hours':>10} {cost:>12} {'jobs':>6} {'servers':>8} {'measured util':>14}")
     for row in data["rows"]:
         util = f"{row['measured_utilization']:.0f}%" if row["measured_utilization"] is not None else "n/a"
-        print(f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>9.2f}{currency[:1]} {row['jobs']:>6} "
+        print(f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>12.2f} {row['jobs']:>6} "
               f"{row['servers']:>8} {util:>14}")
-    print(f"{'total':<16} {data['total']['gpu_hours']:>10.2f} {data['total']['cost']:>9.2f}{currency[:1]}")
+    print(f"{'total':<16} {data['total']['gpu_hours']:>10.2f} {data['total']['cost']:>12.2f}")
     for server in data.get("idle_gpu_servers", []):
         print(f"idle: server {server['server']} holds {server['gpus']} GPU(s), no activity for "
               f"{server['idle_minutes']:.0f} min")
@@ -301,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--queue", help="only this queue")
 
     qs = sub.add_parser("queues", help="queues, quotas and use; admins: hold, release, set")
-    qs.add_argument("action", nargs="?", choices=["hold", "release", "set"])
+    qs.add_argument("action", nargs="?", choices=["hold", "release", "set", "reset"])
     qs.add_argument("name", nargs="?")
     qs.add_argument("--gpus", action="append", default=[], metavar="FLAVOR=N", help="set: nominal GPU quota")
     qs.add_argument("--cpu", type=float, help="set: nominal CPU quota")

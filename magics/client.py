@@ -124,6 +124,9 @@ class DanluClient:
     def change_queue(self, name: str, changes: dict) -> dict:
         return self.request("PATCH", f"/queues/{name}", json=changes).json()
 
+    def reset_queue(self, name: str) -> dict:
+        return self.request("DELETE", f"/queues/{name}").json()
+
     def hold(self, name: str, held: bool = True) -> dict:
         return self.request("POST", f"/queues/{name}/{'hold' if held else 'release'}").json()
 

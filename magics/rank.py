@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from danlu.jobdir import JobDir, write_json_atomic
-from danlu.runner import describe_error, job_env, prime, start_kernel, stop_kernel
+from danlu.runner import describe_error, job_env, let_kernel_finish, prime, start_kernel, stop_kernel, stop_reason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     km = None
 
     def stop(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if km is not None:
+            reason = stop_reason(jd)
+            if reason is not None:  # preempted or stopped: let the cell save its checkpoint first
+                let_kernel_finish(km, max(0.0, reason[1] * 0.8 - 1.0))
             stop_kernel(km, now=True)
         sys.exit(143)
 

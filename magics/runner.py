@@ -35,9 +35,10 @@ log = logging.getLogger("danlu.runner")
 class Stopped(BaseException):
     """SIGTERM after the service stopped the job: cancelled, preempted or timed_out."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, grace: float = 0.0):
         super().__init__(reason)
         self.reason = reason
+        self.grace = grace
 
 
 class Interrupted(BaseException):
@@ -71,6 +72,56 @@ def start_kernel(kernel_name: str, cwd: str | None = None, env: dict | None = No
 
     run_sync(start)()
     return km
+
+
+def let_kernel_finish(km, seconds: float) -> None:
+    """After SIGTERM: give the user's code up to ``seconds`` to finish its cell (save a checkpoint).
+
+    The kernel got SIGTERM too. Without a handler it is gone at once; with one
+    (a training loop that saves and stops) it finishes the cell. A kernel_info
+    request queues behind the running cell on the shell channel, so its reply
+    says the cell is done.
+    """
+    import asyncio
+    import time as _time
+
+    from jupyter_core.utils import run_sync
+
+    async def wait():
+        if seconds <= 0 or not await km.is_alive():
+            return
+        kc = km.client()
+        kc.start_channels()
+        try:
+            msg_id = kc.kernel_info()
+            deadline = _time.monotonic() + seconds
+            while _time.monotonic() < deadline and await km.is_alive():
+                try:
+                    reply = await kc.get_shell_msg(timeout=0.5)
+                except (asyncio.TimeoutError, TimeoutError, Exception):  # queue.Empty on timeout
+                    continue
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    return
+        finally:
+            kc.stop_channels()
+
+    try:
+        run_sync(wait)()
+    except Exception as e:
+        print(f"danlu: waiting for the kernel: {e}", file=sys.stderr, flush=True)
+
+
+def stop_reason(jd: JobDir) -> tuple[str, float] | None:
+    """Why the service stopped the job and the grace it gives, from the ``stop`` marker (None: not stopped)."""
+    marker = jd.path / "stop"
+    if not marker.exists():
+        return None
+    text = marker.read_text().strip()
+    try:
+        data = json.loads(text)
+        return data.get("reason", "cancelled"), float(data.get("grace", 0))
+    except (ValueError, AttributeError):
+        return text or "cancelled", 0.0
 
 
 def stop_kernel(km, now: bool = False) -> None:
@@ -167,6 +218,8 @@ def describe_error(error: BaseException) -> tuple[str, bool]:
         return "the kernel died (killed, or out of memory)", True
     if name == "CellTimeoutError":
         return "a cell timed out", False
+    if isinstance(error, FileNotFoundError):
+        return str(error), False  # a dataset that vanished: retrying will not bring it back
     if isinstance(error, subprocess.CalledProcessError):
         return f"{error.cmd[0]} exited with {error.returncode}", True
     return f"{name}: {error}"[:500], True
@@ -189,13 +242,14 @@ class JobRunner:
         self.infrastructure = False
         self.exit_code: int | None = None
         self.notes: list[str] = []
+        self.digests: list = []
 
     # signals --------------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        marker = self.jd.path / "stop"
-        if marker.exists():
-            raise Stopped(marker.read_text().strip() or "cancelled")
+        stop = stop_reason(self.jd)
+        if stop is not None:
+            raise Stopped(*stop)
         raise Interrupted()
 
     # order of a run -----------------------------------------------------------------
@@ -208,6 +262,8 @@ class JobRunner:
             self.on_complete()
         except Stopped as stop:
             self.state, self.reason = stop.reason, stop.reason
+            # the user's code may be saving a checkpoint; keep time to finish this run before SIGKILL
+            self.let_finish(max(0.0, stop.grace * 0.8 - 1.0))
         except Interrupted:
             self.state, self.reason, self.infrastructure = "failed", "interrupted (SIGTERM)", True
         except BaseException as error:  # noqa: BLE001 - every failure must end in status.json
@@ -225,6 +281,7 @@ class JobRunner:
               flush=True)
         self.jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.digests = self._digest_datasets()  # a missing dataset fails the job, with its name
         try:
             self._start_mlflow()
         except Exception as e:  # the job still runs; its events stay on disk
@@ -321,17 +378,25 @@ class JobRunner:
                            "profile": spec["profile"]})
             client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in params.items()],
                              synchronous=True)
-            for ds in spec.get("datasets", []):
-                try:
-                    digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
-                    datasets.log_to_mlflow(client, self.run_id, digest)
-                    print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
-                          file=sys.stderr, flush=True)
-                except FileNotFoundError:
-                    raise FileNotFoundError(f"dataset {ds['name']} not found at {ds['path']}") from None
+            for digest in self.digests:
+                datasets.log_to_mlflow(client, self.run_id, digest)
         client.set_tag(self.run_id, "danlu.attempt", str(self.attempt.get("number", 1)))
         self.forwarder = MetricForwarder(client, self.run_id, self.jd.logdirs_file,
                                          [self.jd.tensorboard_dir / "rank-0"]).start()
+
+    def _digest_datasets(self) -> list:
+        from danlu import datasets
+
+        digests = []
+        for ds in self.spec.get("datasets", []):
+            try:
+                digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
+            except FileNotFoundError:
+                raise FileNotFoundError(f"dataset {ds['name']} is gone (it was at {ds['path']})") from None
+            print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
+                  file=sys.stderr, flush=True)
+            digests.append(digest)
+        return digests
 
     def _log_artifacts(self) -> None:
         uploads = [(self.jd.input_notebook, "notebooks"), (self.jd.output_notebook, "notebooks"),
@@ -345,6 +410,10 @@ class JobRunner:
                     self.client.log_artifact(self.run_id, str(path), where)
                 except Exception as e:
                     self.notes.append(f"artifact {path.name} not uploaded: {e}")
+
+    def let_finish(self, seconds: float) -> None:
+        if self.km is not None:
+            let_kernel_finish(self.km, seconds)
 
     def stop_kernel(self) -> None:
         if self.km is not None:
@@ -412,7 +481,17 @@ class TorchrunRunner(JobRunner):
 
         proc = getattr(self, "proc", None)
         if proc is not None and proc.poll() is None:
-            proctree.kill_matching(proc.pid, grace=5)
+            stop = stop_reason(self.jd)
+            proctree.kill_matching(proc.pid, grace=max(5.0, stop[1] * 0.8) if stop else 5.0)
+
+    def let_finish(self, seconds: float) -> None:
+        # the rank workers got SIGTERM as well and give their kernels the same time
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            try:
+                proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def run_job(jd: JobDir, km=None) -> int:

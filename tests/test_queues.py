@@ -34,7 +34,7 @@ CONFIG = {
     },
     "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True},
                          "high": {"value": 10000}},
-    "jobs": {"grace_period_seconds": 2, "preemption_grace_seconds": 5, "retry_backoff_seconds": 1,
+    "jobs": {"grace_period_seconds": 6, "preemption_grace_seconds": 5, "retry_backoff_seconds": 1,
              "warm_runners": 1},
     "usage": {"gpu_hour_cost": {"sim": 2.5}, "currency": "USD"},
 }
@@ -206,6 +206,26 @@ def test_priority_orders_the_queue_and_preempts_within_the_team(wb):
     after = job(wb, "alice", low["id"])
     assert after["attempts"][0]["state"] == "preempted"
     wb.api("POST", f"/jobs/{low['id']}/cancel", token=wb.tokens["alice"])
+
+
+def test_stopped_code_gets_the_grace_period_to_save(wb):
+    source = """import os, pathlib, signal, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *args: stop.append(1))
+print("ready", flush=True)
+while not stop:
+    time.sleep(0.1)
+time.sleep(1.5)  # a slow checkpoint
+pathlib.Path(os.environ["DANLU_CHECKPOINT_DIR"], "saved").write_text("ok")
+print("saved on SIGTERM", flush=True)
+"""
+    graceful = submit(wb, "alice", source, name="graceful")
+    wait_for(lambda: "ready" in wb.api("GET", f"/jobs/{graceful['id']}/logs", token=wb.tokens["alice"]).text,
+             what="the job to run its cell")
+    cancelled = wb.api("POST", f"/jobs/{graceful['id']}/cancel", token=wb.tokens["alice"]).json()
+    assert cancelled["state"] == "cancelled"
+    assert (wb.state / "jobs" / graceful["id"] / "checkpoints" / "saved").read_text() == "ok"
+    assert job_processes(graceful["id"]) == []
 
 
 def test_infrastructure_failures_retry_with_backoff_user_errors_do_not(wb):

@@ -19,7 +19,6 @@ ALLOWED = [
     ("preempted", "queued"),
     ("preempted", "cancelled"),
     ("preempted", "succeeded"),
-    ("preempted", "failed"),
 ]
 
 

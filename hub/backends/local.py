@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import time
@@ -205,7 +206,8 @@ class LocalBackend(Backend):
 
     async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
         jd = self.jobdir(job_id)
-        (jd.path / "stop").write_text(reason)  # the runner reports why it got SIGTERM
+        # the runner reports why it got SIGTERM, and lets the user's code use the grace period
+        (jd.path / "stop").write_text(json.dumps({"reason": reason, "grace": grace}))
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: proctree.kill_matching(state.get("pid"), state.get("create_time"),
                                                  {"DANLU_JOB_ID": job_id}, grace=grace))

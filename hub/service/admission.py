@@ -415,7 +415,8 @@ class Model:
         elif resource == "gpu":
             return f"waiting for {wl.request.gpus} GPUs: team {team.name} may use no GPU flavor"
         else:
-            what = f"{wl.request.cpu:g} CPU" if resource == "cpu" else f"{wl.request.memory / 2**30:.1f} GiB memory"
+            what = (f"{wl.request.cpu:g} CPU{'s' if wl.request.cpu != 1 else ''}" if resource == "cpu"
+                    else f"{wl.request.memory / 2**30:.1f} GiB memory")
         used = self.used[team.name][resource]
         nominal = team.nominal.get(resource, 0.0)
         quota = f"/{nominal:g}" if self._quoted(team, resource) else ""

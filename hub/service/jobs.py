@@ -287,13 +287,15 @@ class JobManager:
                                                    "ends it" for jid in self.pending})
                 return
             with self.sessions() as s:
-                not_before = {j.id: j.not_before for j in s.scalars(
+                backoff = {j.id: (j.not_before, j.reason) for j in s.scalars(
                     select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))}
-            eligible = [w for jid, w in self.pending.items() if not not_before.get(jid) or _ts(not_before[jid]) <= now]
+            eligible = [w for jid, w in self.pending.items()
+                        if jid not in backoff or _ts(backoff[jid][0]) <= now]
             decision = self.model.cycle(eligible, now)
-            for jid, when in not_before.items():
+            for jid, (when, why) in backoff.items():
                 if jid in self.pending and _ts(when) > now:
-                    decision.waiting[jid] = f"retrying after a backoff, at {isoformat(when)}"
+                    decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
+                        f"retrying at {isoformat(when)}"
             starts, stops = [], []
             try:
                 with self.sessions() as s, s.begin():
@@ -473,7 +475,7 @@ class JobManager:
             audit.append(s, "danlu", "retry", job.id, before={"attempt": len(job.attempts)},
                          after={"retry": failures, "of": job.retries, "after_seconds": delay,
                                 "reason": outcome.reason})
-            return "queued", (f"retry {failures} of {job.retries} in {delay:g} s after an infrastructure failure: "
+            return "queued", (f"retry {failures} of {job.retries} after an infrastructure failure: "
                               f"{outcome.reason}"), "infrastructure", "failed"
         return "failed", f"infrastructure failure: {outcome.reason}", "infrastructure", "failed"
 
@@ -496,8 +498,7 @@ class JobManager:
                 self.metrics.finished.labels(row.queue, "cancelled").inc()
             self._mark_ended(job_id)
         else:
-            with self.sessions() as s, s.begin():
-                audit.append(s, who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
+            await self.audit_event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
             self._stopping[job_id] = "cancelled"
             await self.backend.cancel(job_id, job.backend_state, self.settings.jobs["grace_period_seconds"],
                                       reason="cancelled")
@@ -523,6 +524,12 @@ class JobManager:
         for job_id, state in late:
             self._stopping[job_id] = "timed_out"
             self._spawn(self._stop(job_id, state, self.settings.jobs["grace_period_seconds"], "timed_out"))
+
+    async def audit_event(self, actor: str, action: str, target: str, before=None, after=None) -> dict:
+        """Append to the audit log outside an admission pass (one writer at a time keeps the chain whole)."""
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                return audit.to_dict(audit.append(s, actor, action, target, before=before, after=after))
 
     def record_profiles(self, profiles) -> None:
         """Audit a change of the governed profiles since the service last started."""
@@ -600,11 +607,30 @@ class JobManager:
         async with self._lock:
             with self.sessions() as s, s.begin():
                 row = s.get(QueueSetting, name) or QueueSetting(name=name, changes={}, held=False)
-                before = quotas.team_specs(self.settings, self._overrides()).get(name, {})
-                row.changes = {**row.changes, **changes}
+                current = quotas.team_specs(self.settings, self._overrides()).get(name, {})
+                # a change names what changes: other flavors, cpu and memory keep their values
+                merged = {section: _merge(current.get(section) or {}, amounts) for section, amounts in changes.items()}
+                row.changes = {**row.changes, **merged}
                 s.merge(row)
                 audit.append(s, principal.name, "change_quota", name,
-                             before={k: before.get(k) for k in changes}, after=changes)
+                             before={k: current.get(k) for k in changes}, after=merged)
+            self._rebuild()
+        await self.schedule()
+        return next(q for q in self.queues(principal) if q["name"] == name)
+
+    async def reset_queue(self, principal, name: str) -> dict:
+        """Drop an admin's live changes to a queue: danlu.yaml's values apply again."""
+        self._require_admin(principal)
+        if name not in self.model.teams:
+            raise NotFound(f"no queue '{name}'", field="name", fix=f"queues: {', '.join(self.model.teams)}")
+        async with self._lock:
+            with self.sessions() as s, s.begin():
+                row = s.get(QueueSetting, name)
+                before = dict(row.changes) if row else {}
+                if row is not None:
+                    row.changes = {}
+                audit.append(s, principal.name, "reset_quota", name, before=before,
+                             after={k: (self.settings.teams.get(name) or {}).get(k) for k in before})
             self._rebuild()
         await self.schedule()
         return next(q for q in self.queues(principal) if q["name"] == name)
@@ -746,7 +772,8 @@ class JobManager:
         await self.schedule()
 
     async def idle_gpu_servers(self) -> list[dict]:
-        """Servers holding GPUs with no activity for ``usage.idle_server_minutes`` (the culler stops them)."""
+        """Servers holding GPUs with no activity for ``usage.idle_server_minutes``, for admins to act on
+        (the idle culler stops any server after ``hub.idle_timeout_seconds``)."""
         import datetime as dt
 
         minutes = self.settings.usage["idle_server_minutes"]
@@ -770,6 +797,13 @@ class JobManager:
     def counts(self) -> dict:
         with self.sessions() as s:
             return dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+
+
+def _merge(current: dict, change: dict) -> dict:
+    out = {**current, **{k: v for k, v in change.items() if k != "gpus"}}
+    if "gpus" in change:
+        out["gpus"] = {**(current.get("gpus") or {}), **change["gpus"]}
+    return out
 
 
 def _gpu_amounts(resources: dict) -> dict:

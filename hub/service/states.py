@@ -17,7 +17,7 @@ class JobState(str, enum.Enum):
     """Where a job is in its life.
 
     ``queued``
-        Accepted and waiting for admission (free GPUs, a CPU-job slot).
+        Accepted and waiting for admission (its team's quota, free devices, a held queue, a drain).
         -> ``running`` when admitted and started; -> ``cancelled`` on cancel.
     ``running``
         Its runner process exists.
@@ -33,8 +33,8 @@ class JobState(str, enum.Enum):
     ``preempted``
         It got SIGTERM (and its grace period to checkpoint into
         ``$DANLU_CHECKPOINT_DIR``); -> ``queued`` once its processes are gone.
-        -> ``cancelled`` on cancel; -> ``succeeded``/``failed`` if it ended on
-        its own first.
+        -> ``cancelled`` on cancel; -> ``succeeded`` if it finished on its own
+        first.
     ``succeeded``, ``failed``, ``cancelled``, ``timed_out``
         Final. Logs, the output notebook and the MLflow run stay available.
     """
@@ -58,7 +58,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.running, JobState.cancelled}),
     JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.queued,
                                  JobState.preempted, JobState.timed_out}),
-    JobState.preempted: frozenset({JobState.queued, JobState.cancelled, JobState.succeeded, JobState.failed}),
+    JobState.preempted: frozenset({JobState.queued, JobState.cancelled, JobState.succeeded}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
     JobState.cancelled: frozenset(),
