@@ -19,8 +19,10 @@ What is measured, in one run, in process, with a fixed seed:
   1/2/4/8 GPUs, lognormal durations), GPU-seconds allocated divided by
   GPU-seconds available from the first arrival until the last job finishes,
   and the mean wait (submission to the start of the run that completed), for
-  the Kueue-like model and for strict FIFO (one queue, submission order, stop
-  at the first job that does not fit). A trace job belongs to a team with
+  the Kueue-like model with preemption on (``PREEMPTION``) and off, for FIFO
+  under the same quotas (submission order, stop at the first job that does not
+  fit its team), and for strict FIFO with no teams at all (one queue; what a
+  machine without quotas would allocate). A trace job belongs to a team with
   probability proportional to the team's GPU quota; a preempted job stops after
   ``GRACE`` simulated seconds and restarts from the beginning (its partial run
   counts as allocated).
@@ -48,8 +50,11 @@ PRIORITIES = (100, 1000, 10000, 100000)
 PRIORITY_WEIGHTS = (0.2, 0.5, 0.2, 0.1)
 SIZES = (1, 2, 4, 8)
 SIZE_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
-CPU_PER_GPU = 4
+CPU_PER_GPU = 4  # what a GPU job asks for, per GPU
+CPU_QUOTA_PER_GPU = 5  # the machine's CPUs and each team's CPU quota, per GPU
 GRACE = 30.0
+#: Preemption as configured for every team: (within_team, reclaim), Kueue's defaults when on.
+PREEMPTION = {"on": ("lower_priority", "any"), "off": ("never", "never")}
 
 
 # the machine and its teams ----------------------------------------------------------------------------------
@@ -71,18 +76,20 @@ def machine(gpus: int) -> dict[str, list[int]]:
     return {"a100": list(range(first)), "h100": list(range(first, gpus))}
 
 
-def make_teams(n: int, devices: dict[str, list[int]], cpu: int, rng: random.Random) -> list[Team]:
-    """``n`` teams in ceil(n / 5) cohorts; nominal quotas of every flavor and of CPU partition the machine."""
+def make_teams(n: int, devices: dict[str, list[int]], rng: random.Random, preemption: str = "on") -> list[Team]:
+    """``n`` teams in ceil(n / 5) cohorts; nominal GPU quotas of every flavor partition the machine at random,
+    and each team's CPU quota is ``CPU_QUOTA_PER_GPU`` per GPU of quota (so CPU quotas partition it too)."""
     cohorts = max(1, math.ceil(n / 5))
     shares = {gpu_key(f): partition(len(ids), n, rng) for f, ids in devices.items()}
-    shares["cpu"] = partition(cpu, n, rng)
+    within_team, reclaim = PREEMPTION[preemption]
     teams = []
     for i in range(n):
+        nominal = {r: float(s[i]) for r, s in shares.items()}
+        nominal["cpu"] = float(CPU_QUOTA_PER_GPU * sum(nominal.values()))
         flavors = list(devices)
         rng.shuffle(flavors)
-        teams.append(Team(f"team{i:02d}", nominal={r: float(s[i]) for r, s in shares.items()},
-                          cohort=f"cohort{i % cohorts}", flavors=tuple(flavors),
-                          reclaim=rng.choice(["any", "lower_priority"])))
+        teams.append(Team(f"team{i:02d}", nominal=nominal, cohort=f"cohort{i % cohorts}", flavors=tuple(flavors),
+                          within_team=within_team, reclaim=reclaim))
     return teams
 
 
@@ -118,8 +125,8 @@ def requeued(victim: Workload) -> Workload:
 
 def churn(jobs: int, n_teams: int, gpus: int, rng: random.Random) -> dict:
     devices = machine(gpus)
-    cpu = gpus * CPU_PER_GPU
-    teams = make_teams(n_teams, devices, cpu, rng)
+    cpu = gpus * CPU_QUOTA_PER_GPU
+    teams = make_teams(n_teams, devices, rng)
     idle = new_model(teams, devices, cpu)
     pending = {}
     for i in range(jobs):
@@ -131,7 +138,7 @@ def churn(jobs: int, n_teams: int, gpus: int, rng: random.Random) -> dict:
     stopped: list[str] = []
     now = jobs * 0.01
     start = time.perf_counter()
-    while pending or model.admitted:
+    while (pending or model.admitted) and cycles < 20 * jobs:  # more passes than that: preemption churn
         running = [wid for wid, wl in model.admitted.items() if not wl.stopping]
         for wid in rng.sample(running, max(1, len(running) // 4)) if running else []:
             model.release(wid)
@@ -150,10 +157,14 @@ def churn(jobs: int, n_teams: int, gpus: int, rng: random.Random) -> dict:
         now += 1.0
     wall = time.perf_counter() - start
     latencies.sort()
-    return {"jobs": jobs, "admissions": admissions, "preemptions": preemptions, "completed": completed,
-            "cycles": cycles, "wall": wall, "cycle_wall": sum(latencies),
-            "p50": latencies[len(latencies) // 2], "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+    return {"jobs": jobs, "drained": not pending and not model.admitted, "admissions": admissions,
+            "preemptions": preemptions, "completed": completed, "cycles": cycles, "wall": wall,
+            "cycle_wall": sum(latencies), "p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
             "max": latencies[-1]}
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 # (iii): GPU allocation on a trace, in simulated time --------------------------------------------------------
@@ -176,13 +187,13 @@ class Outcome:
     waits: list[float] = field(default_factory=list)
     preemptions: int = 0
     cycles: int = 0
+    finished: bool = True
 
 
 def make_trace(n: int, n_teams: int, gpus: int, rng: random.Random) -> tuple[list[TraceJob], list[Team], dict]:
     devices = machine(gpus)
-    cpu = gpus * CPU_PER_GPU
-    teams = make_teams(n_teams, devices, cpu, rng)
-    idle = new_model(teams, devices, cpu)
+    teams = make_teams(n_teams, devices, rng)
+    idle = new_model(teams, devices, gpus * CPU_QUOTA_PER_GPU)
     weights = [sum(v for r, v in t.nominal.items() if r.startswith("gpu/")) + 0.01 for t in teams]
     mean_gpus = sum(s * w for s, w in zip(SIZES, SIZE_WEIGHTS, strict=True)) * 0.9
     mu, sigma = math.log(600.0), 1.0
@@ -208,6 +219,9 @@ def simulate(jobs: list[TraceJob], policy) -> Outcome:
     run_token: dict[str, int] = defaultdict(int)  # invalidates the end event of a preempted run
     serial = 0
     while events:
+        if out.cycles > 40 * len(jobs):  # jobs keep being preempted and restarted: preemption churn
+            out.finished = False
+            break
         now = events[0][0]
         while events and events[0][0] == now:
             _, _, kind, wid = heapq.heappop(events)
@@ -240,9 +254,11 @@ def simulate(jobs: list[TraceJob], policy) -> Outcome:
 class KueueLike:
     """The admission model, driven the way the jobs service drives it."""
 
-    name = "kueue-like model"
-
-    def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: int):
+    def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: int, preemption: str):
+        within_team, reclaim = PREEMPTION[preemption]
+        teams = [Team(t.name, nominal=t.nominal, cohort=t.cohort, flavors=t.flavors, within_team=within_team,
+                      reclaim=reclaim) for t in teams]
+        self.name = f"model, preemption {preemption}"
         self.model = new_model(teams, devices, cpu)
         self.pending: dict[str, Workload] = {}
 
@@ -257,6 +273,25 @@ class KueueLike:
         for wl in decision.admitted:
             del self.pending[wl.id]
         return [wl.id for wl in decision.admitted], [victim.id for victim, _ in decision.preempted]
+
+
+class QuotaFIFO(KueueLike):
+    """The same teams and quotas, but strict FIFO: the first job that does not fit stops the pass."""
+
+    def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: int):
+        super().__init__(teams, devices, cpu, "off")
+        self.name = "FIFO, same quotas"
+
+    def schedule(self, now: float) -> tuple[list[str], list[str]]:
+        admitted = []
+        for wl in sorted(self.pending.values(), key=lambda w: (w.created, w.id)):
+            flavor, _ = self.model.fit(wl)
+            if flavor is False:
+                break
+            self.model._admit(wl, flavor, now)
+            admitted.append(wl.id)
+            del self.pending[wl.id]
+        return admitted, []
 
 
 class StrictFIFO:
@@ -299,9 +334,10 @@ class StrictFIFO:
 
 def allocation(trace_jobs: int, n_teams: int, gpus: int, rng: random.Random) -> list[tuple[str, Outcome]]:
     jobs, teams, devices = make_trace(trace_jobs, n_teams, gpus, rng)
-    cpu = gpus * CPU_PER_GPU
+    cpu = gpus * CPU_QUOTA_PER_GPU
     results = []
-    for policy in (KueueLike(teams, devices, cpu), StrictFIFO(devices, cpu)):
+    for policy in (KueueLike(teams, devices, cpu, "on"), KueueLike(teams, devices, cpu, "off"),
+                   QuotaFIFO(teams, devices, cpu), StrictFIFO(devices, cpu)):
         results.append((policy.name, simulate(jobs, policy)))
     return results
 
@@ -320,12 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(SEED)
     flavors = ", ".join(f"{len(ids)} {flavor}" for flavor, ids in machine(args.gpus).items())
     print(f"machine: {args.gpus} GPUs ({flavors}), "
-          f"{args.gpus * CPU_PER_GPU} CPUs; {args.teams} teams in {max(1, math.ceil(args.teams / 5))} cohorts; "
+          f"{args.gpus * CPU_QUOTA_PER_GPU} CPUs; {args.teams} teams in {max(1, math.ceil(args.teams / 5))} cohorts; "
           f"{len(PRIORITIES)} priority classes; seed {SEED}")
+    print("preemption on: within_team=%s, reclaim=%s" % PREEMPTION["on"])
 
     c = churn(args.jobs, args.teams, args.gpus, rng)
     rate = c["admissions"] / c["wall"]
-    print(f"\nthroughput: {c['jobs']} pending jobs drained in {c['cycles']} cycles, {c['wall']:.2f} s wall "
+    drained = "drained" if c["drained"] else "NOT drained (preemption churn)"
+    print(f"\nthroughput: {c['jobs']} pending jobs {drained} in {c['cycles']} cycles, {c['wall']:.2f} s wall "
           f"({c['cycle_wall']:.2f} s inside cycle); {c['admissions']} admissions "
           f"({c['admissions'] - c['jobs']} re-admissions after {c['preemptions']} preemptions)")
     print(f"{'metric':<34}{'value':>12}")
@@ -339,13 +377,16 @@ def main(argv: list[str] | None = None) -> int:
 
     results = allocation(args.trace_jobs, args.teams, args.gpus, rng)
     print(f"\nGPU allocation: {args.trace_jobs}-job trace at ~110% load, simulated time")
-    print(f"{'policy':<20}{'allocation':>11}{'mean wait (s)':>15}{'p95 wait (s)':>14}{'makespan (h)':>14}"
+    print(f"{'policy':<24}{'allocation':>11}{'mean wait (s)':>15}{'p95 wait (s)':>14}{'makespan (h)':>14}"
           f"{'preemptions':>13}")
     for name, out in results:
+        if not out.finished:
+            print(f"{name:<24}  did not finish: {len(out.waits)} of {args.trace_jobs} jobs done after "
+                  f"{out.cycles} passes, {out.preemptions} preemptions (jobs preempted and restarted in turn)")
+            continue
         ratio = out.allocated / (args.gpus * out.makespan)
-        waits = sorted(out.waits)
-        p95 = waits[min(len(waits) - 1, int(len(waits) * 0.95))]
-        print(f"{name:<20}{ratio:>10.1%}{statistics.fmean(waits):>15.0f}{p95:>14.0f}{out.makespan / 3600:>14.2f}"
+        p95 = percentile(sorted(out.waits), 0.95)
+        print(f"{name:<24}{ratio:>10.1%}{statistics.fmean(out.waits):>15.0f}{p95:>14.0f}{out.makespan / 3600:>14.2f}"
               f"{out.preemptions:>13}")
     return 0
 

@@ -566,7 +566,7 @@ class JobManager:
                              after={"priority": name, "value": value})
             for wl in (self.pending.get(job_id), self.model.admitted.get(job_id)):
                 if wl is not None:
-                    wl.priority = value
+                    wl.reprioritize(value)
         await self.schedule()
         with self.sessions() as s:
             return self.to_dict(s.get(Job, job_id))
