@@ -8,7 +8,8 @@ allow (with their GPU choices), and every request -- form, REST API or stored
 so a refused profile gets a 403 that names the profile and the reason. GPUs
 come from the jobs service's ledger, the same one jobs use, and reach the
 server as ``CUDA_VISIBLE_DEVICES``; they are given back when the server stops.
-The server offers only its profile's kernel.
+The server offers only its profile's kernel, and loads Danlu's lab extension
+(the server extension :mod:`danlu.lab` and the prebuilt JupyterLab extension).
 
 With ``unix_accounts`` on (the default when the hub runs as root) a server
 runs as the user's Unix account in its home folder, exactly as JupyterHub's
@@ -42,6 +43,11 @@ class DanluLocalSpawner(LocalProcessSpawner):
     jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
     jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
+    load_lab_extension = Bool(True, help="Load Danlu's lab extension into every server: the server extension "
+                                         "danlu.lab and the prebuilt JupyterLab extension danlu-lab.").tag(config=True)
+    labextensions_dir = Unicode(help="A folder where the prebuilt lab extension is linked in as danlu-lab/ and "
+                                     "which servers get as an extra labextensions path (default: a folder beside "
+                                     "home_root).").tag(config=True)
     profiles = Any(help="The loaded ProfileSet (read from profiles_file on first use).")
 
     @default("profiles")
@@ -162,6 +168,11 @@ class DanluLocalSpawner(LocalProcessSpawner):
         if profile is not None:  # only the profile's kernel is offered
             args += [f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
                      f"--MultiKernelManager.default_kernel_name={profile.kernel_name}"]
+        if self.load_lab_extension:
+            from danlu.lab import server_args
+
+            folder = self.labextensions_dir or str(Path(self.home_root or ".").parent / "labextensions")
+            args += server_args(Path(folder))
         return args
 
     # GPUs ---------------------------------------------------------------------------

@@ -14,7 +14,9 @@ The job records which setup cells it included (``source.included_cells``). The
 magic parses its arguments (``magic_arguments``), then calls one plain
 function, :func:`submit_cell`, which makes one API call; nothing in it evaluates
 user text (``--param`` values are read as JSON or Python literals, else kept
-as strings).
+as strings). :func:`last_job_id` tells a caller -- the lab extension's "Run
+cell as training job", which submits with ``--quiet`` -- which job the last
+``%%train`` of this kernel submitted.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
+
+_last_job_id: str | None = None
+
+
+def last_job_id() -> str | None:
+    """The id of the last job ``%%train`` submitted in this kernel (None if none yet)."""
+    return _last_job_id
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -259,6 +268,8 @@ class TrainMagics(Magics):
     @argument("--wait", dest="wait", action="store_true", default=False,
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
+    @argument("--quiet", action="store_true",
+              help="Print only the job's id, with no job card, and return at once (for tools; see last_job_id()).")
     @argument("--dry-run", action="store_true", help="Show the notebook that would run and whether it would start now.")
     @cell_magic
     def train(self, line, cell):
@@ -270,13 +281,20 @@ class TrainMagics(Magics):
         the cell's sha256, the notebook and the log go to one MLflow run, with no
         MLflow code in the cell.
 
+        With --quiet it prints only the job's id; ``danlu.train.last_job_id()`` returns
+        the id of the last job submitted in this kernel either way.
+
         Examples::
 
             %%train --nproc 2 --param lr=0.01 --wait
             %%train --gpus 1 --profile pytorch --dataset data/mnist
+            %%train --quiet --param lr=0.1
         """
+        global _last_job_id
         try:
             args = parse_argstring(self.train, line)
+            if args.quiet and args.wait:
+                raise UsageError("--quiet returns at once with the job's id; it does not go with --wait")
             params = dict(parse_param(p) for p in args.param)
             client = self.client_factory()
             self.setup.forget(_deleted_cells(self.shell))
@@ -287,6 +305,10 @@ class TrainMagics(Magics):
                                  gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run)
             if args.dry_run:
                 show_dry_run(result)
+                return None
+            _last_job_id = result["id"]
+            if args.quiet:
+                print(result["id"])
                 return None
             if args.wait:
                 print(f"Job {result['id']} submitted ({result['state']}); following its log. "

@@ -64,5 +64,7 @@ def job_to_dict(manager, job: Job) -> dict:
         "mlflow_run_url": (f"{settings.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
                            if run_id and experiment_id else None),
         "output_url": f"{base}/output", "logs_url": f"{base}/logs",
+        # where TensorBoard finds the job's event files (the lab extension's TensorBoard tabs read it)
+        "tensorboard_dir": str(manager.jobdir(job.id).tensorboard_dir.absolute()),
         "runner": ("warm" if job.backend_state.get("warm") else "cold") if "pid" in job.backend_state else None,
     }
