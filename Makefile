@@ -1,5 +1,6 @@
 # Danlu: `make up` starts the workbench, `make test` runs the tests.
-# Both install into .venv first (idempotent; re-runs only when pyproject.toml changes).
+# Both install into .venv first (idempotent; re-runs only when pyproject.toml changes)
+# and build the JupyterLab extension (re-runs only when its sources or lockfile change).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,10 +10,16 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CHP_VERSION ?= 5.3.0
 PYTEST_ARGS ?=
+# The JupyterLab extension: TypeScript in $(LAB), built (no Node.js needed at run time)
+# into $(LABEXT), which every user server that Danlu spawns loads.
+LAB := extensions/lab
+LABEXT := extensions/server/labextension
+LAB_SOURCES := $(shell find $(LAB)/src $(LAB)/style $(LAB)/schema -type f -not -path '*/__tests__/*' 2>/dev/null) \
+	$(LAB)/package.json $(LAB)/tsconfig.json
 
 .PHONY: install up test demo benchmarks clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(LABEXT)/package.json
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,11 +31,29 @@ $(VENV)/.installed: pyproject.toml Makefile
 	ln -sf ../chp/node_modules/.bin/configurable-http-proxy $(BIN)/configurable-http-proxy
 	touch $@
 
+# npm ci only when the lockfile changed (the stamp lives in node_modules, so deleting it reinstalls).
+$(LAB)/node_modules/.danlu-installed: $(LAB)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is required to build the JupyterLab extension: install Node.js >= 20 (e.g. apt-get install nodejs npm)"; exit 2; }
+	npm ci --prefix $(LAB) --no-audit --no-fund --loglevel=error
+	touch $@
+
+# tsc, then the federated extension build (jupyter labextension build runs the venv's jupyter-builder).
+$(LABEXT)/package.json: $(LAB)/node_modules/.danlu-installed $(LAB_SOURCES) | $(VENV)/.installed
+	npm run --silent --prefix $(LAB) build:lib
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension build $(LAB) || { rm -f $@; exit 1; }
+	touch $@
+
+# The browser tests' own packages (Galata, Playwright); never a browser download: they use Debian's chromium.
+$(LAB)/ui-tests/node_modules/.danlu-installed: $(LAB)/ui-tests/package-lock.json
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix $(LAB)/ui-tests --no-audit --no-fund --loglevel=error
+	touch $@
+
 up: install
 	$(BIN)/danlu up
 
-test: install
-	$(BIN)/ruff check hub magics tests benchmarks examples
+test: install $(LAB)/ui-tests/node_modules/.danlu-installed
+	npm test --prefix $(LAB)
+	$(BIN)/ruff check hub magics tests benchmarks examples extensions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -40,3 +65,4 @@ benchmarks: install
 
 clean:
 	rm -rf $(VENV) .danlu build *.egg-info
+	rm -rf $(LAB)/node_modules $(LAB)/ui-tests/node_modules $(LAB)/lib $(LAB)/tsconfig.tsbuildinfo $(LABEXT)

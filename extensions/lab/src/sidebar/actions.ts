@@ -1,0 +1,17 @@
+/**
+ * What the sidebar asks of the application: it never opens dialogs or widgets
+ * itself, `index.ts` implements these with the app's commands.
+ */
+import { IJob } from '../tokens';
+
+export interface ISidebarActions {
+  /** Ask for confirmation, then cancel the job. */
+  cancel(job: IJob): Promise<void>;
+  /** Save the executed notebook and open it. */
+  openOutput(job: IJob): Promise<void>;
+  /** Open a TensorBoard tab over these jobs' or runs' logs. */
+  openTensorBoard(
+    target: { job_ids: string[] } | { run_ids: string[] },
+    label: string
+  ): Promise<void>;
+}

@@ -1,0 +1,140 @@
+/**
+ * Shared types, command ids and the plugin token of the Danlu lab extension.
+ *
+ * The JSON shapes mirror the REST list of the server extension under
+ * `{base_url}danlu/api/` (see extensions/README.md); the job shape is the jobs
+ * service's own job JSON, of which the UI reads only the fields named here.
+ */
+import { Token } from '@lumino/coreutils';
+
+import type { DanluService } from './handler';
+import type { ExperimentsModel, QueueModel } from './model';
+
+/** Command ids, stable: the UI tests and the cell toolbar setting use them. */
+export namespace CommandIDs {
+  export const runCellAsJob = 'danlu:run-cell-as-job';
+  export const openTensorBoard = 'danlu:open-tensorboard';
+  export const refresh = 'danlu:refresh';
+}
+
+/** Id of the left sidebar widget. */
+export const SIDEBAR_ID = 'danlu-sidebar';
+
+/** The states of a job, as the jobs service's state machine names them. */
+export type JobState =
+  | 'queued'
+  | 'running'
+  | 'preempted'
+  | 'succeeded'
+  | 'failed'
+  | 'cancelled'
+  | 'timed_out';
+
+/** States after which a job never changes again. */
+export const FINAL_STATES: ReadonlySet<string> = new Set([
+  'succeeded',
+  'failed',
+  'cancelled',
+  'timed_out'
+]);
+
+export interface IWhoami {
+  user: string;
+  admin: boolean;
+  hub_url: string;
+  mlflow_url: string | null;
+}
+
+export interface IProfile {
+  slug: string;
+  display_name: string;
+  description?: string;
+  default?: boolean;
+  [key: string]: unknown;
+}
+
+export interface IJob {
+  id: string;
+  name: string;
+  owner: string;
+  state: JobState | string;
+  reason?: string;
+  queue?: string;
+  priority?: string | null;
+  queue_position?: number | null;
+  estimated_start?: string | null;
+  resources?: { nproc?: number; gpus?: number; [key: string]: unknown };
+  devices?: number[];
+  elapsed_seconds?: number | null;
+  created_at: string;
+  started_at?: string | null;
+  finished_at?: string | null;
+  mlflow_run_id?: string | null;
+  mlflow_run_url?: string | null;
+  [key: string]: unknown;
+}
+
+/** Resource amounts of a queue: `{"gpus": {"<flavor>": n}, "cpu": n, ...}`. */
+export interface IAmounts {
+  gpus?: Record<string, number>;
+  [key: string]: unknown;
+}
+
+export interface IQueue {
+  name: string;
+  cohort?: string | null;
+  held?: boolean;
+  quota: IAmounts;
+  usage: IAmounts;
+  borrowing?: Record<string, number>;
+  pending: number;
+  running: number;
+  [key: string]: unknown;
+}
+
+export interface IExperiment {
+  experiment_id: string;
+  name: string;
+  runs: number;
+}
+
+export interface IRun {
+  run_id: string;
+  run_name: string;
+  status: string;
+  start_time: number | string | null;
+  end_time: number | string | null;
+  params: Record<string, string>;
+  metrics: Record<string, number>;
+  job_id: string | null;
+  mlflow_url: string | null;
+}
+
+export interface IMetricSeries {
+  run_id: string;
+  run_name: string;
+  points: [number, number][];
+}
+
+export interface IMetricHistory {
+  key: string;
+  series: IMetricSeries[];
+}
+
+export interface ITensorBoard {
+  id: string;
+  url: string;
+  logdirs: Record<string, string>;
+}
+
+/** What the core plugin provides to the others: one service, one shared queue model. */
+export interface IDanlu {
+  readonly service: DanluService;
+  readonly queue: QueueModel;
+  readonly experiments: ExperimentsModel;
+}
+
+export const IDanlu = new Token<IDanlu>(
+  'danlu-lab:IDanlu',
+  'The Danlu REST service and the shared queue and experiments models.'
+);
