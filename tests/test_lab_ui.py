@@ -1,0 +1,138 @@
+"""Service tier, in a browser: the lab extension clicked through against a real ``danlu up``.
+
+Starts a workbench (dummy login, the default profiles), creates alice, starts
+her server with the ``python`` profile, writes a small notebook into her home
+and runs the Playwright/Galata tests of ``extensions/lab/ui-tests`` against
+``/user/alice/lab`` with Debian's Chromium (Playwright never downloads a
+browser). Galata's page fixture needs ``window.jupyterapp`` and its helper lab
+extension: alice's own Jupyter config turns both on (``~/.jupyter`` and
+``~/.local/share/jupyter/labextensions`` in her home), so the workbench itself
+runs unmodified. Screenshots land in ``extensions/lab/ui-tests/screenshots/``
+(and in ``docs/images/lab-*.png`` with ``DANLU_UI_DOCS_IMAGES=1``); traces and
+the HTML report of a failure in ``test-artifacts/ui-tests/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from danlu.hub.testing import ROOT, Workbench
+
+pytestmark = pytest.mark.service
+
+UI_TESTS = ROOT / "extensions" / "lab" / "ui-tests"
+LABEXTENSION = ROOT / "extensions" / "server" / "labextension" / "package.json"
+SERVER_EXTENSION = ROOT / "extensions" / "server" / "__init__.py"
+CHROMIUM = os.environ.get("DANLU_UI_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts" / "ui-tests"
+FOLDER, NOTEBOOK = "ui-tests", "train.ipynb"
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)"
+    if not (UI_TESTS / "node_modules" / "@jupyterlab" / "galata").exists():
+        return (f"{UI_TESTS / 'node_modules'} is missing "
+                f"(cd {UI_TESTS.relative_to(ROOT)} && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci)")
+    if not SERVER_EXTENSION.exists():
+        return f"the server extension {SERVER_EXTENSION.relative_to(ROOT)} is missing"
+    if not LABEXTENSION.exists():
+        return f"the lab extension is not built ({LABEXTENSION.relative_to(ROOT)} is missing; run make install)"
+    if shutil.which("npx") is None:
+        return "npx (Node.js) is not on PATH"
+    return None
+
+
+def notebook(kernel_name: str, display_name: str) -> dict:
+    """A parameters cell and a training cell that writes a few scalars and prints a known line."""
+    def cell(source: str, tags: list[str] = ()) -> dict:
+        return {"cell_type": "code", "execution_count": None, "metadata": {"tags": list(tags)} if tags else {},
+                "outputs": [], "source": source}
+
+    train = (
+        "import torch\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "\n"
+        "writer = SummaryWriter()\n"
+        "w = torch.zeros(1, requires_grad=True)\n"
+        "for step in range(20):\n"
+        "    loss = (w - 3.0).pow(2).sum()\n"
+        "    loss.backward()\n"
+        "    with torch.no_grad():\n"
+        "        w -= lr * w.grad\n"
+        "        w.grad.zero_()\n"
+        "    writer.add_scalar(\"loss\", loss.item(), step)\n"
+        "writer.close()\n"
+        "print(f\"danlu-ui-test finished: lr={lr}\")"
+    )
+    cells = [cell("lr = 0.1", ["parameters"]), cell(train)]
+    for i, c in enumerate(cells):
+        c["id"] = f"cell-{i}"
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": kernel_name, "display_name": display_name, "language": "python"}}}
+
+
+def prepare_home(home: Path) -> None:
+    """alice's own Jupyter config: expose the app to the page and load Galata's helper extension."""
+    import jupyterlab
+
+    config = home / ".jupyter"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
+    labextensions = home / ".local" / "share" / "jupyter" / "labextensions" / "@jupyterlab"
+    labextensions.mkdir(parents=True, exist_ok=True)
+    link = labextensions / "galata-extension"
+    if not link.exists():
+        link.symlink_to(Path(jupyterlab.__file__).parent / "galata" / "@jupyterlab" / "galata-extension",
+                        target_is_directory=True)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    wb = Workbench(tmp_path_factory.mktemp("wb-lab-ui"))
+    wb.start()
+    try:
+        token = wb.create_user("alice")
+        prepare_home(wb.state / "users" / "alice")
+        r = wb.start_server("alice", {"profile": "python", "gpus": 0})
+        assert r.status_code in (201, 202), r.text
+        api = f"{wb.url}/user/alice/api"
+        headers = {"Authorization": f"token {token}"}
+        specs = requests.get(f"{api}/kernelspecs", headers=headers, timeout=30).json()
+        name = specs["default"]
+        display = specs["kernelspecs"][name]["spec"]["display_name"]
+        r = requests.put(f"{api}/contents/{FOLDER}", headers=headers, json={"type": "directory"}, timeout=30)
+        assert r.status_code in (200, 201), r.text
+        r = requests.put(f"{api}/contents/{FOLDER}/{NOTEBOOK}", headers=headers, timeout=30,
+                         json={"type": "notebook", "format": "json", "content": notebook(name, display)})
+        assert r.status_code in (200, 201), r.text
+        yield wb
+    finally:
+        wb.stop()
+
+
+def test_lab_extension_in_the_browser(lab):
+    env = {**os.environ,
+           "DANLU_UI_HUB_URL": lab.url, "DANLU_UI_USER": "alice",
+           "DANLU_UI_FOLDER": FOLDER, "DANLU_UI_NOTEBOOK": NOTEBOOK,
+           "DANLU_UI_CHROMIUM": CHROMIUM, "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
+           "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": "1"}
+    try:
+        done = subprocess.run(["npx", "--no-install", "playwright", "test"], cwd=UI_TESTS, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=20 * 60)
+        output, code = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as e:
+        output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        code = "timeout (20 min)"
+    assert code == 0, (f"playwright test exited {code}:\n{output}\n--- traces and report: {ARTIFACTS}\n"
+                       f"--- workbench log:\n{lab.log_tail(80)}")
