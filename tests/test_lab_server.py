@@ -601,12 +601,24 @@ writer.close()
 
 @pytest.mark.service
 def test_alices_server_lists_her_job_runs_history_and_tensorboard(workbench):
-    from danlu.hub.testing import RemoteKernel
 
-    wb, token = workbench, workbench.tokens["alice"]
-    if not wb.hub("GET", "/users/alice").json().get("servers", {}).get("", {}).get("ready"):
+    wb = workbench
+    started = not wb.hub("GET", "/users/alice").json().get("servers", {}).get("", {}).get("ready")
+    if started:
         r = wb.start_server("alice", {"profile": "python", "gpus": 0})
         assert r.status_code in (201, 202), r.text
+    try:
+        check_alices_server(wb, wb.tokens["alice"])
+    finally:
+        if started:  # the session's workbench is shared: later tests start alice's server themselves
+            wb.hub("DELETE", "/users/alice/server")
+            wait_for(lambda: not wb.hub("GET", "/users/alice").json().get("servers"), timeout=120,
+                     what="alice's server to stop")
+
+
+def check_alices_server(wb, token: str) -> None:
+    from danlu.hub.testing import RemoteKernel
+
     auth = {"Authorization": f"token {token}"}
     api = f"{wb.url}/user/alice/danlu/api"
     extensions = requests.get(f"{wb.url}/user/alice/lab/api/extensions", headers=auth, timeout=60)
