@@ -695,3 +695,21 @@ def test_try_server_makes_the_workload_a_server():
     decision = model.cycle([job("n1", "nlp"), job("n2", "nlp", created=1)], now=0)
 
     assert decision.preempted == []
+
+
+def test_a_lower_priority_job_does_not_take_what_a_preemptor_counted_on():
+    # p needs 1 CPU: 0.5 is free and its victim m frees 0.5. The free half must wait for p, or l takes it,
+    # p preempts l next, m comes back into the freed half, and so on for ever.
+    model = solo({"gpu/sim": 2}, cpu=1.5)
+    fill(model, job("x", "solo", 0, priority=HIGH * 10, cpu=0.5), job("m", "solo", 0, cpu=0.5))
+    p, low = job("p", "solo", 0, priority=HIGH, cpu=1.0, created=1), job("l", "solo", 0, priority=LOW, cpu=0.5,
+                                                                          created=2)
+
+    first = model.cycle([p, low], now=10)
+    assert pairs(first.preempted) == [("m", "p")] and first.admitted == []
+
+    assert "l" not in model.admitted  # held back for p
+    victim = model.release("m")  # m has stopped
+    run_service(model, [p, low, resubmitted(victim)], range(11, 15))
+
+    assert "p" in model.admitted

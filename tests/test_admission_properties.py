@@ -157,6 +157,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.model.release(sid) is not None
 
     # the service's part -----------------------------------------------------------------------------------
+    def close_servers(self) -> None:
+        for sid in sorted(self.servers):
+            self.model.release(sid)
+        self.servers.clear()
+
     def release_victim(self, wid: str) -> None:
         victim = self.model.release(wid)
         del self.stopping[wid]
@@ -268,9 +273,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     def teardown(self):
         if not hasattr(self, "model"):
             return
-        for sid in sorted(self.servers):
-            self.model.release(sid)
-        self.servers.clear()
+        self.close_servers()
         jobs = len(self.pending) + len(self.model.admitted)
         for _ in range(2 * jobs + 5):
             for wid in sorted(self.stopping):
@@ -308,9 +311,7 @@ class SettlingMachine(AdmissionMachine):
     def teardown(self):
         if not hasattr(self, "model"):
             return
-        for sid in sorted(self.servers):
-            self.model.release(sid)
-        self.servers.clear()
+        self.close_servers()
         bound = 4 * (len(self.pending) + len(self.model.admitted)) + 10
         for _ in range(bound):
             for wid in sorted(self.stopping):

@@ -469,8 +469,10 @@ class Model:
                 self._version += 1  # the victims are no longer candidates
                 self.nominated.add(wl.id)
                 reason = f"preempting {len(victims)} job(s) to start"
-        if now - wl.created > self.starvation_seconds:
-            for resource, amount in self._needs(wl).items():  # hold it back from younger workloads
+        if wl.id in self.nominated or now - wl.created > self.starvation_seconds:
+            # a starving workload, or one that preempted (its victims free only part of what it needs),
+            # holds back what it needs from its team's workloads of the same or a lower priority
+            for resource, amount in self._needs(wl).items():
                 reserved[wl.team][wl.priority][resource] += amount
         return reason
 
@@ -517,7 +519,8 @@ class Model:
     def _needs(self, wl: Workload) -> dict[str, float]:
         team = self.teams[wl.team]
         needs = {"cpu": wl.request.cpu, "memory": wl.request.memory}
-        flavors = self._flavors(team, wl.request)
+        # the first flavor the team could ever fit it in (its victims, if any, free that one)
+        flavors = [f for f in self._flavors(team, wl.request) if self.ceiling(team, gpu_key(f)) >= wl.request.gpus]
         if wl.request.gpus and flavors:
             needs[gpu_key(flavors[0])] = wl.request.gpus
         return needs
