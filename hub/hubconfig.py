@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from danlu.hub.config import Settings, load_settings
-from danlu.hub.service.auth import ADMIN, CUSTOM_SCOPES, WRITE
+from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
 
 AUTHENTICATORS = {
     "pam": "jupyterhub.auth.PAMAuthenticator",

@@ -1,6 +1,6 @@
 """Who is calling, and what they may do: JupyterHub scopes turned into checks.
 
-Danlu defines three custom JupyterHub scopes (see :data:`CUSTOM_SCOPES`, loaded
+Danlu defines three custom JupyterHub scopes (:mod:`danlu.hub.scopes`, loaded
 by the generated hub configuration): ``custom:danlu:jobs:read`` (see jobs, logs
 and outputs), ``custom:danlu:jobs`` (also submit and cancel) and
 ``custom:danlu:admin`` (every job and the queue's administration). Every user
@@ -19,15 +19,7 @@ from urllib.parse import quote
 
 from jupyterhub.services.auth import check_scopes
 
-READ = "custom:danlu:jobs:read"
-WRITE = "custom:danlu:jobs"
-ADMIN = "custom:danlu:admin"
-
-CUSTOM_SCOPES = {
-    READ: {"description": "See Danlu jobs, their logs and outputs."},
-    WRITE: {"description": "Submit and cancel Danlu jobs.", "subscopes": [READ]},
-    ADMIN: {"description": "Operate the Danlu queue: every job, GPU allocations, quotas.", "subscopes": [WRITE]},
-}
+from danlu.hub.scopes import ADMIN, READ, WRITE
 
 
 @dataclass(frozen=True)

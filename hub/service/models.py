@@ -78,6 +78,9 @@ class Job(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     max_attempts: Mapped[int] = mapped_column(Integer, default=1)
     backend_state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cell_sha256: Mapped[str] = mapped_column(String(64), default="")
+    # what the runner reported about the job's MLflow run: run and experiment ids, points sent and dropped, notes
+    tracking: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     attempts: Mapped[list["Attempt"]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan", lazy="selectin")
@@ -100,8 +103,24 @@ class Attempt(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    # sha256 of the attempt's job token: the runner authenticates its reports with the token itself
+    token_hash: Mapped[str] = mapped_column(String(64), default="")
+    # why the service is stopping the attempt (cancelled, preempted, timed_out) and the grace it gives
+    stop_reason: Mapped[str] = mapped_column(String(20), default="")
+    stop_grace: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the runner's own account of how the attempt ended (state, reason, exit code, infrastructure?)
+    report: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
     job: Mapped[Job] = relationship(back_populates="attempts")
+
+
+class JobInput(Base):
+    """The notebook a job runs, as submitted: kept by the service, never read back from the job's folder."""
+
+    __tablename__ = "job_inputs"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    notebook: Mapped[str] = mapped_column(Text)
 
 
 class Allocation(Base):

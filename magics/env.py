@@ -1,0 +1,88 @@
+"""Every ``DANLU_*`` environment variable, named once with its meaning.
+
+Code never spells a variable's name as a string: it imports it from here
+(``os.environ[env.JOB_ID]``). Each name is a :class:`Var`, a ``str`` that also
+carries what the variable means, so this module is the reference the docs
+point to. ``tests/test_vocabulary.py`` fails when a ``"DANLU_..."`` string
+appears anywhere else in Python, or when a shell or TypeScript file uses a
+name that is not defined here.
+
+Who sets what:
+
+- ``danlu up`` sets the workbench's own variables for JupyterHub and its
+  services (``CONFIG`` .. ``GATEWAY_PORT``, ``INSTANCE``);
+- the spawner sets the user-server variables (``URL``, ``PUBLIC_URL``,
+  ``PROFILE``);
+- the job runner sets the in-job variables in every kernel of a job
+  (``JOB_ID``, ``JOB_DIR``, ``CHECKPOINT_DIR``);
+- users set the client variables (``URL``, ``TOKEN``) outside a server.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class Var(str):
+    """An environment variable's name (a ``str``) with its meaning."""
+
+    meaning: str
+
+    def __new__(cls, name: str, meaning: str) -> "Var":
+        var = super().__new__(cls, name)
+        var.meaning = meaning
+        return var
+
+    def get(self, default: str | None = None, environ=None) -> str | None:
+        """The value in ``environ`` (default ``os.environ``); empty counts as unset."""
+        value = (os.environ if environ is None else environ).get(self)
+        return value if value else default
+
+
+# the workbench (set by danlu up) ------------------------------------------------------------
+CONFIG = Var("DANLU_CONFIG", "The danlu.yaml every process reads (absolute path; empty: built-in defaults).")
+STATE_DIR = Var("DANLU_STATE_DIR", "The state folder: databases, job folders, MLflow data, tokens, logs.")
+BASE_DIR = Var("DANLU_BASE_DIR", "The folder danlu up ran in; relative paths in danlu.yaml start there.")
+IP = Var("DANLU_IP", "The address the public proxy listens on.")
+PORT = Var("DANLU_PORT", "The port of the public proxy.")
+ADMIN_TOKEN = Var("DANLU_ADMIN_TOKEN", "The admin API token (for automation); generated into <state>/admin-token "
+                                       "when unset.")
+MLFLOW_URL = Var("DANLU_MLFLOW_URL", "Loopback URL of the MLflow tracking server (behind the gateway for users).")
+MLFLOW_AUTH_SECRET = Var("DANLU_MLFLOW_AUTH_SECRET", "The secret MLflow credentials are derived from; only the "
+                                                     "MLflow server, its gateway and the jobs service see it.")
+HUB_PORT = Var("DANLU_HUB_PORT", "Loopback port of JupyterHub's own API.")
+PROXY_API_PORT = Var("DANLU_PROXY_API_PORT", "Loopback port of configurable-http-proxy's REST API.")
+SERVICE_PORT = Var("DANLU_SERVICE_PORT", "Loopback port of the jobs service.")
+GATEWAY_PORT = Var("DANLU_GATEWAY_PORT", "Loopback port of the MLflow gateway.")
+INSTANCE = Var("DANLU_INSTANCE", "A marker every process of one danlu up carries, so stopping it leaves none behind.")
+
+# a user's server and its clients -----------------------------------------------------------
+URL = Var("DANLU_URL", "Where clients reach the workbench (the hub's base URL); set in every Danlu server.")
+PUBLIC_URL = Var("DANLU_PUBLIC_URL", "Where browsers reach the workbench (links in job cards).")
+TOKEN = Var("DANLU_TOKEN", "A JupyterHub API token for the danlu CLI and %%train outside a server.")
+PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (the default for %%train).")
+
+# inside a job ----------------------------------------------------------------------------
+JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")
+RUNNER_ID = Var("DANLU_RUNNER_ID", "A marker every job runner and its kernels carry from their start, so a runner "
+                                   "that dies takes its kernels and ranks with it.")
+JOB_DIR = Var("DANLU_JOB_DIR", "The job's folder: log, output notebooks, TensorBoard events.")
+CHECKPOINT_DIR = Var("DANLU_CHECKPOINT_DIR", "Where a job saves checkpoints; kept across its attempts.")
+STOP_FILE = Var("DANLU_STOP_FILE", "Where a runner tells its ranks why they are being stopped (torchrun jobs).")
+
+# tests and their tools -----------------------------------------------------------------------
+TEST_POSTGRES_URL = Var("DANLU_TEST_POSTGRES_URL", "Tests: a PostgreSQL database the service tests also run "
+                                                   "against (.ci/run starts one).")
+TEST_UNIX_PYTHON = Var("DANLU_TEST_UNIX_PYTHON", "Tests: a Python with Danlu installed that every account can "
+                                                 "run, for the unix-accounts tier (.ci/run builds one in /opt).")
+TEST_REQUIRE_UNIX = Var("DANLU_TEST_REQUIRE_UNIX", "Tests: 1 makes the unix-accounts tier fail instead of skip "
+                                                   "when it cannot run (CI sets it).")
+UI_CHROMIUM = Var("DANLU_UI_CHROMIUM", "Browser tests: the Chromium binary Playwright drives.")
+UI_HUB_URL = Var("DANLU_UI_HUB_URL", "Browser tests: the workbench under test.")
+UI_USER = Var("DANLU_UI_USER", "Browser tests: the user who logs in.")
+UI_NOTEBOOK = Var("DANLU_UI_NOTEBOOK", "Browser tests: the notebook they open.")
+UI_FOLDER = Var("DANLU_UI_FOLDER", "Browser tests: the folder of that notebook.")
+UI_ARTIFACTS = Var("DANLU_UI_ARTIFACTS", "Browser tests: where screenshots and traces go.")
+UI_DOCS_IMAGES = Var("DANLU_UI_DOCS_IMAGES", "Browser tests: where screenshots for the docs go, if set.")
+
+ALL: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
