@@ -5,7 +5,8 @@ state dir) and PostgreSQL. Notebooks, logs and outputs are files in the job's
 directory, not rows; a row holds what the API reports and what the scheduler
 needs. :func:`make_engine` applies the pragmas SQLite needs to be shared by
 the service and its recovery code (WAL, a busy timeout); :func:`make_sessionmaker`
-creates missing tables and adds columns a newer Danlu introduced.
+opens sessions. Creating and upgrading the schema is :mod:`danlu.hub.service.db`'s
+job (Alembic revisions in ``migrations/``): a change here comes with a revision.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
-    inspect,
-    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
@@ -220,33 +219,6 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def add_missing_columns(engine: Engine) -> list[str]:
-    """Add the columns a newer Danlu defines to tables an older one created (nullable or defaulted)."""
-    added = []
-    found = inspect(engine)
-    with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
-            if not found.has_table(table.name):
-                continue
-            have = {c["name"] for c in found.get_columns(table.name)}
-            for column in table.columns:
-                if column.name in have:
-                    continue
-                kind = column.type.compile(engine.dialect)
-                default = column.default.arg if column.default is not None and not callable(column.default.arg) \
-                    else None
-                clause = ""
-                if isinstance(default, (bool, int, float)) and not isinstance(default, dict):
-                    clause = f" DEFAULT {int(default) if isinstance(default, bool) else default}"
-                elif isinstance(default, str):
-                    clause = f" DEFAULT '{default}'"
-                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}{clause}'))
-                added.append(f"{table.name}.{column.name}")
-    return added
-
-
 def make_sessionmaker(url: str) -> sessionmaker:
-    engine = make_engine(url)
-    Base.metadata.create_all(engine)
-    add_missing_columns(engine)
-    return sessionmaker(engine, expire_on_commit=False)
+    """Sessions on the jobs database; it creates and alters nothing (:mod:`danlu.hub.service.db` owns the schema)."""
+    return sessionmaker(make_engine(url), expire_on_commit=False)
