@@ -3,129 +3,545 @@
 Runs in the job runner, a separate process from the training code, so a
 training loop pays nothing for MLflow: it only writes TensorBoard events as it
 would anyway. :class:`MetricForwarder` tails every log dir rank 0 registered
-(``tensorboard/logdirs``), reads new events incrementally, and sends scalars
-to MLflow with ``log_batch`` (at most 1000 per request) every ``interval``
-seconds and once more, completely, when the job ends.
+(``tensorboard/logdirs``) plus the default dirs, reads new events
+incrementally, and sends scalars with ``log_batch`` (at most 1000 per request)
+every ``interval`` seconds and once more, completely, when the job ends.
+
+What reaches MLflow, and what is reported instead:
+
+* Names: every tag goes through :func:`metric_key`; a changed name is noted.
+* Values: any float, NaN and infinities included (MLflow stores NaN as NaN and
+  clamps infinities to the largest double). Steps are int64 in the event
+  format, which MLflow accepts as they are, negative ones included.
+* Wall times that are not a time (NaN, infinite, negative, past int64
+  milliseconds) are replaced by the time the point was read, and noted.
+* A batch MLflow refuses (HTTP 400, e.g. ``INVALID_PARAMETER_VALUE``) is split
+  until the refused points are found; only those are dropped, counted and
+  noted, unless the run itself is gone (then everything waits, as below).
+* Anything else (MLflow unreachable, 5xx, 401/403/404/429, a deleted run)
+  keeps the points pending, retried with a backoff, in a buffer of at most
+  ``max_pending`` points: when it is full the oldest are dropped and counted.
+  The forwarder can start before the run exists and :meth:`attach` it later.
+* :meth:`stop` retries for at most ``final_timeout`` seconds; what is still
+  unsent then (all of it, when no run was ever attached) counts as dropped.
+
+:meth:`MetricForwarder.health` reports all of this while the job runs. The
+files read are written by the user's code, so they are opened without
+following links or blocking, and must be regular files; the logdirs file is
+read up to 1 MiB and 100 directories.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
+import os
 import re
 import threading
 import time
 from pathlib import Path
 
+from danlu.errors import Conflict
+from danlu.eventfiles import READ_CHUNK, EventFile, read_regular
+
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 1000
-_KEY_OK = re.compile(r"[^A-Za-z0-9_\-. /]")
+MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
+MAX_KEY_LENGTH = 250  # MLflow's limit on a metric name
+MAX_NOTES = 20
+LOGDIRS_MAX_BYTES = 1 << 20
+LOGDIRS_MAX_DIRS = 100
+MAX_BACKOFF = 60.0  # seconds between retries, at most
+JOIN_GRACE = 1.0  # seconds stop() waits beyond final_timeout for the last bookkeeping
+_MS_LIMIT = float(2**63)  # wall times in ms must be below this to fit MLflow's int64
+
+# metric names ----------------------------------------------------------------------------------
+
+_NAME_CHARS = re.compile(r"[/\w.\- :]*\Z")
+_BAD_CHAR = re.compile(r"[^/\w.\- :]")
+_SUFFIX_LENGTH = 9  # "_" and 8 hex digits
 
 
 def metric_key(tag: str) -> str:
-    """An MLflow-legal metric name for a TensorBoard tag."""
-    return _KEY_OK.sub("_", tag)[:250] or "metric"
+    """The MLflow metric name for a TensorBoard tag.
+
+    A tag MLflow accepts as a metric name is used unchanged. A name is accepted
+    when it has at most 250 characters, all of them letters, digits or
+    underscores (any script), ``-``, ``.``, space, ``:`` or ``/``, and it is a
+    plain relative path: not empty, not starting with ``/`` or ``..``, and
+    with no empty, ``.`` or ``..`` part between slashes. One exception:
+    MLflow also lets a single trailing newline through (its pattern ends in
+    ``$``). That name is treated as invalid, because a newline cannot be seen
+    in the MLflow UI.
+
+    Any other tag is changed, always in the same way:
+
+    1. each character not allowed above becomes ``_``;
+    2. empty, ``.`` and ``..`` parts are removed, so leading, trailing and
+       doubled slashes go; a name that then starts with ``..`` gets ``_`` in
+       front;
+    3. the result is cut to 241 characters (step 2 is applied again to the
+       cut end), or is ``metric`` if nothing is left;
+    4. ``_`` and the first 8 hex digits of the SHA-256 of the original tag
+       (UTF-8) are appended, so two different tags do not share a name.
+
+    For example ``a//b`` becomes ``a/b_`` plus 8 hex digits,
+    ``acc@top-1 (val)`` becomes ``acc_top-1 _val_`` plus 8, and a 300-character
+    tag is cut to 250 characters in all. A changed name could only equal
+    another tag's if that tag were exactly the changed name, hash included.
+    """
+    if len(tag) <= MAX_KEY_LENGTH and _NAME_CHARS.match(tag) and _plain_path(tag):
+        return tag
+    body = _clean_path(_BAD_CHAR.sub("_", tag))
+    body = _clean_path(body[:MAX_KEY_LENGTH - _SUFFIX_LENGTH]) or "metric"
+    digest = hashlib.sha256(tag.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{body}_{digest}"
+
+
+def _plain_path(name: str) -> bool:
+    """What MLflow's ``path_not_unique`` lets through: a normalized relative path."""
+    return (bool(name) and not name.startswith(("/", ".."))
+            and all(part not in ("", ".", "..") for part in name.split("/")))
+
+
+def _clean_path(name: str) -> str:
+    name = "/".join(part for part in name.split("/") if part not in ("", ".", ".."))
+    return "_" + name if name.startswith("..") else name
+
+
+# errors --------------------------------------------------------------------------------------------
+
+class RunNotActive(Conflict):
+    """MLflow refused points and the run is deleted or cannot be read: the points wait instead of being dropped."""
+
+    default_reason = "run_not_active"
+
+
+def _refused(error: BaseException) -> bool:
+    """MLflow understood the request and refused its content (HTTP 400): sending it again cannot succeed."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(error, MlflowException) and error.get_http_status_code() == 400
+
+
+def _describe(error: BaseException, limit: int = 200) -> str:
+    return _clip(" ".join(str(error).split()) or type(error).__name__, limit)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _quoted(name: str, limit: int = 60) -> str:
+    """A name for a note: its start and its end (where a hash suffix is) when it is long."""
+    return repr(name if len(name) <= limit else f"{name[:limit - 15]}...{name[-12:]}")
+
+
+def _count(n: int, unit: str) -> str:
+    return f"1 {unit}" if n == 1 else f"{n} {unit}s"
 
 
 class MetricForwarder:
-    def __init__(self, client, run_id: str, logdirs_file: Path, default_dirs: list[Path], interval: float = 2.0):
+    """Sends the scalars of a job's TensorBoard event files to its MLflow run, from a background thread.
+
+    ``client`` and ``run_id`` may both be None: the forwarder then reads and
+    buffers until :meth:`attach` gives it the run. ``logdirs_file`` lists more
+    log dirs, one a line (rank 0 appends to it). ``max_pending`` bounds the
+    points waiting for MLflow; ``final_timeout`` bounds how long :meth:`stop`
+    retries. See the module docstring for what is sent, changed or dropped.
+    """
+
+    def __init__(self, client=None, run_id: str | None = None, logdirs_file: Path | None = None,
+                 default_dirs=(), interval: float = 2.0, *, max_pending: int = 1_000_000,
+                 final_timeout: float = 60.0):
+        if (client is None) != (run_id is None):
+            raise ValueError("client and run_id are given together, or both left None until attach()")
+        if max_pending < 1 or interval <= 0 or final_timeout < 0:
+            raise ValueError("max_pending and interval must be positive, final_timeout not negative")
         self.client = client
         self.run_id = run_id
-        self.logdirs_file = logdirs_file
-        self.default_dirs = default_dirs
+        self.logdirs_file = Path(logdirs_file) if logdirs_file is not None else None
+        self.default_dirs = [Path(d) for d in default_dirs]
         self.interval = interval
-        self._loaders: dict[Path, object] = {}
-        self._pending: list = []
+        self.max_pending = max_pending
+        self.final_timeout = final_timeout
+        # read and written by the thread that holds _work
+        self._files: dict[str, EventFile] = {}
+        self._registered: tuple[tuple, list[str]] | None = None  # (logdirs file identity, its dirs)
+        self._keys: dict[str, str] = {}
+        # shared with health(), attach() and stop(): under _lock
+        self._lock = threading.Lock()
+        self._work = threading.Lock()  # one reader and sender at a time
+        self._pending: collections.deque[tuple] = collections.deque()  # (key, value, timestamp ms, step)
+        self._in_flight = 0
+        self._sent = 0
+        self._dropped = 0
+        self._notes: dict[tuple, list] = {}  # key -> [count or None, unit counted, text after the count]
+        self._notes_left_out = False
+        self._last_error: str | None = None
+        self._retry_now = False
+        self._abandoned = False  # stop() gave up on a thread stuck in a request
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self.sent = 0
+        self._deadline = 0.0
+        self._stopped = False
 
-    def _dirs(self) -> list[Path]:
-        dirs = list(self.default_dirs)
-        try:
-            dirs += [Path(line) for line in self.logdirs_file.read_text().splitlines() if line.strip()]
-        except FileNotFoundError:
-            pass
-        seen, out = set(), []
-        for d in dirs:
-            d = d.resolve()
-            if d not in seen:
-                seen.add(d)
-                out.append(d)
-        return out
+    # the public surface -------------------------------------------------------------------------
+    @property
+    def sent(self) -> int:
+        """Points MLflow accepted so far."""
+        with self._lock:
+            return self._sent
 
-    def _new_files(self) -> None:
-        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    def health(self) -> dict:
+        """The run, the points sent, dropped and pending, short notes, and the error that keeps points pending."""
+        with self._lock:
+            notes = [_render(*note) for note in self._notes.values()]
+            if self._notes_left_out:
+                notes.append("more notes left out (see the runner log)")
+            return {"run_id": self.run_id, "points_sent": self._sent, "points_dropped": self._dropped,
+                    "points_pending": len(self._pending) + self._in_flight, "notes": notes,
+                    "last_error": self._last_error}
 
-        for d in self._dirs():
-            if not d.is_dir():
-                continue
-            for path in sorted(d.glob("events.out.tfevents.*")):
-                if path not in self._loaders:
-                    self._loaders[path] = LegacyEventFileLoader(str(path))
-
-    def collect(self) -> list:
-        """Scalars written since the last call, as mlflow Metric objects."""
-        from mlflow.entities import Metric
-
-        self._new_files()
-        metrics = []
-        for loader in self._loaders.values():
-            try:
-                events = list(loader.Load())
-            except Exception as e:  # a truncated record at the end of a file being written
-                log.debug("reading events: %s", e)
-                continue
-            for event in events:
-                if not event.HasField("summary"):
-                    continue
-                ts = int(event.wall_time * 1000)
-                for value in event.summary.value:
-                    if value.HasField("simple_value"):
-                        number = float(value.simple_value)
-                    elif value.HasField("tensor") and value.tensor.float_val:
-                        number = float(value.tensor.float_val[0])
-                    elif value.HasField("tensor") and value.tensor.double_val:
-                        number = float(value.tensor.double_val[0])
-                    else:
-                        continue
-                    metrics.append(Metric(metric_key(value.tag), number, ts, int(event.step)))
-        return metrics
+    def attach(self, client, run_id: str) -> None:
+        """Start sending to ``run_id`` (for a forwarder created before the run existed)."""
+        if client is None or run_id is None:
+            raise ValueError("attach() needs a client and a run id")
+        with self._lock:
+            if self.run_id is not None and self.run_id != run_id:
+                raise ValueError(f"already attached to run {self.run_id}")
+            self.client, self.run_id = client, run_id
+            self._retry_now = True
+        self._wake.set()
 
     def flush(self) -> int:
-        """Send what was written since the last flush; unsent metrics stay pending on error."""
-        self._pending.extend(self.collect())
-        sent = 0
-        while self._pending:
-            batch = self._pending[:MAX_BATCH]
-            self.client.log_batch(self.run_id, metrics=batch, synchronous=True)
-            del self._pending[:len(batch)]
-            sent += len(batch)
-            self.sent += len(batch)
-        return sent
+        """Read everything written since the last call and send all pending points; returns the points sent.
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.flush()
-            except Exception as e:  # MLflow briefly unreachable: keep the events, retry next round
-                log.warning("could not forward metrics yet: %s", e)
+        Points MLflow refuses are dropped and noted. Any other failure leaves
+        the rest pending and is raised. Before :meth:`attach` it only reads.
+        """
+        return self._attempt(send=True)
 
-    def start(self) -> "MetricForwarder":
+    def start(self) -> MetricForwarder:
+        """Forward in a background thread every ``interval`` seconds, backing off while MLflow fails."""
+        if self._thread is not None:
+            raise RuntimeError("the forwarder was already started")
         self._thread = threading.Thread(target=self._loop, name="danlu-metrics", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> int:
-        """Stop the background loop and forward everything left; returns the total sent."""
+        """Send what is left, retrying for at most ``final_timeout`` seconds; returns the total points sent.
+
+        Points still unsent then, or held by a request that does not return,
+        count as dropped. Without a run (never attached) nothing can be sent:
+        it reads to the end, counts the points as dropped and returns at once.
+        Returns within ``final_timeout`` + 1 s.
+        """
+        with self._lock:
+            if self._stopped:
+                return self._sent
+            self._stopped = True
+        self._deadline = time.monotonic() + self.final_timeout
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        for attempt in range(3):
+        self._wake.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._final, name="danlu-metrics-final", daemon=True)
+            self._thread.start()
+        self._thread.join(timeout=max(0.0, self._deadline - time.monotonic()) + JOIN_GRACE)
+        with self._lock:
+            if self._thread.is_alive() and not self._abandoned:
+                self._abandoned = True
+                self._give_up(f"MLflow did not answer within the final {self.final_timeout:g} s")
+            return self._sent
+
+    # the thread ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        failures, retry_at = 0, 0.0
+        while not self._stop.is_set():
+            send = self.client is not None and time.monotonic() >= retry_at
             try:
-                self.flush()
-                break
+                self._attempt(send)
+                if send:
+                    failures = 0
+            except Exception as e:  # MLflow unreachable, or a bug reading files: keep the points, retry later
+                failures += 1
+                delay = min(self.interval * 2 ** min(failures, 16), MAX_BACKOFF)
+                retry_at = time.monotonic() + delay
+                log.warning("metrics not sent (attempt %d), retrying in %.0f s: %s", failures, delay, _describe(e))
+            if self._wake.wait(self.interval):
+                self._wake.clear()
+            with self._lock:
+                if self._retry_now:
+                    self._retry_now, failures, retry_at = False, 0, 0.0
+        self._final()
+
+    def _final(self) -> None:
+        """The last flush: retry until everything is sent or the deadline passes, then count the rest as dropped."""
+        failures = 0
+        while True:
+            try:
+                self._attempt(send=self.client is not None, deadline=self._deadline)
+                with self._lock:
+                    if not self._pending or self._abandoned:
+                        break
             except Exception as e:
-                log.warning("final metric flush failed (%s), retrying", e)
-                time.sleep(1 + attempt)
-        return self.sent
+                failures += 1
+                log.warning("final metric flush failed (attempt %d): %s", failures, _describe(e))
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0 or self._abandoned or self.client is None:  # no run to wait for
+                break
+            self._wake.wait(min(self.interval * 2 ** min(failures, 16), MAX_BACKOFF, remaining))
+            self._wake.clear()
+        if self._abandoned:
+            return
+        with self._work:
+            try:
+                self._drain(send=False)  # count what was never read, too
+            except Exception as e:
+                log.warning("reading the last events failed: %s", _describe(e))
+        with self._lock:
+            if not self._abandoned:
+                if self.client is None:
+                    self._give_up("the job had no MLflow run")
+                else:
+                    self._give_up(f"not accepted within the final {self.final_timeout:g} s"
+                                  + (f" ({_clip(self._last_error, 100)})" if self._last_error else ""))
+
+    def _give_up(self, why: str) -> None:
+        """Count every unsent point as dropped (with _lock held)."""
+        unsent = len(self._pending) + self._in_flight
+        self._pending.clear()
+        self._in_flight = 0
+        if unsent:
+            self._dropped += unsent
+            self._note(("unsent",), f" not sent: {why}", unsent)
+
+    def _attempt(self, send: bool, deadline: float | None = None) -> int:
+        try:
+            with self._work:
+                sent = self._drain(send, deadline)
+        except Exception as e:
+            with self._lock:
+                self._last_error = _describe(e)
+            raise
+        return sent
+
+    def _drain(self, send: bool, deadline: float | None = None) -> int:
+        """Read every file to its end, a chunk at a time, sending after each chunk (with _work held)."""
+        sent = 0
+        while True:
+            more = self._collect()
+            if send:
+                sent += self._send_pending(deadline)
+            if not more or self._abandoned:
+                return sent
+
+    # reading ------------------------------------------------------------------------------------
+    def _collect(self) -> bool:
+        """Read one chunk of every event file into the buffer; True when a file has more."""
+        more = False
+        for path in self._event_files():
+            file = self._files.get(path)
+            if file is None:
+                file = self._files[path] = EventFile(path)
+            if file.skipped:
+                continue
+            events, file_more = file.read(READ_CHUNK)
+            more = more or file_more
+            if file.skipped or file.problems:
+                name = _quoted(os.path.basename(path))
+                with self._lock:
+                    if file.skipped:
+                        self._note(("file", path), f"event file {name} skipped: {file.skipped}")
+                    for problem, n in file.problems.items():
+                        self._note(("record", path, problem), f" in {name} skipped: {problem}", n, "record")
+                file.problems.clear()
+            if events:
+                self._buffer(self._to_points(events))
+        return more
+
+    def _to_points(self, events: list) -> list[tuple]:
+        keys, points = self._keys, []
+        for wall_time, step, values in events:
+            ms = wall_time * 1000.0
+            usable = 0.0 <= ms < _MS_LIMIT  # false for NaN too
+            timestamp = int(ms) if usable else int(time.time() * 1000)
+            for tag, value in values:
+                key = keys.get(tag)
+                if key is None:
+                    key = self._key(tag)
+                if not usable:
+                    with self._lock:
+                        self._note(("time", key), f" of {_quoted(key)} had no usable wall time "
+                                   f"({wall_time!r}): recorded with the time they were read", 1)
+                points.append((key, value, timestamp, step))
+        return points
+
+    def _key(self, tag: str) -> str:
+        if len(self._keys) >= 10_000:  # a tag per step: keep the cache bounded
+            self._keys.clear()
+        key = self._keys[tag] = metric_key(tag)
+        if key != tag:
+            with self._lock:
+                self._note(("renamed", tag), f"metric name {_quoted(tag)} recorded as {_quoted(key)}")
+        return key
+
+    def _buffer(self, points: list[tuple]) -> None:
+        with self._lock:
+            if self._abandoned:
+                return
+            self._pending.extend(points)
+            excess = min(len(self._pending) + self._in_flight - self.max_pending, len(self._pending))
+            if excess > 0:
+                for _ in range(excess):
+                    self._pending.popleft()
+                self._dropped += excess
+                self._note(("full",), f" dropped, the oldest: more than {self.max_pending} points "
+                           "waited for MLflow", excess)
+
+    def _event_files(self) -> list[str]:
+        files = []
+        for d in self._dirs():
+            try:
+                names = sorted(entry.name for entry in os.scandir(d) if entry.name.startswith("events.out.tfevents."))
+            except OSError:  # not there (yet), not a directory, not readable
+                continue
+            files += [os.path.join(d, name) for name in names]
+        return files
+
+    def _dirs(self) -> list[str]:
+        seen, out = set(), []
+        for d in [str(d) for d in self.default_dirs] + self._registered_dirs():
+            d = os.path.realpath(d)
+            if d not in seen:
+                seen.add(d)
+                out.append(d)
+        return out
+
+    def _registered_dirs(self) -> list[str]:
+        """The dirs listed in the logdirs file: a regular file, read up to 1 MiB and 100 distinct dirs."""
+        if self.logdirs_file is None:
+            return []
+        ident, data, why = read_regular(self.logdirs_file, LOGDIRS_MAX_BYTES)
+        if why:
+            with self._lock:
+                self._note(("logdirs", why), f"{self.logdirs_file.name} ignored: {why}")
+            return []
+        if data is None:
+            return []
+        if self._registered is not None and self._registered[0] == ident:
+            return self._registered[1]
+        if len(data) > LOGDIRS_MAX_BYTES:
+            data = data[:data.rfind(b"\n", 0, LOGDIRS_MAX_BYTES + 1) + 1]
+            with self._lock:
+                self._note(("logdirs", "size"), f"{self.logdirs_file.name}: only its first 1 MiB is read")
+        dirs, seen = [], set()
+        for line in data.splitlines():
+            if not line.strip() or b"\0" in line:
+                continue
+            path = os.fsdecode(line)
+            if path in seen:
+                continue
+            if len(dirs) == LOGDIRS_MAX_DIRS:
+                with self._lock:
+                    self._note(("logdirs", "count"), f"{self.logdirs_file.name}: only its first "
+                               f"{LOGDIRS_MAX_DIRS} directories are read")
+                break
+            seen.add(path)
+            dirs.append(path)
+        self._registered = (ident, dirs)
+        return dirs
+
+    # sending ------------------------------------------------------------------------------------
+    def _send_pending(self, deadline: float | None = None) -> int:
+        """Send the buffer in batches; refused points are dropped, any other error puts the rest back and raises."""
+        from mlflow.entities import Metric
+
+        sent, run_checked, batches = 0, False, 0
+        while True:
+            with self._lock:
+                if self._abandoned or self.client is None or not self._pending:
+                    return sent
+                if batches and deadline is not None and time.monotonic() >= deadline:
+                    return sent  # past the deadline after at least one try
+                batches += 1
+                client, run_id = self.client, self.run_id
+                batch = [self._pending.popleft() for _ in range(min(MAX_BATCH, len(self._pending)))]
+                self._in_flight = len(batch)
+            work = [batch]  # parts still to send, the next one last
+            part: list = []
+            try:
+                while work:
+                    part = work.pop()
+                    try:
+                        client.log_batch(run_id, metrics=[Metric(*p) for p in part], synchronous=True)
+                    except Exception as error:
+                        if not _refused(error):
+                            raise
+                        if not run_checked:
+                            self._check_run(client, run_id, error)
+                            run_checked = True
+                        if len(part) > 1:
+                            middle = len(part) // 2
+                            work += [part[middle:], part[:middle]]
+                        else:
+                            self._refuse(part[0], error)
+                        continue
+                    with self._lock:
+                        if self._abandoned:
+                            return sent
+                        self._sent += len(part)
+                        self._in_flight -= len(part)
+                        self._last_error = None
+                    sent += len(part)
+            except BaseException:
+                with self._lock:
+                    if not self._abandoned:
+                        unsent = part + [p for rest in reversed(work) for p in rest]
+                        self._pending.extendleft(reversed(unsent))
+                        self._in_flight = 0
+                raise
+
+    def _check_run(self, client, run_id: str, error: BaseException) -> None:
+        """Raise unless the run takes points: a refusal from a deleted run is no reason to drop them."""
+        try:
+            stage = client.get_run(run_id).info.lifecycle_stage
+        except Exception as e:
+            raise RunNotActive(f"run {run_id} refused metrics and could not be read: {_describe(e)}") from error
+        if stage != "active":
+            raise RunNotActive(f"run {run_id} is {stage}: {_describe(error)}") from error
+
+    def _refuse(self, point: tuple, error: BaseException) -> None:
+        reason = _describe(error, 120)
+        with self._lock:
+            if self._abandoned:
+                return
+            self._in_flight -= 1
+            self._dropped += 1
+            self._note(("refused", point[0], getattr(error, "error_code", "")),
+                       f" of {_quoted(point[0])} dropped: MLflow refused them ({reason})", 1)
+
+    # notes --------------------------------------------------------------------------------------
+    def _note(self, key: tuple, text: str, count: int | None = None, unit: str = "point") -> None:
+        """Add to a note, or add a note (with _lock held); at most MAX_NOTES are kept.
+
+        With a count the note reads "<count> <unit>s<text>" and later counts add up.
+        """
+        note = self._notes.get(key)
+        if note is not None:
+            if count is not None:
+                note[0] += count
+            return
+        if len(self._notes) >= MAX_NOTES - 1:
+            self._notes_left_out = True
+            log.info("metric forwarding: %s", _render(count, unit, text))
+            return
+        self._notes[key] = [count, unit, text]
+        log.warning("metric forwarding: %s", _render(count, unit, text))
+
+
+def _render(count: int | None, unit: str, text: str) -> str:
+    return text if count is None else _count(count, unit) + text
