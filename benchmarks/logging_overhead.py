@@ -39,6 +39,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from danlu import env
+
 TARGET = 1.10
 METRIC = "loss"
 
@@ -133,12 +135,12 @@ def run_danlu(steps: int, folder: Path, base_env: dict, client, experiment_id: s
     from danlu.events import MetricForwarder
     from danlu.jobdir import JobDir
 
-    jd = JobDir.create(folder.parent, folder.name)
+    jd = JobDir(folder)
     jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
     run_id = client.create_run(experiment_id, run_name=folder.name).info.run_id
     forwarder = MetricForwarder(client, run_id, jd.logdirs_file, [jd.tensorboard_dir / "rank-0"]).start()
     try:
-        result = run_child("danlu", steps, {**base_env, "DANLU_JOB_DIR": str(jd.path), "RANK": "0"})
+        result = run_child("danlu", steps, {**base_env, env.JOB_DIR: str(jd.path), "RANK": "0"})
     finally:
         drain_start = time.perf_counter()
         forwarder.stop()
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # one thread for torch, as torchrun gives each rank; the same for both variants
     base_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for key in ("DANLU_JOB_DIR", "RANK", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
+    for key in (env.JOB_DIR, "RANK", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"):
         base_env.pop(key, None)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > cores / 2:

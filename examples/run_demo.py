@@ -23,6 +23,8 @@ from pathlib import Path
 
 import requests
 
+from danlu import env
+
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "quickstart.ipynb"
 USER = "demo"
@@ -33,7 +35,7 @@ class DemoError(Exception):
 
 
 def admin_token(state_dir: Path) -> str:
-    token = os.environ.get("DANLU_ADMIN_TOKEN", "").strip()
+    token = env.ADMIN_TOKEN.get("").strip()
     path = state_dir / "admin-token"
     if not token and path.exists():
         token = path.read_text().strip()
@@ -77,21 +79,21 @@ def run_notebook(url: str, token: str, home: Path) -> tuple[int, Path]:
     notebook = home / NOTEBOOK.name
     output = home / f"{NOTEBOOK.stem}.output.ipynb"
     shutil.copyfile(NOTEBOOK, notebook)
-    env = {**os.environ, "DANLU_URL": url, "JUPYTERHUB_API_TOKEN": token, "HOME": str(home),
-           # what a Danlu server's kernel has: the notebook's path names the job and its MLflow experiment
-           "JPY_SESSION_NAME": str(notebook)}
-    env.pop("DANLU_TOKEN", None)  # it would win over JUPYTERHUB_API_TOKEN
+    environ = {**os.environ, env.URL: url, "JUPYTERHUB_API_TOKEN": token, "HOME": str(home),
+               # what a Danlu server's kernel has: the notebook's path names the job and its MLflow experiment
+               "JPY_SESSION_NAME": str(notebook)}
+    environ.pop(env.TOKEN, None)  # it would win over JUPYTERHUB_API_TOKEN
     papermill = Path(sys.executable).parent / "papermill"
     cmd = [str(papermill), str(notebook), str(output), "--kernel", "python3", "--log-output", "--no-progress-bar"]
     print(f"[demo] running {NOTEBOOK.name} as {USER!r} with papermill in {home}", flush=True)
-    return subprocess.run(cmd, cwd=home, env=env).returncode, output
+    return subprocess.run(cmd, cwd=home, env=environ).returncode, output
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=os.environ.get("DANLU_URL", "http://127.0.0.1:8000"),
+    parser.add_argument("--url", default=env.URL.get("http://127.0.0.1:8000"),
                         help="the workbench's URL (default $DANLU_URL or http://127.0.0.1:8000)")
-    parser.add_argument("--state-dir", type=Path, default=Path(os.environ.get("DANLU_STATE_DIR", ".danlu")),
+    parser.add_argument("--state-dir", type=Path, default=Path(env.STATE_DIR.get(".danlu")),
                         help="the workbench's state folder, for admin-token and users/ (default .danlu)")
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")

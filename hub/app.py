@@ -8,13 +8,17 @@ and the profiles, prepares the profile kernels, then starts and supervises:
 2. JupyterHub, which starts configurable-http-proxy, the jobs service and the
    MLflow gateway as managed services, and users' servers.
 
-Every process carries ``DANLU_INSTANCE=<id>`` in its environment. On Ctrl-C or
+Only one ``danlu up`` runs per state folder: a second one refuses, naming the
+first, before it starts anything. Before anything opens the jobs database it is
+brought to the current schema (a SQLite file is backed up first). Every
+process carries ``DANLU_INSTANCE=<id>`` in its environment. On Ctrl-C or
 SIGTERM, running jobs are interrupted and requeued, JupyterHub and MLflow are
 stopped, and whatever still carries the marker is ended: no orphan remains.
 """
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import os
 import secrets
@@ -32,7 +36,7 @@ from pathlib import Path
 from traitlets import Bool, Unicode, default
 from traitlets.config import Application
 
-from danlu import __version__, proctree
+from danlu import __version__, env, proctree
 from danlu.errors import ConfigError, DanluError
 from danlu.hub import accounts
 from danlu.hub.config import Settings, load_settings
@@ -87,7 +91,7 @@ class DanluUp(Application):
 
     @default("admin_token")
     def _admin_token_default(self):
-        return os.environ.get("DANLU_ADMIN_TOKEN", "")
+        return env.ADMIN_TOKEN.get("")
 
     def _say(self, text: str) -> None:
         print(f"[danlu] {text}", flush=True)
@@ -105,9 +109,11 @@ class DanluUp(Application):
                              settings.profiles_file)
         state = settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
+        self.lock_state(state)
         # users' servers and jobs must reach the kernelspecs and environments, nothing else
         os.chmod(state, 0o711 if settings.unix_accounts else 0o700)
         (state / "logs").mkdir(mode=0o700, exist_ok=True)
+        self.upgrade_database(settings)
         old = os.umask(0o022)
         try:
             prepare_profiles(state, profiles)
@@ -116,6 +122,35 @@ class DanluUp(Application):
         os.umask(0o077)  # databases, tokens, logs and job files: owner only
         self.profiles = profiles
         return settings
+
+    def lock_state(self, state: Path) -> None:
+        """Hold ``<state>/danlu-up.lock`` for this process's life, or refuse: one workbench per state folder."""
+        fd = os.open(state / "danlu-up.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"another danlu up (pid {holder}) is already running on {state}",
+                              fix="stop it first, or give this one its own --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd  # released when this process ends, however it ends
+
+    def upgrade_database(self, settings: Settings) -> None:
+        """Bring the jobs database to this Danlu's schema (after a backup), and carry over old job inputs."""
+        from danlu.hub.service import db
+        from danlu.hub.service.models import make_sessionmaker
+
+        done = db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
+        if done["from"] != done["to"]:
+            self._say(f"jobs database: schema {done['from'] or 'new'} -> {done['to']}"
+                      + (f" (backup: {done['backup']})" if done["backup"] else ""))
+        if done["from"] == db.BASE_REVISION:
+            carried = db.import_legacy_inputs(make_sessionmaker(settings.jobs_database_url), settings.jobs_dir,
+                                              log=self.log)
+            if carried:
+                self._say(f"carried over the notebooks of {len(carried)} unfinished job(s)")
 
     def resolve_admin_token(self, state: Path) -> str:
         if self.admin_token:
@@ -154,7 +189,7 @@ class DanluUp(Application):
         return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
 
-    def start_hub(self, settings: Settings, env: dict) -> subprocess.Popen:
+    def start_hub(self, settings: Settings, environ: dict) -> subprocess.Popen:
         state = settings.state_dir
         config = state / "jupyterhub_config.py"
         config.write_text(
@@ -165,7 +200,7 @@ class DanluUp(Application):
             "    load_subconfig(str(settings.extra_config_file))\n"
         )
         out = open(state / "logs" / "jupyterhub.log", "ab") if self.quiet_hub else None
-        return subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=str(state), env=env,
+        return subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=str(state), env=environ,
                                 stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
@@ -179,18 +214,32 @@ class DanluUp(Application):
         }.get(kind, f"log in with {kind}")
         self._say(f"Danlu {__version__} is up: {settings.public_url}")
         self._say(f"log in: {how}")
-        if settings.unix_accounts:
-            self._say("servers and jobs run as each user's Unix account")
-        else:
-            self._say(f"servers and jobs run as '{getpass.getuser()}', homes in {settings.state_dir / 'users'} "
-                      "(users.unix_accounts: off)")
-            if os.geteuid() == 0:
-                why = ("" if accounts.runnable_by_others() else
-                       f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)")
-                self._say(f"WARNING: that account is root: every user can act as root. "
-                          f"Set users.unix_accounts: on{why}")
+        for line in self.isolation(settings):
+            self._say(line)
         self._say(f"admin API token: {token_source}")
         self._say(f"state and logs: {settings.state_dir}   stop: Ctrl-C")
+
+    @staticmethod
+    def isolation(settings: Settings) -> list[str]:
+        """What the banner says about who can do what (docs/security.md says the same at length)."""
+        if settings.unix_accounts:
+            return ["servers and jobs run as each user's Unix account: the file system keeps users apart "
+                    "(docs/security.md)"]
+        me = getpass.getuser()
+        lines = [f"servers and jobs run as '{me}', homes in {settings.state_dir / 'users'} "
+                 "(users.unix_accounts: off)"]
+        single = settings.auth["type"] == "pam" and os.geteuid() != 0  # PAM without root: only this account
+        if os.geteuid() == 0:
+            why = ("" if accounts.runnable_by_others() else
+                   f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)")
+            lines.append(f"WARNING: that account is root: every user's code runs as root and can do anything on "
+                         f"this machine. Set users.unix_accounts: on{why}")
+        elif not single:
+            lines.append(f"WARNING: every user's code runs as '{me}': any user can read and change every other "
+                         f"user's files, jobs, logs and the workbench's state, and act as '{me}'. Fine for one "
+                         "person or a team that trusts each other; to keep users apart, run danlu up as root with "
+                         "users.unix_accounts: on (docs/security.md)")
+        return lines
 
     # the whole life -----------------------------------------------------------------
     def start(self):
@@ -202,24 +251,24 @@ class DanluUp(Application):
             self.exit(2)
         state = settings.state_dir
         token = self.resolve_admin_token(state)
-        token_source = "$DANLU_ADMIN_TOKEN" if self.admin_token else str(state / "admin-token")
+        token_source = f"${env.ADMIN_TOKEN}" if self.admin_token else str(state / "admin-token")
         instance = uuid.uuid4().hex
         mlflow_port = settings.mlflow.get("port") or free_port()
         mlflow_url = f"http://127.0.0.1:{mlflow_port}/services/mlflow"
-        env = {
+        environ = {
             **os.environ,
-            "DANLU_INSTANCE": instance,
-            "DANLU_STATE_DIR": str(state),
-            "DANLU_BASE_DIR": str(settings.base_dir),
-            "DANLU_CONFIG": str(Path(settings.source).resolve()) if settings.source else "",
-            "DANLU_IP": settings.ip,
-            "DANLU_PORT": str(settings.port),
-            "DANLU_ADMIN_TOKEN": token,
-            "DANLU_MLFLOW_URL": mlflow_url,
-            "DANLU_HUB_PORT": str(free_port()),
-            "DANLU_PROXY_API_PORT": str(free_port()),
-            "DANLU_SERVICE_PORT": str(free_port()),
-            "DANLU_GATEWAY_PORT": str(free_port()),
+            env.INSTANCE: instance,
+            env.STATE_DIR: str(state),
+            env.BASE_DIR: str(settings.base_dir),
+            env.CONFIG: str(Path(settings.source).resolve()) if settings.source else "",
+            env.IP: settings.ip,
+            env.PORT: str(settings.port),
+            env.ADMIN_TOKEN: token,
+            env.MLFLOW_URL: mlflow_url,
+            env.HUB_PORT: str(free_port()),
+            env.PROXY_API_PORT: str(free_port()),
+            env.SERVICE_PORT: str(free_port()),
+            env.GATEWAY_PORT: str(free_port()),
             "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32),
             "PATH": f"{Path(chp).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
                     f"{os.environ.get('PATH', '')}",
@@ -236,17 +285,17 @@ class DanluUp(Application):
         code = 0
         try:
             self._say(f"starting MLflow on 127.0.0.1:{mlflow_port}")
-            mlflow = self.start_mlflow(settings, mlflow_port, env)
+            mlflow = self.start_mlflow(settings, mlflow_port, environ)
             procs.append(("mlflow", mlflow))
             wait_http(f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1", 180, mlflow, "MLflow")
             self._say(f"starting JupyterHub on {settings.ip}:{settings.port}")
-            hub = self.start_hub(settings, env)
+            hub = self.start_hub(settings, environ)
             procs.append(("jupyterhub", hub))
             wait_http(f"{settings.local_url}/hub/api/", 180, hub, "JupyterHub")
             wait_http(f"{settings.local_url}/services/danlu/api/v1/health", 120, hub, "the jobs service")
             write_json_atomic(state / "danlu-up.json", {
                 "pid": os.getpid(), "instance": instance, "url": settings.public_url, "local_url": settings.local_url,
-                "mlflow_url": mlflow_url, "service_port": int(env["DANLU_SERVICE_PORT"]), "version": __version__})
+                "mlflow_url": mlflow_url, "service_port": int(environ[env.SERVICE_PORT]), "version": __version__})
             self.banner(settings, token_source)
             while stop["signal"] is None:
                 for name, proc in procs:
@@ -284,7 +333,7 @@ class DanluUp(Application):
         for _name, proc in procs:
             if proc.poll() is None:
                 proctree.kill_matching(proc.pid, grace=10)
-        left = proctree.kill_matching(env={"DANLU_INSTANCE": instance}, grace=5)
+        left = proctree.kill_matching(env={env.INSTANCE: instance}, grace=5)
         if left:
             self._say(f"ended {left} leftover process(es)")
         (settings.state_dir / "danlu-up.json").unlink(missing_ok=True)

@@ -18,13 +18,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from danlu import env
 from danlu.errors import ConfigError
 from danlu.hub import accounts, yamlconfig
 
 ENV_OVERRIDES = {
-    "ip": "DANLU_IP",
-    "port": "DANLU_PORT",
-    "state_dir": "DANLU_STATE_DIR",
+    "ip": env.IP,
+    "port": env.PORT,
+    "state_dir": env.STATE_DIR,
 }
 
 JOB_DEFAULTS = {
@@ -211,7 +212,7 @@ def load_settings(config_file: str | os.PathLike | None = None, overrides: dict 
     ``--state-dir`` flag; child processes receive it as ``$DANLU_BASE_DIR``.
     """
     environ = os.environ if environ is None else environ
-    config_file = config_file or environ.get("DANLU_CONFIG") or None
+    config_file = config_file or env.CONFIG.get(environ=environ)
     data: dict = {}
     marks: dict = {}
     source = None
@@ -226,7 +227,7 @@ def load_settings(config_file: str | os.PathLike | None = None, overrides: dict 
         if value is not None:
             flag = f"--{key.replace('_', '-')}"
             data[key] = _coerce_override(key, str(value), flag) if key in ENV_OVERRIDES else value
-    base_dir = Path(environ.get("DANLU_BASE_DIR") or Path.cwd())
+    base_dir = Path(env.BASE_DIR.get(environ=environ) or Path.cwd())
     settings = Settings(data=data, source=source, marks=marks, base_dir=base_dir)
     _check(settings)
     return settings

@@ -29,6 +29,8 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Any, Bool, Dict, Unicode, default
 
+from danlu import env as names
+from danlu.client import error_from
 from danlu.errors import DanluError
 from danlu.hub import accounts
 from danlu.hub.profiles import ProfileSet, builtin_profiles, load_profiles
@@ -184,13 +186,12 @@ class DanluLocalSpawner(LocalProcessSpawner):
                 headers={"Authorization": f"token {self.jobs_api_token}", "Content-Type": "application/json"},
                 request_timeout=30, allow_nonstandard_methods=True)
         except HTTPClientError as e:
-            message = e.message
-            if e.response is not None and e.response.body:
-                try:
-                    message = json.loads(e.response.body).get("message", message)
-                except ValueError:
-                    pass
-            raise web.HTTPError(e.code if e.code < 500 else 503, f"GPU allocation failed: {message}") from None
+            if e.response is None or e.code == 599:
+                raise web.HTTPError(503, f"the Danlu jobs service did not answer to allocate GPUs ({e.message}); "
+                                         "try again") from None
+            error = error_from(e.code, e.response.body, "Danlu jobs service")
+            raise web.HTTPError(error.status if error.status < 500 else 503, f"GPU allocation failed: {error}") \
+                from None
         except OSError as e:
             raise web.HTTPError(503, f"the Danlu jobs service is not reachable to allocate GPUs ({e}); try again") \
                 from None
@@ -202,7 +203,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
         env["MLFLOW_TRACKING_TOKEN"] = self.api_token or ""
         profile = getattr(self, "profile", None)
         if profile is not None:
-            env["DANLU_PROFILE"] = profile.slug
+            env[names.PROFILE] = profile.slug
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in getattr(self, "devices", []))
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the ledger's indices are nvidia-smi's (PCI) order
         return env

@@ -24,6 +24,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from danlu import env as names
+
 ROOT = Path(__file__).resolve().parents[1]  # the source checkout (hub/..)
 
 
@@ -35,7 +37,7 @@ def free_port() -> int:
 
 class Workbench:
     def __init__(self, tmp: Path, config: dict | None = None, profiles: dict | None = None,
-                 extra_env: dict | None = None):
+                 extra_env: dict | None = None, python: str | None = None):
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.state = self.tmp / "state"
@@ -54,16 +56,17 @@ class Workbench:
         self.config_file = self.tmp / "danlu.yaml"
         self.config_file.write_text(yaml.safe_dump(config))
         self.extra_env = extra_env or {}
+        self.python = python or sys.executable  # another installation of Danlu may run the workbench
         self.proc: subprocess.Popen | None = None
         self.log_path = self.tmp / "danlu-up.log"
 
     # life -----------------------------------------------------------------------
     def start(self, timeout: float = 240) -> "Workbench":
-        env = {**os.environ, "DANLU_ADMIN_TOKEN": self.admin_token, "PYTHONUNBUFFERED": "1", **self.extra_env}
+        env = {**os.environ, names.ADMIN_TOKEN: self.admin_token, "PYTHONUNBUFFERED": "1", **self.extra_env}
         env.pop("JUPYTERHUB_API_TOKEN", None)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "danlu", "up", "--config", str(self.config_file), "--state-dir", str(self.state),
+            [self.python, "-m", "danlu.hub", "up", "--config", str(self.config_file), "--state-dir", str(self.state),
              "--port", str(self.port), "--quiet-hub"],
             cwd=str(ROOT), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -83,7 +86,7 @@ class Workbench:
         found = []
         for proc in psutil.process_iter():
             try:
-                if proc.environ().get("DANLU_INSTANCE") == self.info["instance"] and \
+                if proc.environ().get(names.INSTANCE) == self.info["instance"] and \
                         proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
             except (psutil.Error, OSError):

@@ -18,7 +18,6 @@ package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -32,12 +31,16 @@ def load_ipython_extension(ipython) -> None:
 
 
 def in_job() -> bool:
-    return bool(os.environ.get("DANLU_JOB_ID"))
+    from danlu import env
+
+    return bool(env.JOB_ID.get())
 
 
 def checkpoint_dir() -> Path:
     """Where a job saves checkpoints (``$DANLU_CHECKPOINT_DIR``); kept across its attempts."""
-    path = Path(os.environ.get("DANLU_CHECKPOINT_DIR") or "checkpoints")
+    from danlu import env
+
+    path = Path(env.CHECKPOINT_DIR.get("checkpoints"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -30,6 +30,8 @@ import threading
 import weakref
 from pathlib import Path
 
+from danlu import env
+
 #: top-level modules whose import turns on mlflow.autolog (mlflow's LIBRARY_TO_AUTOLOG_MODULE)
 AUTOLOG_FRAMEWORKS = frozenset({
     "tensorflow", "keras", "xgboost", "lightgbm", "statsmodels", "sklearn", "pyspark",
@@ -46,7 +48,7 @@ def rank() -> int:
 
 
 def _jobdir() -> Path | None:
-    value = os.environ.get("DANLU_JOB_DIR")
+    value = env.JOB_DIR.get()
     return Path(value) if value else None
 
 

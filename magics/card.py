@@ -3,8 +3,9 @@
 A background thread polls the jobs service (the job every second, the last log
 lines with it) and updates the widgets until the job ends; interrupting the
 kernel stops nothing. The card shows the state, the queue position and why the
-job waits, the elapsed time, the last log lines, links to the output notebook
-and the MLflow run, and a Cancel button.
+job waits, the elapsed time, how its MLflow tracking went when something was
+lost (dropped points, the runner's notes), the last log lines, links to the
+output notebook and the MLflow run, and a Cancel button.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def summary_html(job: dict) -> str:
         parts.append(f"{job['elapsed_seconds']:.0f} s")
     resources = job.get("resources", {})
     parts.append(f"{resources.get('nproc', 1)} proc, {resources.get('gpus', 0)} GPU · {html.escape(job['profile'])}")
+    tracking = job.get("tracking") or {}
+    if tracking.get("state") == "degraded":
+        dropped = tracking.get("points_dropped") or 0
+        detail = "; ".join(str(n) for n in (tracking.get("notes") or [])[:3])
+        parts.append('<span style="color:#8a6d00">MLflow: '
+                     + (f"{dropped} metric point(s) not recorded" if dropped else "see notes")
+                     + (f" ({html.escape(detail)})" if detail else "") + "</span>")
+    elif tracking.get("state") == "none" and state in FINAL:
+        parts.append('<span style="color:#8a6d00">no MLflow run</span>')
     links = []
     if job.get("output_url") and state in FINAL | {"running"}:
         links.append(f'<a href="{html.escape(job["output_url"])}?format=html" target="_blank">output notebook</a>')

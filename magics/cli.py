@@ -1,9 +1,11 @@
-"""The ``danlu`` command.
+"""The ``danlu`` command's client side: jobs, queues, audit, usage, profiles.
 
-``danlu up`` starts the workbench (:mod:`danlu.hub.app`). The other commands
-only translate arguments into one call of the jobs service's REST API (through
-:class:`~danlu.client.DanluClient`, with ``$DANLU_URL`` and
+Each command only translates arguments into one call of the jobs service's
+REST API (through :class:`~danlu.client.DanluClient`, with ``$DANLU_URL`` and
 ``$JUPYTERHUB_API_TOKEN``); a mistake prints one clear line and exits with 2.
+The commands that run beside the hub (``danlu up``, ``danlu kueue render``)
+are added by :mod:`danlu.hub.cli`, which is what the ``danlu`` script runs, so
+this side never imports the hub's.
 """
 
 from __future__ import annotations
@@ -106,6 +108,14 @@ def cmd_show(args) -> int:
         if job.get(key) not in (None, ""):
             print(f"{key:>15}: {job[key]}")
     print(f"{'resources':>15}: {job['resources']['nproc']} process(es), {job['resources']['gpus']} GPU(s)")
+    tracking = job.get("tracking") or {}
+    if tracking:
+        line = f"{tracking.get('state')}, {tracking.get('points_sent', 0)} metric points"
+        if tracking.get("points_dropped"):
+            line += f", {tracking['points_dropped']} dropped"
+        print(f"{'tracking':>15}: {line}")
+        for note in tracking.get("notes") or []:
+            print(f"{'':>15}  {note}")
     for attempt in job["attempts"]:
         print(f"{'attempt ' + str(attempt['number']):>15}: {attempt['state']} {attempt.get('reason') or ''}")
     return 0
@@ -231,15 +241,6 @@ def cmd_usage(args) -> int:
     return 0
 
 
-def cmd_kueue(args) -> int:
-    from danlu.hub import gpus, kueue
-    from danlu.hub.config import load_settings
-
-    settings = load_settings(args.config)
-    print(kueue.to_yaml(kueue.render(settings, gpus.inventory(settings.gpus), namespace=args.namespace)), end="")
-    return 0
-
-
 def cmd_profiles(args) -> int:
     data = _client(args).profiles()
     for p in data["profiles"]:
@@ -251,8 +252,7 @@ def cmd_profiles(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="danlu", description="Danlu research workbench.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    up = sub.add_parser("up", help="start the workbench (JupyterHub, jobs service, MLflow)", add_help=False)
-    up.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.commands = sub  # danlu.hub.cli adds the hub-side commands here
 
     def client_args(p):
         p.add_argument("--url", help="workbench URL (default $DANLU_URL or http://127.0.0.1:8000)")
@@ -334,24 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
     us.set_defaults(func=cmd_usage)
     for p in (qs, dr, au, us):
         client_args(p)
-    kq = sub.add_parser("kueue", help="render danlu.yaml's teams as Kueue objects (YAML)")
-    kq.add_argument("what", choices=["render"])
-    kq.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
-    kq.add_argument("--namespace", default="danlu")
-    kq.set_defaults(func=cmd_kueue)
     pr = sub.add_parser("profiles", help="profiles you may use")
     client_args(pr)
     pr.set_defaults(func=cmd_profiles)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["up"]:
-        from danlu.hub.app import main as up
-
-        return up(argv[1:])
-    parser = build_parser()
+    parser = parser or build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

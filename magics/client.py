@@ -3,18 +3,22 @@
 It finds the workbench from ``$DANLU_URL`` (set in every Danlu server; the
 hub's base URL) and authenticates with ``$DANLU_TOKEN`` if set, else
 ``$JUPYTERHUB_API_TOKEN`` (set in every server). API errors come back as the matching
-:class:`~danlu.errors.DanluError` with the server's message, and an
-unreachable service as :class:`~danlu.errors.Unreachable` that says what to
-check.
+:class:`~danlu.errors.DanluError` with the server's message (:func:`error_from`,
+the one parser of the service's error bodies, which the lab extension's server
+part and the spawner use too), and an unreachable service as
+:class:`~danlu.errors.Unreachable` that says what to check. The job runner uses
+the same client for the runner API, with its attempt's token.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
 import requests
 
+from danlu import env
 from danlu.errors import (
     Conflict,
     DanluError,
@@ -25,62 +29,80 @@ from danlu.errors import (
     UsageError,
     ValidationError,
 )
+from danlu.states import FINAL
 
-#: job states after which nothing changes (the jobs service's states.FINAL, for clients)
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+#: job states after which nothing changes (for clients; the service's vocabulary, danlu.states)
+FINAL_STATES = frozenset(state.value for state in FINAL)
 
-_BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 422: ValidationError}
+_BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 413: UsageError, 422: ValidationError}
+
+
+def error_from(status: int, body: bytes | str | None, service: str = "Danlu jobs service") -> DanluError:
+    """The :class:`~danlu.errors.DanluError` an error response of a Danlu service means, for any client.
+
+    The one parser of the service's error bodies (``{"status", "reason", "message", "field"}``),
+    used by this client (the magic and the CLI), the lab extension's server part and the spawner.
+    A 4xx keeps its status, reason, message and field; a 5xx becomes a 502 that names the service.
+    """
+    message = reason = field = None
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        message = data.get("message") if isinstance(data.get("message"), str) else None
+        reason = data.get("reason") if isinstance(data.get("reason"), str) else None
+        field = data.get("field") if isinstance(data.get("field"), str) else None
+    if message is None:
+        message = (body or "").strip()[:300] or f"HTTP {status}"
+    if status >= 500:
+        return DanluError(f"the {service} failed: {message}", status=502, reason="upstream_error")
+    if status == 401:
+        return DanluError(f"{message} (no valid token: set JUPYTERHUB_API_TOKEN or {env.TOKEN})", status=401,
+                          reason=reason or "unauthenticated")
+    cls = _BY_STATUS.get(status, DanluError)
+    if status == 403 and reason and reason not in ("forbidden", "token_rejected", "not_admin"):
+        cls = PolicyError
+    return cls(message, reason=reason, field=field, status=status)
 
 
 def default_url() -> str:
-    return (os.environ.get("DANLU_URL") or "http://127.0.0.1:8000").rstrip("/")
+    return env.URL.get("http://127.0.0.1:8000").rstrip("/")
 
 
 def default_token() -> str | None:
-    return os.environ.get("DANLU_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
+    return env.TOKEN.get() or os.environ.get("JUPYTERHUB_API_TOKEN")
 
 
 class DanluClient:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+    """The jobs API over HTTP: ``url`` is the workbench (the hub's base URL), or, with ``api``, the API itself."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, *,
+                 api: str | None = None, scheme: str = "token"):
         self.url = (url or default_url()).rstrip("/")
+        self.api = (api or f"{self.url}/services/danlu/api/v1").rstrip("/")
         self.token = token or default_token()
         self.timeout = timeout
         self.session = requests.Session()
         if self.token:
-            self.session.headers["Authorization"] = f"token {self.token}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.url}/services/danlu/api/v1"
-
-    def _error(self, response: requests.Response) -> DanluError:
-        try:
-            body = response.json()
-            message, reason, field = body.get("message"), body.get("reason"), body.get("field")
-        except ValueError:
-            message, reason, field = response.text.strip()[:300] or response.reason, None, None
-        if response.status_code == 401:
-            return DanluError(f"{message} (no valid token: set JUPYTERHUB_API_TOKEN or DANLU_TOKEN)", status=401,
-                              reason=reason or "unauthenticated")
-        cls = _BY_STATUS.get(response.status_code, DanluError)
-        if response.status_code == 403 and reason and reason not in ("forbidden", "token_rejected", "not_admin"):
-            cls = PolicyError
-        return cls(message, reason=reason, field=field, status=response.status_code)
+            self.session.headers["Authorization"] = f"{scheme} {self.token}"
 
     def request(self, method: str, path: str, *, json=None, params=None, stream: bool = False,
-                timeout: float | None = None) -> requests.Response:
+                timeout: float | tuple | None = None) -> requests.Response:
         if not self.token:
-            raise UsageError("no API token: set JUPYTERHUB_API_TOKEN (inside a Danlu server it is set) or DANLU_TOKEN")
+            raise UsageError(f"no API token: set JUPYTERHUB_API_TOKEN (inside a Danlu server it is set) or {env.TOKEN}")
         try:
             response = self.session.request(method, f"{self.api}{path}", json=json, params=params, stream=stream,
                                             timeout=timeout or self.timeout)
         except requests.ConnectionError:
             raise Unreachable(f"cannot reach the Danlu jobs service at {self.url}",
-                              fix="is 'danlu up' running there? set DANLU_URL to the workbench's address") from None
+                              fix=f"is 'danlu up' running there? set {env.URL} to the workbench's address") from None
         except requests.Timeout:
             raise Unreachable(f"the Danlu jobs service at {self.url} did not answer in time") from None
         if response.status_code >= 400:
-            raise self._error(response)
+            raise error_from(response.status_code, response.content)
         return response
 
     # endpoints ------------------------------------------------------------------
@@ -104,8 +126,9 @@ class DanluClient:
             params["tail"] = str(tail)
         if offset is not None:
             params["offset"] = str(offset)
+        # a followed log may be quiet for as long as the job computes: no read timeout then
         response = self.request("GET", f"/jobs/{job_id}/logs", params=params, stream=True,
-                                timeout=None if follow else self.timeout)
+                                timeout=(self.timeout, None) if follow else self.timeout)
         response.encoding = "utf-8"
         try:
             yield from response.iter_content(chunk_size=None, decode_unicode=True)

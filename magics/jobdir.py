@@ -1,21 +1,29 @@
-"""A job's directory: the only thing the jobs service and a job runner share.
+"""A job's working folder, as the job's own processes use it.
 
-The service writes ``job.json`` (the spec) and ``input.ipynb``; the runner
-writes ``runner.json`` (its pid), ``run.json`` (the MLflow run id), ``job.log``,
-``output.ipynb``, ``ranks/rank-N.ipynb``, TensorBoard event files under
-``tensorboard/`` and, as its very last act, ``status.json``. Every JSON file is
-written atomically (temp file + rename), so a reader never sees half a file and
-a job's outcome survives the service being killed at any moment.
+The runner and its ranks write here: ``input.ipynb`` (the notebook the
+service sent), ``job.json`` (the spec, for the ranks of a torchrun job),
+``job.log``, ``output.ipynb``, ``ranks/rank-N.ipynb`` and their status files,
+TensorBoard event files under ``tensorboard/``, checkpoints, and ``stop``
+(the runner telling its ranks why they got SIGTERM). All of it belongs to
+the job: the jobs service never reads any of it as truth. It learns what it
+needs from the runner's reports to its runner API, and reads only the log and
+the output notebooks, through a backend that refuses links and FIFOs
+(:mod:`danlu.hub.backends.files`). Every JSON file here is written atomically
+(temp file + rename).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+MAX_JSON = 16 * 1024 * 1024
 
 
 def write_json_atomic(path: Path, data: Any, mode: int = 0o600) -> None:
@@ -37,23 +45,25 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o600) -> None:
 
 
 def read_json(path: Path) -> Any | None:
+    """A JSON file of the job's own (a plain file, at most 16 MiB), or None."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
-    except json.JSONDecodeError:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return json.loads(f.read(MAX_JSON + 1)[:MAX_JSON])
+    except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
 class JobDir:
     path: Path
-
-    @classmethod
-    def create(cls, root: Path, job_id: str) -> "JobDir":
-        path = Path(root) / job_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return cls(path)
 
     # files -----------------------------------------------------------------
     @property
@@ -71,21 +81,16 @@ class JobDir:
     def rank_notebook(self, rank: int) -> Path:
         return self.output_notebook if rank == 0 else self.path / "ranks" / f"rank-{rank}.ipynb"
 
+    def rank_status(self, rank: int) -> Path:
+        return self.path / "ranks" / f"rank-{rank}.status.json"
+
     @property
     def log_file(self) -> Path:
         return self.path / "job.log"
 
     @property
-    def status_file(self) -> Path:
-        return self.path / "status.json"
-
-    @property
-    def runner_file(self) -> Path:
-        return self.path / "runner.json"
-
-    @property
-    def run_file(self) -> Path:
-        return self.path / "run.json"
+    def stop_file(self) -> Path:
+        return self.path / "stop"
 
     @property
     def tensorboard_dir(self) -> Path:
@@ -100,25 +105,20 @@ class JobDir:
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints"
 
-    # reading and writing -----------------------------------------------------
-    def spec(self) -> dict:
-        data = read_json(self.spec_file)
-        if data is None:
-            raise FileNotFoundError(f"{self.spec_file} is missing or unreadable")
-        return data
+    # the stop marker (runner -> ranks) -----------------------------------------------
+    def write_stop(self, reason: str, grace: float) -> None:
+        write_json_atomic(self.stop_file, {"reason": reason, "grace": grace})
 
-    def write_spec(self, spec: dict) -> None:
-        write_json_atomic(self.spec_file, spec)
-
-    def status(self) -> dict | None:
-        return read_json(self.status_file)
-
-    def write_status(self, state: str, reason: str = "", **extra: Any) -> None:
-        write_json_atomic(self.status_file, {"state": state, "reason": reason, **extra})
-
-    def runner(self) -> dict | None:
-        return read_json(self.runner_file)
-
-    def run_id(self) -> str | None:
-        data = read_json(self.run_file)
-        return data.get("run_id") if data else None
+    def stop_reason(self, wait: float = 0.0) -> tuple[str, float] | None:
+        """Why the runner says the job is being stopped, waiting up to ``wait`` seconds for it to say."""
+        deadline = time.monotonic() + wait
+        while True:
+            data = read_json(self.stop_file)
+            if isinstance(data, dict) and isinstance(data.get("reason"), str):
+                try:
+                    return data["reason"], float(data.get("grace") or 0.0)
+                except (TypeError, ValueError):
+                    return data["reason"], 0.0
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)

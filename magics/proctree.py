@@ -3,8 +3,10 @@
 A job's processes are not one process group: Jupyter kernels start in their
 own session, torchrun starts workers, user code may start anything. A process
 belongs to a job if it descends from the job's runner or if its environment
-carries the job's marker (``DANLU_JOB_ID=<id>``), which every descendant
-inherits even after being re-parented. :func:`kill_matching` sends SIGTERM,
+carries one of the job's markers (``DANLU_JOB_ID=<id>``, or the runner's own
+``DANLU_RUNNER_ID``, which its kernels carry from their start), which every
+descendant inherits even after being re-parented. In unix-accounts mode only
+processes of the job's own account are considered. :func:`kill_matching` sends SIGTERM,
 waits the grace period, sends SIGKILL, and scans again until nothing matches,
 so processes forked during the shutdown are caught too.
 """
@@ -52,9 +54,19 @@ def alive(pid: int | None, create_time: float | None = None) -> bool:
         return False
 
 
+def _markers(env) -> list[dict]:
+    if not env:
+        return []
+    return [env] if isinstance(env, dict) else [m for m in env if m]
+
+
 def matching(root_pid: int | None = None, root_create_time: float | None = None,
-             env: dict[str, str] | None = None) -> list[psutil.Process]:
-    """Processes descending from ``root_pid`` or carrying every ``env`` item."""
+             env: dict[str, str] | list[dict[str, str]] | None = None, uid: int | None = None) -> list[psutil.Process]:
+    """Processes descending from ``root_pid`` or carrying every item of one of the ``env`` markers.
+
+    With ``uid``, only processes whose real user id is ``uid``: a marker is an environment
+    variable, which anyone can set, so a job's marker never reaches another account's processes.
+    """
     found: dict[int, psutil.Process] = {}
     protected = _protected()
     if root_pid and alive(root_pid, root_create_time):
@@ -64,14 +76,24 @@ def matching(root_pid: int | None = None, root_create_time: float | None = None,
                 found[proc.pid] = proc
         except psutil.Error:
             pass
-    if env:
+    markers = _markers(env)
+    if markers:
         for proc in psutil.process_iter():
             if proc.pid in found or proc.pid in protected:
                 continue
             environ = _environ(proc)
-            if environ and all(environ.get(k) == v for k, v in env.items()):
+            if environ and any(all(environ.get(k) == v for k, v in m.items()) for m in markers):
                 found[proc.pid] = proc
-    return [p for pid, p in found.items() if pid not in protected]
+    return [p for pid, p in found.items() if pid not in protected and _owned_by(p, uid)]
+
+
+def _owned_by(proc: psutil.Process, uid: int | None) -> bool:
+    if uid is None:
+        return True
+    try:
+        return proc.uids().real == uid
+    except psutil.Error:
+        return False
 
 
 def _signal_all(procs, sig) -> None:
@@ -85,11 +107,12 @@ def _signal_all(procs, sig) -> None:
 
 
 def kill_matching(root_pid: int | None = None, root_create_time: float | None = None,
-                  env: dict[str, str] | None = None, grace: float = 10.0, rounds: int = 5) -> int:
+                  env: dict[str, str] | list[dict[str, str]] | None = None, grace: float = 10.0, rounds: int = 5,
+                  uid: int | None = None) -> int:
     """SIGTERM, wait ``grace`` seconds, SIGKILL; repeat until no process matches. Returns how many ended."""
     ended: set[int] = set()
     for round_ in range(rounds):
-        procs = matching(root_pid, root_create_time, env)
+        procs = matching(root_pid, root_create_time, env, uid)
         if not procs:
             break
         ended.update(p.pid for p in procs)

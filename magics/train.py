@@ -37,6 +37,7 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from danlu import env
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 
@@ -152,7 +153,7 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
         raise UsageError(f"--gpus must be 0 or more, got {gpus}")
     params = params or {}
     place = where_am_i()
-    kernel = f"danlu-{profile or os.environ.get('DANLU_PROFILE', 'python')}"  # the service sets the real one
+    kernel = f"danlu-{profile or env.PROFILE.get('python')}"  # the service sets the real one
     nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
     resources = {"nproc": nproc, "gpus": gpus}
     resources.update({k: v for k, v in (("gpu_type", gpu_type), ("cpu", cpu), ("memory", memory)) if v is not None})
@@ -165,7 +166,7 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
             "notebook_path": place["notebook_path"], "cell_id": cell_id, "git_commit": place["git_commit"],
             "included_cells": list(setup.cells)}.items() if v is not None},
     }
-    for key, value in (("profile", profile or os.environ.get("DANLU_PROFILE")), ("queue", queue), ("name", name),
+    for key, value in (("profile", profile or env.PROFILE.get()), ("queue", queue), ("name", name),
                        ("experiment", experiment), ("priority", priority), ("retries", retries),
                        ("timeout_seconds", timeout)):
         if value is not None and value != "":

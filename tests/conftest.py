@@ -35,10 +35,15 @@ POSTGRES_URL = os.environ.get("DANLU_TEST_POSTGRES_URL")
 
 
 def reset_postgres(url: str) -> None:
-    from danlu.hub.service.models import Base, make_engine
+    """Drop every table, Alembic's revision table included, so danlu up creates the schema afresh."""
+    from sqlalchemy import MetaData
+
+    from danlu.hub.service.models import make_engine
 
     engine = make_engine(url)
-    Base.metadata.drop_all(engine)
+    found = MetaData()
+    found.reflect(engine)
+    found.drop_all(engine)
     engine.dispose()
 
 

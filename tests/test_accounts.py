@@ -93,3 +93,24 @@ def test_servers_and_jobs_run_as_each_users_account():
         for user in users:
             subprocess.run(["userdel", "-r", user], check=False, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("auth, euid, warns", [
+    ({"type": "pam"}, 1000, None),  # PAM without root: only the account running danlu up can log in
+    ({"type": "dummy"}, 1000, "any user can read and change every other user's files"),
+    ({"type": "shared-password", "user_password": "x" * 8}, 1000, "any user can read and change"),
+    ({"type": "pam"}, 0, "every user's code runs as root"),
+])
+def test_the_banner_says_who_can_do_what(monkeypatch, tmp_path, auth, euid, warns):
+    from danlu.hub.app import DanluUp
+    from danlu.hub.config import Settings
+
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    settings = Settings(data={"auth": auth, "users": {"unix_accounts": "off"}, "state_dir": str(tmp_path)})
+    lines = DanluUp.isolation(settings)
+    assert lines[0].startswith("servers and jobs run as ")
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert (warnings and warns in warnings[0]) if warns else not warnings
+    on = Settings(data={"users": {"unix_accounts": "on"}})
+    assert DanluUp.isolation(on) == ["servers and jobs run as each user's Unix account: the file system keeps "
+                                     "users apart (docs/security.md)"]

@@ -20,7 +20,10 @@ def test_complete_backend_can_be_defined():
         async def cancel(self, job_id, state, grace):
             return None
 
-        def log_path(self, job_id):
+        async def read_log(self, job_id, state, offset, limit):
+            return b"", 0
+
+        async def read_output(self, job_id, state, rank, offset, limit):
             return None
 
     assert issubclass(CompleteBackend, Backend)
@@ -32,11 +35,11 @@ def test_missing_methods_are_named_at_class_definition():
             async def start(self, job):
                 return {}
 
-    assert str(info.value) == "StartOnlyBackend must implement poll, cancel, log_path to be a Danlu backend"
+    assert str(info.value) == "StartOnlyBackend must implement poll, cancel, read_log, read_output to be a Danlu backend"
 
 
 def test_empty_backend_names_every_required_method():
-    with pytest.raises(TypeError, match="EmptyBackend must implement start, poll, cancel, log_path"):
+    with pytest.raises(TypeError, match="EmptyBackend must implement start, poll, cancel, read_log, read_output"):
         class EmptyBackend(Backend):
             pass
 
@@ -55,16 +58,15 @@ def test_blocking_start_is_refused_at_class_definition():
             def start(self, job):
                 return {}
 
-            poll = cancel = coroutine_method
-            log_path = plain_method
+            poll = cancel = read_log = read_output = coroutine_method
 
     assert str(info.value) == "BlockingBackend.start must be async"
 
 
-@pytest.mark.parametrize("method", ["poll", "cancel", "wait"])
+@pytest.mark.parametrize("method", ["poll", "cancel", "wait", "cleanup", "read_log", "read_output"])
 def test_other_lifecycle_methods_must_be_async(method):
     namespace = {"start": coroutine_method, "poll": coroutine_method, "cancel": coroutine_method,
-                 "log_path": plain_method, method: plain_method}
+                 "read_log": coroutine_method, "read_output": coroutine_method, method: plain_method}
 
     with pytest.raises(TypeError) as info:
         type("BlockingBackend", (Backend,), namespace)

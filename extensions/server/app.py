@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, List, Unicode, default
 
+from danlu import env
 from danlu.lab.handlers import ROUTES
 from danlu.lab.tensorboard import ROUTES as TENSORBOARD_ROUTES
 from danlu.lab.tensorboard import TensorBoardManager
@@ -57,7 +58,7 @@ class DanluLab(ExtensionApp):
 
     @default("jobs_api_url")
     def _jobs_api_url(self):
-        return f"{os.environ.get('DANLU_URL', 'http://127.0.0.1:8000').rstrip('/')}/services/danlu/api/v1"
+        return f"{env.URL.get('http://127.0.0.1:8000').rstrip('/')}/services/danlu/api/v1"
 
     @default("jobs_api_token")
     def _jobs_api_token(self):

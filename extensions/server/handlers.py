@@ -21,13 +21,14 @@ from jupyter_server.utils import ensure_async
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from danlu import tags
 from danlu.errors import Conflict, DanluError, NotFound, UsageError
 
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 MLFLOW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # run and experiment ids (uuid hex, or numbers)
 MAX_IDS = 50
 MAX_RUNS = 5000
-USER_TAG, JOB_TAG = "danlu.user", "danlu.job_id"
+USER_TAG, JOB_TAG = tags.USER, tags.JOB_ID
 
 
 def check_id(value, field: str, pattern: re.Pattern = MLFLOW_ID, what: str = "an id") -> str:

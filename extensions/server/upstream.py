@@ -4,7 +4,8 @@ Every call carries a token this server was given at spawn ($JUPYTERHUB_API_TOKEN
 $MLFLOW_TRACKING_TOKEN); the browser never sees one. :class:`Upstream` turns
 what can go wrong into :class:`~danlu.errors.DanluError` with the status the
 handlers answer: an unreachable service is a 503 that names it, an upstream
-4xx keeps its status and message, an upstream 5xx is a 502.
+4xx keeps its status, reason, message and field, an upstream 5xx is a 502
+(:func:`danlu.client.error_from`, shared with the magic, the CLI and the spawner).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.simple_httpclient import SimpleAsyncHTTPClient
 from tornado.tcpclient import TCPClient
 
+from danlu.client import error_from
 from danlu.errors import DanluError, Unreachable
 
 
@@ -62,17 +64,9 @@ class Upstream:
                            request_timeout=timeout or self.timeout, connect_timeout=10, **kwargs)
 
     def error(self, e: Exception) -> DanluError:
-        """What a failed call means for the caller."""
+        """What a failed call means for the caller (the one parser of Danlu's error bodies: error_from)."""
         if isinstance(e, HTTPClientError) and e.response is not None and e.code != 599:
-            message = e.message
-            try:
-                body = json.loads(e.response.body)
-                message = body.get("message") or message
-            except (ValueError, TypeError, AttributeError):
-                pass
-            if e.code >= 500:
-                return DanluError(f"the {self.name} failed: {message}", status=502, reason="upstream_error")
-            return DanluError(message, status=e.code, reason="upstream_refused" if e.code == 403 else None)
+            return error_from(e.code, e.response.body or e.message, self.name)
         if isinstance(e, HTTPClientError):  # 599: timed out or the connection dropped
             return Unreachable(f"the {self.name} did not answer in time ({e.message})", reason="upstream_timeout")
         return Unreachable(f"the {self.name} is not reachable at {self.url} ({e})",

@@ -1,47 +1,94 @@
-"""The backend contract: where admitted jobs run.
+"""The backend contract: the only way the jobs service touches a running job.
 
-A backend is a small contract, checked when a subclass is defined (as
-JupyterHub's ``Spawner.__init_subclass__`` does), not at the first call:
+A backend runs admitted attempts somewhere (local processes, Kubernetes pods)
+and answers for them. The service hands it a typed :class:`Launch` -- who,
+what kernel, how many processes, which devices, and how the runner reaches the
+service -- and never a host path: the runner fetches the rest of the job's
+spec (notebook, parameters, datasets, environment) from the service's runner
+API with the attempt's token, and reports there how the attempt went. So
+nothing a job can write changes what runs or as whom, and a pod that shares no
+folder with the service runs under the same contract.
 
-``start(job)``          start an admitted job; returns the state to persist
-``poll(job_id, state)`` None while it runs, else an :class:`Outcome`
-``wait(job_id, state)`` optional: return when it may have ended (push, not poll)
-``cancel(job_id, state, grace, reason)``  end it and every process it started
-                        (``reason``: cancelled, preempted or timed_out; the job sees SIGTERM,
-                        then SIGKILL after ``grace`` seconds)
-``log_path(job_id)``    where its log is
+``start(launch, record)``  start an attempt; calls ``record(state)`` with what it
+                           needs to find the attempt again *before* the attempt can
+                           run, then returns the final state to persist
+``wait(job_id, state)``    return when the attempt may have ended
+``poll(job_id, state)``    None while it runs, else an :class:`Outcome` of how its
+                           processes ended (the runner's own report, if any, is the
+                           service's business and wins)
+``cancel(job_id, state, grace, reason)``  end it (SIGTERM, then SIGKILL after
+                           ``grace`` seconds); ``reason`` is cancelled, preempted or
+                           timed_out, which the runner learns from the service
+``cleanup(job_id, state)`` after an attempt ended: end whatever of it is left
+                           (kernels and ranks of a runner that died)
+``read_log(job_id, state, offset, limit)``  a bounded chunk of the log, and its size
+``read_output(job_id, state, rank, offset, limit)``  likewise for rank N's notebook
 
-plus ``get_state``/``load_state`` hooks with which the service persists and
-restores what a backend needs to find a job again after a restart. Backends are
-chosen by name through the ``danlu.backends`` entry point group (see
-``danlu.hub.backends.backends``).
+plus ``get_state``/``load_state`` (persisted state after a restart) and
+``shutdown`` (idle resources; running jobs are left alone). A subclass that
+misses a required method, or defines a lifecycle method that is not a
+coroutine, is refused when it is defined, as JupyterHub's
+``Spawner.__init_subclass__`` does. Backends are chosen by name through the
+``danlu.backends`` entry point group (:data:`danlu.hub.backends.backends`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
-REQUIRED = ("start", "poll", "cancel", "log_path")
+REQUIRED = ("start", "poll", "cancel", "read_log", "read_output")
+ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output", "shutdown")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a backend needs to start one attempt of a job (the rest comes from the runner API)."""
+
+    job_id: str
+    attempt: int
+    owner: str
+    kernel_name: str
+    nproc: int = 1
+    devices: tuple[int, ...] = ()
+    #: the Unix account the attempt runs as (danlu.hub.accounts.Account), or None: the service's own
+    run_as: Any = None
+    #: the runner API (``.../api/v1``) and the attempt's token for it
+    api_url: str = ""
+    token: str = field(default="", repr=False)
+
+    def message(self) -> dict:
+        """The launch message a runner reads: where to fetch its spec and report, and with which token."""
+        return {"job_id": self.job_id, "attempt": self.attempt, "api": self.api_url, "token": self.token}
 
 
 @dataclass
 class Outcome:
     """How an attempt ended."""
 
-    state: str  # succeeded | failed | cancelled | lost
+    state: str  # succeeded | failed | cancelled | preempted | timed_out
     reason: str = ""
     exit_code: int | None = None
-    mlflow_run_id: str | None = None
     infrastructure: bool = False  # killed or lost, as opposed to an error in the user's code
+    #: not counted against the job's retries (the workbench or the service stopped under it)
+    interrupted: bool = False
     extra: dict = field(default_factory=dict)
 
 
+Record = Callable[[dict], Awaitable[None]]
+
+
+class FileRefused(Exception):
+    """A file of a job's folder that the service will not read (a link, a FIFO, someone else's, too big)."""
+
+
 class Backend(LoggingConfigurable):
-    """Base class of job backends; subclasses must implement every REQUIRED method."""
+    """Base class of job backends; subclasses implement every REQUIRED method, as coroutines."""
 
     name = "base"
 
@@ -50,28 +97,40 @@ class Backend(LoggingConfigurable):
         missing = [m for m in REQUIRED if getattr(cls, m) is getattr(Backend, m)]
         if missing:
             raise TypeError(f"{cls.__name__} must implement {', '.join(missing)} to be a Danlu backend")
-        for m in ("start", "poll", "cancel", "wait"):
+        for m in ASYNC:
             if getattr(cls, m) is not getattr(Backend, m, None) and not inspect.iscoroutinefunction(getattr(cls, m)):
                 raise TypeError(f"{cls.__name__}.{m} must be async")
 
-    async def start(self, job: dict) -> dict:
+    async def start(self, launch: Launch, record: Record) -> dict:
         raise NotImplementedError
 
     async def poll(self, job_id: str, state: dict) -> Outcome | None:
         raise NotImplementedError
 
     async def wait(self, job_id: str, state: dict) -> None:
-        """Return when the job may have ended; the default polls every second."""
-        import asyncio
-
+        """Return when the attempt may have ended; the default polls every second."""
         while await self.poll(job_id, state) is None:
             await asyncio.sleep(1.0)
 
     async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
         raise NotImplementedError
 
-    def log_path(self, job_id: str) -> Path:
+    async def cleanup(self, job_id: str, state: dict) -> None:
+        """End whatever of a finished attempt is left; the default has nothing to do."""
+
+    async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
+        """Up to ``limit`` bytes of the job's log from ``offset``, and the log's size now (0: none yet)."""
         raise NotImplementedError
+
+    async def read_output(self, job_id: str, state: dict, rank: int, offset: int,
+                          limit: int) -> tuple[bytes, int] | None:
+        """Up to ``limit`` bytes of rank ``rank``'s executed notebook from ``offset``, and its size;
+        None while there is none. Raises :class:`FileRefused` for a file it will not serve."""
+        raise NotImplementedError
+
+    def tensorboard_dir(self, job_id: str) -> str | None:
+        """Where a user's own server finds the job's TensorBoard files, if this backend has such a place."""
+        return None
 
     def get_state(self, job_id: str) -> dict:
         """Extra state to persist for a job (merged into what ``start`` returned)."""

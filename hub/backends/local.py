@@ -1,69 +1,43 @@
 """Run jobs as local processes, detached from the service so they outlive it.
 
-Each attempt is one runner process (``python -m danlu.runner JOBDIR``) in its
-own session, so killing the jobs service (even with SIGKILL) leaves it running;
-the runner records the outcome in the job directory and a restarted service
-picks it up from there. For speed the backend keeps *warm runners*: runner
-processes that have already imported papermill and MLflow and started a kernel
-of a profile, waiting on their stdin for a job directory. A single-process job
-is handed to a warm runner when one is ready (no interpreter start, no imports,
-no kernel start), else it starts cold. A warm runner whose service goes away
-sees end-of-file on stdin and exits with its kernel.
+Each attempt is one runner process (see :mod:`danlu.hub.backends.warm`) in
+its own session, so killing the jobs service (even with SIGKILL) leaves it
+running; the runner reports to the service's runner API and a restarted
+service picks the attempt up again from the pid it recorded. In unix-accounts
+mode runners start as the job's account (``user=``/``group=`` of the
+subprocess, not a ``preexec_fn``), with an environment built from an allow
+list: nothing of the service's own environment (its tokens, its secrets)
+reaches a job.
+
+The job's folder (``<jobs_root>/<id>``) is the job's: the backend creates it
+and hands it to the account, then only reads the log and the output notebooks
+from it, through :mod:`danlu.hub.backends.files`, which refuses links, FIFOs,
+hard links and other accounts' files. Reads happen on a small thread pool, off
+the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 from traitlets import Dict, Integer, Unicode
 
-from danlu import proctree
-from danlu.hub.accounts import Account, demote, give
-from danlu.hub.backends.base import Backend, Outcome
-from danlu.jobdir import JobDir, write_json_atomic
+from danlu import env, proctree
+from danlu.hub.backends.base import Backend, Launch, Outcome, Record
+from danlu.hub.backends.files import prepare_job_dir, read_job_file
+from danlu.hub.backends.warm import RunnerProcess, WarmPool, new_runner_id
+
+#: what a runner keeps of the service's own environment
+KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "TMPDIR")
 
 
-class WarmRunner:
-    """A started runner with a kernel, waiting for a job directory on stdin."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, kernel_name: str):
-        self.proc = proc
-        self.kernel_name = kernel_name
-        self.ready = asyncio.get_running_loop().create_future()
-        self.started = time.monotonic()
-
-    async def watch(self) -> None:
-        try:
-            line = await self.proc.stdout.readline()
-        except Exception:  # pragma: no cover - pipe torn down
-            line = b""
-        if not self.ready.done():
-            self.ready.set_result(line.strip() == b"ready")
-
-    @property
-    def usable(self) -> bool:
-        return self.ready.done() and self.ready.result() and self.proc.returncode is None
-
-    async def assign(self, jobdir: Path) -> None:
-        self.proc.stdin.write(f"{jobdir}\n".encode())
-        await self.proc.stdin.drain()
-        self.proc.stdin.close()
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.stdin.close()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 5)
-            except asyncio.TimeoutError:
-                proctree.kill_matching(self.proc.pid, grace=1)
+def output_path(rank: int) -> str:
+    return "output.ipynb" if rank == 0 else f"ranks/rank-{rank}.ipynb"
 
 
 class LocalBackend(Backend):
@@ -71,37 +45,49 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    jobs_root = Unicode(help="Folder holding one directory per job.").tag(config=True)
+    jobs_root = Unicode(help="Folder holding one folder per job (the service's; jobs own only their own).").tag(
+        config=True)
     warm_runners = Integer(1, help="Warm runners kept per kernel that jobs have used (0 disables).").tag(config=True)
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
-    runner_env = Dict(help="Extra environment for every runner (MLflow URI, JUPYTER_PATH, markers).").tag(config=True)
+    runner_env = Dict(help="Extra environment for every runner (JUPYTER_PATH, the workbench's marker).").tag(
+        config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._pool: dict[str, list[WarmRunner]] = {}
+        self.pool = WarmPool(self._spawn_runner, self.warm_runners)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._closing = False
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-files")
 
-    # warm pool ---------------------------------------------------------------
-    def _env(self, extra: dict | None = None) -> dict:
-        env = {**os.environ, **self.runner_env, **(extra or {})}
-        env.pop("JUPYTERHUB_API_TOKEN", None)  # the service's token never reaches user code
-        env.pop("JPY_API_TOKEN", None)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        return env
+    # processes -----------------------------------------------------------------------
+    def _env(self, account, runner_id: str, job_id: str | None) -> dict:
+        out = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+        out.update(self.runner_env)
+        if account is not None:
+            out.update({"HOME": account.home, "USER": account.name, "LOGNAME": account.name})
+        elif "HOME" in os.environ:
+            out["HOME"] = os.environ["HOME"]
+        out.update({"PYTHONUNBUFFERED": "1", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+                    env.RUNNER_ID: runner_id})
+        if job_id:
+            out[env.JOB_ID] = job_id
+        return out
 
-    async def _start_warm(self, kernel_name: str, account: Account | None) -> WarmRunner:
-        env = self._env({"HOME": account.home, "USER": account.name} if account else None)
+    async def _spawn_runner(self, kernel_name: str | None, account, job_id: str | None = None) -> RunnerProcess:
+        """A runner waiting for its launch message: warm (with a kernel) when ``kernel_name`` is given."""
+        runner_id = new_runner_id()
+        args = [self.python, "-m", "danlu.runner"] + (["--warm", kernel_name] if kernel_name else [])
+        ids = {}
+        if account is not None:
+            ids = {"user": account.uid, "group": account.gid,
+                   "extra_groups": os.getgrouplist(account.name, account.gid)}
         proc = await asyncio.create_subprocess_exec(
-            self.python, "-m", "danlu.runner", "--warm", kernel_name,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=account.home if account else self.jobs_root,
-            preexec_fn=demote(account) if account else None,
-        )
-        runner = WarmRunner(proc, kernel_name)
-        self._spawn(runner.watch())
+            *args, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE if kernel_name else asyncio.subprocess.DEVNULL,
+            start_new_session=True, env=self._env(account, runner_id, job_id), cwd=self.jobs_root, **ids)
+        runner = RunnerProcess(proc, runner_id, kernel_name, account.uid if account is not None else os.geteuid())
+        if kernel_name:
+            self._spawn(runner.watch())
         return runner
 
     def _spawn(self, coro) -> None:
@@ -109,119 +95,106 @@ class LocalBackend(Backend):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def warm(self, kernel_name: str, account: Account | None = None) -> None:
+    async def warm(self, kernel_name: str, account=None) -> None:
         """Top up the pool of warm runners for a kernel (and, with Unix accounts, a user)."""
-        if self._closing or self.warm_runners <= 0:
-            return
-        key = (kernel_name, account.uid if account else None)
-        pool = [r for r in self._pool.get(key, []) if r.proc.returncode is None]
-        while len(pool) < self.warm_runners:
-            pool.append(await self._start_warm(kernel_name, account))
-        self._pool[key] = pool
+        await self.pool.top_up(kernel_name, account)
 
-    def _take_warm(self, kernel_name: str, account: Account | None) -> WarmRunner | None:
-        pool = self._pool.get((kernel_name, account.uid if account else None), [])
-        for runner in pool:
-            if runner.usable:
-                pool.remove(runner)
-                return runner
-        return None
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
-    # contract ----------------------------------------------------------------
-    def jobdir(self, job_id: str) -> JobDir:
-        return JobDir(Path(self.jobs_root) / job_id)
-
-    def log_path(self, job_id: str) -> Path:
-        return self.jobdir(job_id).log_file
-
-    async def start(self, job: dict) -> dict:
-        jd = self.jobdir(job["id"])
-        run_as = jd.spec().get("run_as")
-        account = Account(**run_as) if run_as else None
-        for stale in (jd.status_file, jd.path / "stop"):  # left by an earlier attempt of a requeued job
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
-        write_json_atomic(jd.path / "attempt.json", {
-            "number": job["attempt"], "devices": job["devices"], "started_at": time.time()})
-        give(jd.path / "attempt.json", account)
-        jd.log_file.touch()
-        give(jd.log_file, account, 0o600)
-        kernel = job["kernel_name"]
-        runner = self._take_warm(kernel, account) if job["nproc"] == 1 else None
-        if runner is not None:
-            await runner.assign(jd.path)
-            proc = runner.proc
-            warm = True
-        else:
-            log = open(jd.log_file, "ab")
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    self.python, "-m", "danlu.runner", str(jd.path),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    start_new_session=True, env=self._env({"DANLU_JOB_ID": job["id"]}), cwd=str(jd.path),
-                    preexec_fn=demote(account) if account else None,
-                )
-            finally:
-                log.close()
-            warm = False
-        self._procs[job["id"]] = proc
-        self._spawn(self.warm(kernel, account))
+    # the contract --------------------------------------------------------------------------
+    async def start(self, launch: Launch, record: Record) -> dict:
+        account = launch.run_as
+        job_dir = await self._run(prepare_job_dir, Path(self.jobs_root), launch.job_id, account)
+        runner = self.pool.take(launch.kernel_name, account) if launch.nproc == 1 else None
+        if runner is None:
+            runner = await self._spawn_runner(None, account, launch.job_id)
         try:
-            create_time = psutil.Process(proc.pid).create_time()
+            create_time = psutil.Process(runner.proc.pid).create_time()
         except psutil.Error:
             create_time = None
-        self.log.info("job %s attempt %s started (pid %s, %s runner)", job["id"], job["attempt"], proc.pid,
-                      "warm" if warm else "cold")
-        return {"pid": proc.pid, "create_time": create_time, "warm": warm}
+        state = {"pid": runner.proc.pid, "create_time": create_time, "runner_id": runner.runner_id,
+                 "warm": runner.warm, "uid": runner.uid}
+        await record(state)  # from here on a restarted service finds this runner; before, it never ran
+        await runner.launch({**launch.message(), "job_dir": str(job_dir)})
+        self._procs[launch.job_id] = runner.proc
+        self._spawn(self.pool.top_up(launch.kernel_name, account))
+        self.log.info("job %s attempt %s started (pid %s, %s runner)", launch.job_id, launch.attempt,
+                      runner.proc.pid, "warm" if runner.warm else "cold")
+        return state
+
+    def _running(self, job_id: str, state: dict) -> bool:
+        proc = self._procs.get(job_id)
+        if proc is not None:
+            return proc.returncode is None
+        return proctree.alive(state.get("pid"), state.get("create_time"))
 
     async def poll(self, job_id: str, state: dict) -> Outcome | None:
-        jd = self.jobdir(job_id)
-        status = jd.status()
-        if status is None:
-            proc = self._procs.get(job_id)
-            running = (proc.returncode is None) if proc is not None else proctree.alive(
-                state.get("pid"), state.get("create_time"))
-            if running:
-                return None
-            status = jd.status()  # it may have written its status just before exiting
-        if status is None:
-            proc = self._procs.get(job_id)
-            code = proc.returncode if proc is not None else None
-            how = f"exit code {code}" if code is not None and code >= 0 else (
-                f"killed by signal {-code}" if code is not None else "gone")
-            return Outcome("failed", f"the job runner ended without reporting ({how}): killed or lost",
-                           exit_code=code, infrastructure=True)
-        self._procs.pop(job_id, None)
-        return Outcome(status["state"], status.get("reason", ""), status.get("exit_code"),
-                       mlflow_run_id=status.get("mlflow_run_id") or jd.run_id(),
-                       infrastructure=bool(status.get("infrastructure")))
+        if self._running(job_id, state):
+            return None
+        proc = self._procs.pop(job_id, None)
+        code = proc.returncode if proc is not None else None
+        how = f"exit code {code}" if code is not None and code >= 0 else (
+            f"killed by signal {-code}" if code is not None else "gone")
+        return Outcome("failed", f"the job runner ended without reporting ({how}): killed or lost",
+                       exit_code=code, infrastructure=True)
 
     async def wait(self, job_id: str, state: dict) -> None:
         proc = self._procs.get(job_id)
         if proc is not None:
             await proc.wait()
             return
-        while await self.poll(job_id, state) is None:
+        while self._running(job_id, state):
             await asyncio.sleep(0.5)
 
+    @staticmethod
+    def _markers(job_id: str, state: dict) -> list[dict]:
+        markers = [{env.JOB_ID: job_id}]
+        if state.get("runner_id"):
+            markers.append({env.RUNNER_ID: str(state["runner_id"])})
+        return markers
+
+    @staticmethod
+    def _uid(state: dict) -> int:
+        uid = state.get("uid")
+        return uid if isinstance(uid, int) and not isinstance(uid, bool) else os.geteuid()
+
     async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
-        jd = self.jobdir(job_id)
-        # the runner reports why it got SIGTERM, and lets the user's code use the grace period
-        (jd.path / "stop").write_text(json.dumps({"reason": reason, "grace": grace}))
-        await asyncio.get_running_loop().run_in_executor(
-            None, lambda: proctree.kill_matching(state.get("pid"), state.get("create_time"),
-                                                 {"DANLU_JOB_ID": job_id}, grace=grace))
-        proc = self._procs.pop(job_id, None)
+        # the runner asks the service why it got SIGTERM (the attempt's stop reason is recorded first)
+        pid, created = state.get("pid"), state.get("create_time")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        created = created if isinstance(created, (int, float)) and not isinstance(created, bool) else None
+        await self._run(lambda: proctree.kill_matching(pid, created, self._markers(job_id, state), grace=grace,
+                                                       uid=self._uid(state)))
+        proc = self._procs.get(job_id)
         if proc is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(proc.wait(), 5)
-        if jd.status() is None:
-            jd.write_status(reason, reason, exit_code=None)
+            except asyncio.TimeoutError:
+                pass
+
+    async def cleanup(self, job_id: str, state: dict) -> None:
+        """A runner that died leaves its kernels and ranks: they go now, before its GPUs are given back."""
+        left = await self._run(lambda: proctree.kill_matching(None, None, self._markers(job_id, state), grace=2,
+                                                              uid=self._uid(state)))
+        if left:
+            self.log.info("job %s: ended %d process(es) its runner left", job_id, left)
+
+    async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
+        got = await self._run(lambda: read_job_file(Path(self.jobs_root), job_id, "job.log", uid=self._uid(state),
+                                                    offset=offset, limit=limit))
+        return got if got is not None else (b"", 0)
+
+    async def read_output(self, job_id: str, state: dict, rank: int, offset: int,
+                          limit: int) -> tuple[bytes, int] | None:
+        return await self._run(lambda: read_job_file(Path(self.jobs_root), job_id, output_path(rank),
+                                                     uid=self._uid(state), offset=offset, limit=limit))
+
+    def tensorboard_dir(self, job_id: str) -> str | None:
+        return str(Path(self.jobs_root).absolute() / job_id / "tensorboard")
 
     async def shutdown(self) -> None:
-        self._closing = True
-        runners = [r for pool in self._pool.values() for r in pool]
-        self._pool.clear()
-        await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+        await self.pool.stop_all()
         for task in list(self._tasks):
             task.cancel()
+        self._io.shutdown(wait=False, cancel_futures=True)

@@ -4,18 +4,21 @@ JupyterHub starts it as a managed service (see :mod:`danlu.hub.hubconfig`) with
 ``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX`` and its API token in
 the environment, plus ``DANLU_CONFIG``/``DANLU_STATE_DIR``/``DANLU_BASE_DIR``
 so it reads the same danlu.yaml as ``danlu up``, and ``DANLU_MLFLOW_URL``, the
-loopback address of the MLflow server jobs log to. On start it re-attaches to
-jobs that were running (a SIGKILLed service loses nothing) and keeps warm
+loopback address of the MLflow server jobs log to. Only one runs per state
+folder (a lock file). On start it re-attaches to attempts that were running
+(a SIGKILLed service loses nothing) before it answers anyone, then keeps warm
 runners for the default profile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
 import sys
+import time
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -24,16 +27,37 @@ from tornado.httpserver import HTTPServer
 from traitlets import Instance, Integer, Unicode, default
 from traitlets.config import Application
 
-from danlu import __version__
-from danlu.errors import DanluError
+from danlu import __version__, env
+from danlu.errors import ConfigError, DanluError
 from danlu.hub import gpus as gpu_inventory
 from danlu.hub.backends import backends
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import builtin_profiles, load_profiles
-from danlu.hub.service import handlers
+from danlu.hub.service import db, handlers
 from danlu.hub.service.auth import GroupDirectory
-from danlu.hub.service.jobs import JobManager
+from danlu.hub.service.manager import JobManager
+from danlu.hub.service.mlflow_access import MlflowAccess
 from danlu.hub.service.models import make_sessionmaker
+from danlu.hub.service.web import MAX_BODY, NotFoundHandler
+
+
+def hold_lock(path, wait: float = 30.0):
+    """An exclusive lock on ``path`` held for this process's life; ConfigError if another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise ConfigError(f"another jobs service is running on {path.parent}",
+                                  fix="stop it first: one workbench per state folder") from None
+            time.sleep(0.5)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 class JobsServiceApp(Application):
@@ -56,7 +80,7 @@ class JobsServiceApp(Application):
 
     @default("mlflow_url")
     def _mlflow_url(self):
-        return os.environ.get("DANLU_MLFLOW_URL", "")
+        return env.MLFLOW_URL.get("")
 
     @default("service_url")
     def _service_url(self):
@@ -73,23 +97,23 @@ class JobsServiceApp(Application):
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         inventory = gpu_inventory.inventory(settings.gpus)
+        db.check(settings.jobs_database_url)  # danlu up upgrades it; the service never runs on an unknown schema
         sessions = make_sessionmaker(settings.jobs_database_url)
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = hold_lock(settings.state_dir / "jobs-service.lock")
         # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
         os.chmod(settings.jobs_dir, 0o711 if settings.unix_accounts else 0o700)
         backend_cls = backends.get(self.backend)
-        backend = backend_cls(
-            parent=self, jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
-            runner_env={"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter"),
-                        "MLFLOW_TRACKING_URI": self.mlflow_url, "DANLU_URL": settings.local_url,
-                        # a job must not hang on an unreachable MLflow: it runs on and keeps its events
-                        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
-                        **({"DANLU_INSTANCE": os.environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in os.environ
-                           else {})},
-        )
+        runner_env = {"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter")}
+        if env.INSTANCE.get():
+            runner_env[env.INSTANCE] = env.INSTANCE.get()
+        backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir),
+                              warm_runners=settings.jobs["warm_runners"], runner_env=runner_env)
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
+        service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
-                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log)
+                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log,
+                                  service_api=service_api, mlflow=MlflowAccess(self.mlflow_url))
         self.default_kernel = profiles.default.kernel_name
         self.manager.record_profiles(profiles)
 
@@ -98,7 +122,7 @@ class JobsServiceApp(Application):
         return web.Application(
             handlers.routes(prefix) + [
                 (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
-                (rf"{prefix.rstrip('/')}/.*", handlers.NotFoundHandler),
+                (rf"{prefix.rstrip('/')}/.*", NotFoundHandler),
             ],
             hub_auth=self.hub_auth, danlu_jobs=self.manager, cookie_secret=os.urandom(32),
             xsrf_cookies=False, log_function=self._log_request,
@@ -113,14 +137,14 @@ class JobsServiceApp(Application):
 
     async def run(self) -> None:
         url = urlparse(self.service_url)
-        server = HTTPServer(self.make_app(), max_body_size=handlers.MAX_BODY + 1024, xheaders=True)
-        server.listen(url.port, url.hostname)
-        self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await self.manager.recover()
+        await self.manager.recover()  # before anyone, runners included, is answered
+        server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
+        server.listen(url.port, url.hostname)
+        self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
         if not self.settings_.unix_accounts:  # with accounts, runners are warmed per user after their first job
             await self.manager.backend.warm(self.default_kernel)
         scheduler = asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))

@@ -64,7 +64,15 @@ class GroupDirectory:
                 url, headers={"Authorization": f"token {self.hub_auth.api_token}"}, request_timeout=10)
         except (HTTPClientError, OSError):
             return None
-        return json.loads(response.body)
+        try:
+            model = json.loads(response.body)
+        except ValueError:
+            return None
+        return model if isinstance(model, dict) else None
+
+    async def exists(self, username: str) -> bool:
+        """Whether the hub has a user of this name (False when the hub cannot say)."""
+        return await self.user(username) is not None
 
     async def groups_of(self, username: str, fallback=()) -> tuple[str, ...]:
         hit = self._cache.get(username)

@@ -2,7 +2,8 @@
 
 Queue depth and running jobs per queue, admissions, preemptions and finished
 jobs, the time jobs wait, GPUs allocated and nominal per team and flavor, and
-how long an admission pass takes. docs/grafana-dashboard.json charts them.
+how long an admission pass takes; log followers and the event loop's tasks
+(a leak shows as a count that only grows). docs/grafana-dashboard.json charts them.
 """
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+
+def _loop_tasks() -> float:
+    import asyncio
+
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # scraped outside the loop
+        return 0.0
 
 
 class Metrics:
@@ -25,6 +35,9 @@ class Metrics:
                               buckets=WAIT_BUCKETS, registry=r)
         self.gpus = Gauge("danlu_gpus_allocated", "GPUs held by jobs and servers.", ["team", "flavor"], registry=r)
         self.quota = Gauge("danlu_gpu_quota", "Nominal GPU quota.", ["team", "flavor"], registry=r)
+        self.followers = Gauge("danlu_log_followers", "Clients following a job's log.", registry=r)
+        self.tasks = Gauge("danlu_event_loop_tasks", "Tasks on the service's event loop.", registry=r)
+        self.tasks.set_function(_loop_tasks)
         self.cycle = Histogram("danlu_admission_cycle_seconds", "Time one admission pass takes.", registry=r,
                                buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5))
 

@@ -1,4 +1,4 @@
-"""One rank of a multi-process job: ``torchrun ... --module danlu.rank JOBDIR``.
+"""One rank of a multi-process job: ``torchrun ... --module danlu.runner.rank JOBDIR``.
 
 torchrun starts one of these per rank with ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` set; each starts its own kernel (which
@@ -7,20 +7,21 @@ in the cell just works), primes it like a single-process job and runs the
 notebook with papermill. Rank 0 writes ``output.ipynb``, rank N
 ``ranks/rank-N.ipynb``; each writes ``ranks/rank-N.status.json`` so the runner
 can tell an error in the user's code from a crash. Log lines carry a
-``[rank N]`` prefix.
+``[rank N]`` prefix. The spec comes from ``job.json``, which the job's runner
+wrote.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
-from danlu.jobdir import JobDir, write_json_atomic
-from danlu.runner import describe_error, job_env, let_kernel_finish, prime, start_kernel, stop_kernel, stop_reason
+from danlu.jobdir import JobDir, read_json, write_json_atomic
+from danlu.runner.base import describe_error
+from danlu.runner.kernels import job_env, let_kernel_finish, prime, start_kernel, stop_kernel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,19 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("urllib3", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("traitlets").setLevel(logging.ERROR)
-    spec = jd.spec()
-    attempt = json.loads((jd.path / "attempt.json").read_text())
-    env = job_env(jd, spec, attempt.get("devices", []), jd.run_id())
+    spec = read_json(jd.spec_file)
+    if not isinstance(spec, dict):
+        logging.getLogger("danlu.rank").error("the job's spec (job.json) is missing or unreadable")
+        return 1
+    env = job_env(jd, spec, (spec.get("tracking") or {}).get("run_id"))
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if key in os.environ:
             env[key] = os.environ[key]
-    status_file = jd.path / "ranks" / f"rank-{rank}.status.json"
+    status_file = jd.rank_status(rank)
     km = None
 
     def stop(*_):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if km is not None:
-            reason = stop_reason(jd)
+            reason = jd.stop_reason(wait=2.0)  # the runner asks the service and says it there
             if reason is not None:  # preempted or stopped: let the cell save its checkpoint first
                 let_kernel_finish(km, max(0.0, reason[1] * 0.8 - 1.0))
             stop_kernel(km, now=True)

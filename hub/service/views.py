@@ -1,12 +1,16 @@
-"""What the API says about a job: its JSON model, and small helpers on job notebooks."""
+"""What the API says about a job: its JSON model, and small helpers on job notebooks.
+
+Everything here comes from the database and the admission model: nothing is
+read from the job's folder, so a job cannot change what its record says.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import re
 
 from danlu.hub.service.models import Job, isoformat, utcnow
-from danlu.jobdir import read_json
 
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -21,13 +25,25 @@ def cell_sha256(nb: dict) -> tuple[str, str]:
     return cell.get("id", ""), hashlib.sha256(source.encode()).hexdigest()
 
 
-def job_to_dict(manager, job: Job) -> dict:
-    settings = manager.settings
+def _tracking(job: Job) -> dict:
+    """The job's tracking health, as its runner reported it."""
+    data = job.tracking if isinstance(job.tracking, dict) else {}
+    notes = [n for n in data.get("notes") or [] if isinstance(n, str)][:20]
+    run_id = data.get("run_id") or job.mlflow_run_id
+    dropped = data.get("points_dropped") or 0
+    if run_id is None:
+        health = "pending" if job.state in ("queued", "running", "preempted") else "none"
+    else:
+        health = "degraded" if dropped or notes else "ok"
+    return {"state": health, "run_id": run_id, "experiment_id": data.get("experiment_id"),
+            "points_sent": data.get("points_sent") or 0, "points_dropped": dropped, "notes": notes}
+
+
+def job_to_dict(core, job: Job) -> dict:
+    settings = core.settings
     base = f"{settings.public_url}/services/danlu/api/v1/jobs/{job.id}"
-    run = read_json(manager.jobdir(job.id).run_file) or {} if job.mlflow_run_id is None or job.state == "running" \
-        else {}
-    run_id = job.mlflow_run_id or run.get("run_id")
-    experiment_id = job.backend_state.get("mlflow_experiment_id") or run.get("experiment_id")
+    tracking = _tracking(job)
+    run_id, experiment_id = tracking["run_id"], tracking["experiment_id"]
     attempts = [{
         "number": a.number, "state": a.state, "reason": a.reason, "failure": a.failure or None,
         "devices": list(a.devices or []), "gpu_type": a.flavor, "exit_code": a.exit_code,
@@ -37,13 +53,12 @@ def job_to_dict(manager, job: Job) -> dict:
     reason = job.reason
     estimate = None
     if job.state == "queued":
-        reason = manager.plan.waiting.get(job.id, reason or "waiting for admission")
-        if job.id in manager.estimates:
-            import datetime as dt
-
-            estimate = isoformat(dt.datetime.fromtimestamp(manager.estimates[job.id], dt.timezone.utc)
+        reason = core.plan.waiting.get(job.id, reason or "waiting for admission")
+        if job.id in core.estimates:
+            estimate = isoformat(dt.datetime.fromtimestamp(core.estimates[job.id], dt.timezone.utc)
                                  .replace(tzinfo=None))
     running = job.attempts[-1] if job.attempts and job.state in ("running", "preempted") else None
+    state = job.backend_state if isinstance(job.backend_state, dict) else {}
     return {
         "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
         "failure": job.failure or None, "profile": job.profile, "queue": job.queue,
@@ -58,13 +73,14 @@ def job_to_dict(manager, job: Job) -> dict:
         "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
         "finished_at": isoformat(job.finished_at), "retry_at": isoformat(job.not_before),
         "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
-        "queue_position": manager.plan.positions.get(job.id) if job.state == "queued" else None,
+        "queue_position": core.plan.positions.get(job.id) if job.state == "queued" else None,
         "estimated_start": estimate,
         "mlflow_run_id": run_id,
+        "tracking": tracking,
         "mlflow_run_url": (f"{settings.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
                            if run_id and experiment_id else None),
         "output_url": f"{base}/output", "logs_url": f"{base}/logs",
-        # where TensorBoard finds the job's event files (the lab extension's TensorBoard tabs read it)
-        "tensorboard_dir": str(manager.jobdir(job.id).tensorboard_dir.absolute()),
-        "runner": ("warm" if job.backend_state.get("warm") else "cold") if "pid" in job.backend_state else None,
+        # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
+        "tensorboard_dir": core.backend.tensorboard_dir(job.id),
+        "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
     }

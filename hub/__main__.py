@@ -1,0 +1,5 @@
+import sys
+
+from danlu.hub.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""The ``danlu`` script: the users' client commands plus the ones that run beside the hub.
+
+``danlu up`` starts the workbench (:mod:`danlu.hub.app`) and ``danlu kueue
+render`` writes danlu.yaml's teams as Kueue objects; every other command is
+the client side's (:mod:`danlu.cli`), so a kernel that imports ``danlu``
+never imports the hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from danlu import cli
+
+
+def cmd_kueue(args) -> int:
+    from danlu.hub import gpus, kueue
+    from danlu.hub.config import load_settings
+
+    settings = load_settings(args.config)
+    print(kueue.to_yaml(kueue.render(settings, gpus.inventory(settings.gpus), namespace=args.namespace)), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.build_parser()
+    sub = parser.commands
+    sub.add_parser("up", help="start the workbench (JupyterHub, jobs service, MLflow)", add_help=False)
+    kq = sub.add_parser("kueue", help="render danlu.yaml's teams as Kueue objects (YAML)")
+    kq.add_argument("what", choices=["render"])
+    kq.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
+    kq.add_argument("--namespace", default="danlu")
+    kq.set_defaults(func=cmd_kueue)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["up"]:
+        from danlu.hub.app import main as up
+
+        return up(argv[1:])
+    return cli.main(argv, build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

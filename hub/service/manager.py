@@ -1,0 +1,267 @@
+"""The jobs service's facade: everything the HTTP handlers call, with no HTTP in it.
+
+:class:`JobManager` builds the parts -- :class:`~.submission.Submission`,
+:class:`~.scheduler.Scheduler`, :class:`~.supervisor.Supervisor` (the
+execution manager), :class:`~.reports.Reports` (the runner API),
+:class:`~.queues.Queues`, :class:`~.servers.Servers` -- around one
+:class:`~.core.Core`, and answers for a caller: who may see or control which
+job (404, never 403, for someone else's), reading a job's log and notebooks
+through the backend, the audit log, usage, allocations. Authorization lives
+here, not in the handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy import func, select
+
+from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
+from danlu.hub.service import audit, usage
+from danlu.hub.service.core import Core
+from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
+from danlu.hub.service.queues import Queues, require_admin
+from danlu.hub.service.reports import Reports
+from danlu.hub.service.scheduler import Scheduler
+from danlu.hub.service.servers import Servers
+from danlu.hub.service.states import FINAL, JobState, transition
+from danlu.hub.service.submission import Submission
+from danlu.hub.service.supervisor import Supervisor
+from danlu.hub.service.views import JOB_ID, job_to_dict
+
+
+class JobManager:
+    def __init__(self, **kwargs):
+        self.core = core = Core(**kwargs)
+        self.supervisor = Supervisor(core)
+        self.scheduler = Scheduler(core, self.supervisor)
+        self.submission = Submission(core, self.scheduler)
+        self.reports = Reports(core, self.supervisor)
+        self.queues = Queues(core, self.scheduler)
+        self.servers = Servers(core, self.scheduler)
+
+    # shortcuts the app and the handlers use ------------------------------------------------------
+    @property
+    def settings(self):
+        return self.core.settings
+
+    @property
+    def profiles(self):
+        return self.core.profiles
+
+    @property
+    def groups(self):
+        return self.core.groups
+
+    @property
+    def backend(self):
+        return self.core.backend
+
+    @property
+    def metrics(self):
+        return self.core.metrics
+
+    @property
+    def draining(self) -> bool:
+        return self.core.draining
+
+    # reading ----------------------------------------------------------------------------------
+    async def get(self, principal, job_id: str, *, write: bool = False) -> Job:
+        """A job the caller may see (and, with ``write``, control); 404 otherwise, never 403."""
+        if not isinstance(job_id, str) or not JOB_ID.match(job_id):
+            raise ValidationError(f"'{str(job_id)[:40]}' is not a job id (12 hex digits)", field="id",
+                                  reason="bad_id")
+        job = await self.core.db(lambda s: s.get(Job, job_id))
+        allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
+        if not allowed:
+            raise NotFound(f"job {job_id} not found", reason="no_such_job")
+        return job
+
+    async def list(self, principal, *, states: list[str] | None = None, owner: str | None = None,
+                   queue: str | None = None, limit: int = 200) -> list[Job]:
+        if owner and owner != principal.name and not principal.admin:
+            raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner")
+        for state in states or []:
+            if state not in JobState.__members__:
+                raise ValidationError(f"unknown state '{state[:40]}'", field="state",
+                                      fix=f"use {', '.join(JobState.__members__)}")
+
+        def query(s):
+            q = select(Job).order_by(Job.created_at.desc()).limit(limit)
+            if not principal.admin:
+                q = q.where(Job.owner == principal.name)
+            elif owner:
+                q = q.where(Job.owner == owner)
+            if states:
+                q = q.where(Job.state.in_(states))
+            if queue:
+                q = q.where(Job.queue == queue)
+            return list(s.scalars(q))
+
+        return await self.core.db(query)
+
+    def to_dict(self, job: Job) -> dict:
+        return job_to_dict(self.core, job)
+
+    async def job_dict(self, job_id: str) -> dict:
+        return self.to_dict(await self.core.db(lambda s: s.get(Job, job_id)))
+
+    async def input_notebook(self, principal, job_id: str) -> tuple[Job, bytes]:
+        job = await self.get(principal, job_id)
+        row = await self.core.db(lambda s: s.get(JobInput, job.id))
+        if row is None:
+            raise NotFound(f"job {job.id} has no notebook on record", reason="no_output")
+        return job, row.notebook.encode()
+
+    async def read_log(self, job: Job, offset: int, limit: int) -> tuple[bytes, int]:
+        return await self.core.backend.read_log(job.id, dict(job.backend_state or {}), offset, limit)
+
+    async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
+        if rank >= job.nproc:
+            raise NotFound(f"job {job.id} has ranks 0-{job.nproc - 1}", field="rank", reason="no_such_rank")
+        return await self.core.backend.read_output(job.id, dict(job.backend_state or {}), rank, offset, limit)
+
+    def ended(self, job_id: str) -> asyncio.Event:
+        return self.core.ended(job_id)
+
+    async def counts(self) -> dict:
+        return await self.core.db(lambda s: dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all()))
+
+    # changing ----------------------------------------------------------------------------------
+    async def submit(self, principal, body) -> tuple[int, dict]:
+        status, answer = await self.submission.submit(principal, body)
+        return status, (await self.job_dict(answer["id"]) if status == 201 else answer)
+
+    async def cancel(self, principal, job_id: str) -> dict:
+        core = self.core
+        job = await self.get(principal, job_id, write=True)
+        if JobState(job.state) in FINAL:
+            transition(job.state, JobState.cancelled)  # raises 409 with the reason
+        who = principal.name
+        if job.state == JobState.queued.value:
+            async with core.lock:
+                queue = await core.db(_cancel_queued, job_id, who)
+                core.pending.pop(job_id, None)
+                core.metrics.finished.labels(queue, "cancelled").inc()
+            core.mark_ended(job_id)
+        else:
+            await self.audit_event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
+            await self.supervisor.cancel(job_id, dict(job.backend_state or {}), f"cancelled by {who}")
+        await self.scheduler.schedule()
+        return await self.job_dict(job_id)
+
+    async def reprioritize(self, principal, job_id: str, priority: str) -> dict:
+        require_admin(principal)
+        job = await self.get(principal, job_id)
+        await self.queues.reprioritize(principal, job, priority)
+        return await self.job_dict(job_id)
+
+    # the audit log, usage, allocations ------------------------------------------------------------
+    async def audit_event(self, actor: str, action: str, target: str, before=None, after=None) -> dict:
+        """Append to the audit log outside an admission pass (one writer at a time keeps the chain whole)."""
+        async with self.core.lock:
+            return await self.core.db(lambda s: audit.to_dict(audit.append(s, actor, action, target, before=before,
+                                                                           after=after)))
+
+    async def record_login(self, principal, body: dict) -> dict:
+        if not (principal.kind == "service" and principal.name == "danlu-admin"):
+            raise Forbidden("only the hub records logins", reason="not_the_hub")
+        return await self.audit_event(body["actor"], body["action"], "workbench", after=body.get("details", {}))
+
+    async def audit_records(self, principal, *, limit: int, action: str | None, target: str | None) -> list[dict]:
+        if not principal.admin:
+            raise Forbidden("the audit log is for admins", reason="not_admin")
+
+        def query(s):
+            q = select(AuditRecord).order_by(AuditRecord.seq.desc()).limit(limit)
+            if action:
+                q = q.where(AuditRecord.action == action)
+            if target:
+                q = q.where(AuditRecord.target == target)
+            return [audit.to_dict(r) for r in s.scalars(q)]
+
+        return await self.core.db(query)
+
+    async def audit_verify(self, principal) -> dict:
+        if not principal.admin:
+            raise Forbidden("the audit log is for admins", reason="not_admin")
+        return await self.core.db(lambda s: audit.verify(s).to_dict())
+
+    def record_profiles(self, profiles) -> None:
+        """Audit a change of the governed profiles since the service last started (at start-up)."""
+        now = {p.slug: {"display_name": p.display_name, "environment": p.environment, "groups": list(p.groups),
+                        "gpus": list(p.gpu_choices), "requirements": p.requirements_digest()} for p in profiles}
+        with self.core.sessions() as s, s.begin():
+            flag = s.get(Flag, "profiles")
+            before = flag.value.get("profiles", {}) if flag and isinstance(flag.value, dict) else None
+            if before == now:
+                return
+            changed = {slug for slug in set(now) | set(before or {}) if (before or {}).get(slug) != now.get(slug)}
+            audit.append(s, "danlu", "change_profiles", profiles.source,
+                         before={slug: (before or {}).get(slug) for slug in sorted(changed)},
+                         after={slug: now.get(slug) for slug in sorted(changed)})
+            s.merge(Flag(key="profiles", value={"profiles": now}))
+
+    async def usage(self, principal, *, user: str | None, by: str, start, end) -> dict:
+        if not principal.admin:
+            if user not in (None, principal.name) or by != "user":
+                raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
+                                fix=f"ask for user={principal.name}, grouped by user")
+            user = principal.name
+        body = await self.core.db(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user))
+        if principal.admin:
+            body["idle_gpu_servers"] = await self.servers.idle()
+        return body
+
+    async def allocations(self, principal) -> dict:
+        require_admin(principal)
+        ledger = self.core.ledger
+
+        def query(s):
+            return [{"device": a.device, "holder_kind": a.holder_kind, "holder_id": a.holder_id, "owner": a.owner,
+                     "flavor": a.flavor, "since": a.since.isoformat() + "Z"} for a in ledger.allocations(s)]
+
+        return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.core.db(query)}
+
+    async def allocate_server(self, principal, body: dict) -> list[int]:
+        require_admin(principal)
+        return await self.servers.allocate(body["holder"], body["owner"], body["gpus"],
+                                           profile=body.get("profile", ""), groups=body.get("groups", []))
+
+    async def release_server(self, principal, holder: str) -> None:
+        require_admin(principal)
+        await self.servers.release(holder)
+
+    def metrics_text(self, principal) -> bytes:
+        if not principal.admin:
+            raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin")
+        return self.core.metrics.exposition()
+
+    # life ---------------------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Rebuild the model and re-attach to attempts that were running when the service stopped."""
+        async with self.core.lock:
+            await self.scheduler.rebuild_locked()
+        await self.supervisor.recover()
+        await self.scheduler.schedule()
+
+    async def run_forever(self, interval: float = 2.0) -> None:
+        await self.scheduler.run_forever(interval)
+
+    async def stop(self) -> None:
+        self.core.closing = True
+        await self.supervisor.close()
+        self.core.cancel_tasks()
+        await self.core.backend.shutdown()
+        self.core.close()
+
+
+def _cancel_queued(s, job_id: str, who: str) -> str:
+    row = s.get(Job, job_id)
+    if row.state != JobState.queued.value:
+        raise Conflict(f"job {job_id} started meanwhile; cancel it again", reason="raced")
+    row.state = transition(row.state, JobState.cancelled).value
+    row.reason = f"cancelled by {who} while queued"
+    row.finished_at = utcnow()
+    audit.append(s, who, "cancel", job_id, before={"state": "queued"}, after={"state": "cancelled"})
+    return row.queue

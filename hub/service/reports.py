@@ -1,0 +1,131 @@
+"""The runner API: the one channel through which a running job tells the service anything.
+
+A runner authenticates every call with its attempt's job token (the service
+keeps only its sha256, cleared when the attempt ends), which binds it to one
+attempt of one job: it can fetch that attempt's spec, ask why it is being
+stopped, and report its MLflow run and how it ended. Nothing it sends can
+change who or what runs, or any other job's record. Reports are validated
+against the OpenAPI document (``RunnerEvent``); an authenticated runner that
+sends something invalid gets a 422 and its attempt fails with a reason that
+says so, unless a valid report follows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+
+from danlu.errors import DanluError, Forbidden, ValidationError
+from danlu.hub.service import validation
+from danlu.hub.service.core import Core
+from danlu.hub.service.models import Job, JobInput
+from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor
+
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
+REFUSED = "this token does not belong to a running attempt of this job"
+
+
+class Reports:
+    def __init__(self, core: Core, supervisor: Supervisor):
+        self.core = core
+        self.supervisor = supervisor
+
+    async def spec(self, job_id: str, attempt: int, token: str) -> dict:
+        core = self.core
+        spec = await core.db(_spec, job_id, attempt, _hash(token))
+        owner = spec["owner"]
+        home = core.settings.user_home(owner)
+        spec.update({
+            "kernel_name": core.profiles.get(spec["profile"]).kernel_name,
+            "cwd": str(home / spec.pop("cwd_relative")),
+            "env": {"HOME": str(home), "USER": owner},
+            "mlflow_env": core.mlflow.env_for(owner) if core.mlflow is not None else {},
+        })
+        return spec
+
+    async def stop(self, job_id: str, attempt: int, token: str) -> dict:
+        reason, grace = await self.core.db(_stop, job_id, attempt, _hash(token))
+        return {"reason": reason or None, "grace": grace}
+
+    async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
+        digest = _hash(token)
+        await self.core.db(_check, job_id, attempt, digest)
+        try:
+            validation.check_schema("RunnerEvent", body)
+        except ValidationError as e:
+            await self.core.db(_invalid, job_id, attempt, digest, str(e))
+            raise
+        await self.core.db(_record, job_id, attempt, digest, body)
+        if body["event"] == "finished":
+            self.supervisor.reap_after_report(job_id)
+        return {"recorded": body["event"]}
+
+
+def _hash(token: str) -> str:
+    if not isinstance(token, str) or not TOKEN.match(token):
+        raise DanluError(REFUSED, status=401, reason="bad_job_token",
+                         fix="runner API calls carry 'Authorization: Bearer <the attempt's job token>'")
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _attempt(s, job_id: str, number: int, digest: str):
+    job = s.get(Job, job_id)
+    attempt = job.attempts[-1] if job is not None and job.attempts else None
+    if (attempt is None or job.state not in ACTIVE_STATES or attempt.number != number or not attempt.token_hash
+            or not hmac.compare_digest(attempt.token_hash, digest)):
+        raise Forbidden(REFUSED, reason="bad_job_token")
+    return job, attempt
+
+
+def _check(s, job_id: str, number: int, digest: str) -> None:
+    _attempt(s, job_id, number, digest)
+
+
+def _spec(s, job_id: str, number: int, digest: str) -> dict:
+    job, attempt = _attempt(s, job_id, number, digest)
+    notebook = s.get(JobInput, job_id)
+    if notebook is None:
+        raise DanluError(f"job {job_id} has no notebook on record", status=409, reason="no_input")
+    job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
+    tracking = job.tracking if isinstance(job.tracking, dict) else {}
+    return {
+        "job_id": job.id, "attempt": attempt.number, "name": job.name, "owner": job.owner, "profile": job.profile,
+        "nproc": job.nproc, "gpus": job.gpus, "devices": list(attempt.devices or []), "queue": job.queue,
+        "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
+        "datasets": list(job.datasets or []), "experiment": job.experiment, "source": job.source,
+        "cell_sha256": job.cell_sha256,
+        "tracking": {"run_id": tracking.get("run_id") or job.mlflow_run_id,
+                     "experiment_id": tracking.get("experiment_id")},
+    }
+
+
+def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float]:
+    job, attempt = _attempt(s, job_id, number, digest)
+    reason = attempt.stop_reason or ("preempted" if job.state == "preempted" else "")
+    return reason, float(attempt.stop_grace or 0.0)
+
+
+def _tracking(data: dict) -> dict:
+    return {k: data.get(k) for k in ("run_id", "experiment_id", "points_sent", "points_dropped", "notes")}
+
+
+def _record(s, job_id: str, number: int, digest: str, body: dict) -> None:
+    job, attempt = _attempt(s, job_id, number, digest)
+    if body["event"] == "tracking":
+        job.tracking = _tracking(body)
+    else:
+        attempt.report = {k: body.get(k) for k in ("state", "reason", "exit_code", "infrastructure", "notes")}
+        if body.get("tracking"):
+            job.tracking = _tracking(body["tracking"])
+    if (job.tracking or {}).get("run_id"):
+        job.mlflow_run_id = job.tracking["run_id"]
+
+
+def _invalid(s, job_id: str, number: int, digest: str, problem: str) -> None:
+    _job, attempt = _attempt(s, job_id, number, digest)
+    report = attempt.report if isinstance(attempt.report, dict) else {}
+    if not report.get("state"):
+        attempt.report = {"state": "failed", "reason": f"the job sent an invalid report ({problem[:300]})",
+                          "infrastructure": False, "exit_code": None, "notes": []}

@@ -1,0 +1,56 @@
+"""HTTP handlers of the runner API: what a running attempt may ask and tell, with its job token.
+
+These are not for hub users: they authenticate with ``Authorization: Bearer
+<job token>`` only (see :mod:`.reports`), and accept small bodies (1 MiB).
+"""
+
+from __future__ import annotations
+
+import re
+
+from danlu.hub.service.views import JOB_ID
+from danlu.hub.service.web import BaseHandler
+
+ATTEMPT = re.compile(r"^[1-9][0-9]{0,5}$")
+
+
+class RunnerHandler(BaseHandler):
+    max_body = 1024 * 1024
+
+    def check_xsrf_cookie(self):
+        return  # bearer tokens only, never cookies
+
+    def token(self) -> str:
+        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+
+    def ids(self, job_id: str, attempt: str) -> tuple[str, int]:
+        job_id = self.path_arg(job_id, "job_id", JOB_ID, "a job id (12 hex digits)")
+        return job_id, int(self.path_arg(attempt, "attempt", ATTEMPT, "an attempt number"))
+
+
+class RunnerSpecHandler(RunnerHandler):
+    async def get(self, job_id, attempt):
+        job_id, number = self.ids(job_id, attempt)
+        self.write_json(await self.jobs.reports.spec(job_id, number, self.token()))
+
+
+class RunnerStopHandler(RunnerHandler):
+    async def get(self, job_id, attempt):
+        job_id, number = self.ids(job_id, attempt)
+        self.write_json(await self.jobs.reports.stop(job_id, number, self.token()))
+
+
+class RunnerEventsHandler(RunnerHandler):
+    async def post(self, job_id, attempt):
+        job_id, number = self.ids(job_id, attempt)
+        self.write_json(await self.jobs.reports.event(job_id, number, self.token(), self.json_body()))
+
+
+def routes(api: str) -> list:
+    base = f"{api}/runner/jobs/(?P<job_id>[^/]+)/attempts/(?P<attempt>[^/]+)"
+    return [
+        (f"{base}/spec", RunnerSpecHandler),
+        (f"{base}/stop", RunnerStopHandler),
+        (f"{base}/events", RunnerEventsHandler),
+    ]

@@ -1,0 +1,230 @@
+"""Admission passes: what starts, what is preempted, what waits and why; time limits; estimates.
+
+:class:`Scheduler` runs one pass at a time under the core's lock: the pure
+admission :class:`~danlu.hub.service.admission.Model` decides, then the whole
+decision is recorded in one transaction (ledger rows, ``queued -> running``
+with a new attempt and the hash of its job token, ``running -> preempted``
+with an audit record). Only after the commit does the supervisor start the
+admitted attempts and stop the victims. A pass that cannot be recorded
+leaves nothing behind: the model is rebuilt from the database and the next
+pass decides again. Passes run after every event that can change the answer
+and every ``interval`` seconds (:meth:`run_forever`), which also stops jobs
+past their time limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import statistics
+import time
+
+from sqlalchemy import select
+
+from danlu.hub.service import audit, quotas
+from danlu.hub.service.admission import Decision, Request, Workload
+from danlu.hub.service.core import Core, ts, workload_of
+from danlu.hub.service.models import Attempt, Job, QueueSetting, ServerUsage, isoformat, utcnow
+from danlu.hub.service.states import JobState, transition
+from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor
+
+DRAINING = "the workbench is draining: no job starts until an admin ends it"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Scheduler:
+    def __init__(self, core: Core, supervisor: Supervisor):
+        self.core = core
+        self.supervisor = supervisor
+        supervisor.schedule = self.schedule
+
+    async def schedule(self, rebuild: bool = False) -> None:
+        """One admission pass: start what fits now, preempt what must make room."""
+        core = self.core
+        if core.closing:
+            return
+        async with core.lock:
+            if rebuild:
+                await self.rebuild_locked()
+            started = time.perf_counter()
+            now = time.time()
+            if core.draining:
+                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
+                return
+            backoff = await core.db(_backoff)
+            eligible = [w for jid, w in core.pending.items() if jid not in backoff or ts(backoff[jid][0]) <= now]
+            decision = core.model.cycle(eligible, now)
+            for jid, (when, why) in backoff.items():
+                if jid in core.pending and ts(when) > now:
+                    decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
+                        f"retrying at {isoformat(when)}"
+            tokens = {wl.id: secrets.token_urlsafe(32) for wl in decision.admitted}
+            try:
+                starts, stops = await core.db(_record_pass, decision, tokens, now, core)
+            except Exception:
+                core.log.exception("recording an admission pass failed; rebuilding the queue from the database")
+                await self.rebuild_locked()
+                return
+            for wl in decision.admitted:
+                core.pending.pop(wl.id, None)
+            core.plan = decision
+            await self._estimate(now)
+            core.observe()
+            core.metrics.cycle.observe(time.perf_counter() - started)
+        for start in starts:
+            await self.supervisor.start(start)
+        grace = core.settings.jobs["preemption_grace_seconds"]
+        for job_id, state, why in stops:
+            core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
+
+    async def rebuild_locked(self) -> None:
+        """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
+        core = self.core
+        core.model, core.pending = await core.db(_rebuild, core)
+
+    # time limits -----------------------------------------------------------------------------
+    async def check_timeouts(self) -> None:
+        """Stop running jobs that outran their limit."""
+        core = self.core
+        late = await core.db(_late, core.settings.jobs["max_runtime_seconds"])
+        for job_id, state in late:
+            if job_id in self.supervisor.stopping:
+                continue
+            self.supervisor.stopping[job_id] = ("timed_out", "timed_out")
+            core.spawn(self.supervisor.stop(job_id, state, core.settings.jobs["grace_period_seconds"], "timed_out"))
+
+    # estimates --------------------------------------------------------------------------------
+    async def _estimate(self, now: float) -> None:
+        """Estimated start times of waiting jobs, from running jobs' history and limits."""
+        core = self.core
+        waiting = [w for w in core.pending.values() if w.id in core.plan.waiting]
+        if not waiting or len(waiting) > 500:
+            core.estimates = {}
+            return
+        ends, durations = await core.db(_durations, list(core.model.admitted), [w.id for w in waiting], now,
+                                        core.settings.jobs["max_runtime_seconds"])
+        core.estimates = core.model.estimate(waiting, ends, durations, now)
+
+    # the loop -----------------------------------------------------------------------------------
+    async def run_forever(self, interval: float = 2.0) -> None:
+        from danlu.hub.service.usage import sample_gpus
+
+        core = self.core
+        sampled = 0.0
+        while not core.closing:
+            try:
+                await asyncio.wait_for(core.wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            core.wake.clear()
+            try:
+                await self.check_timeouts()
+                await self.schedule()
+                if time.monotonic() - sampled > 30:
+                    sampled = time.monotonic()
+                    await core.db(sample_gpus, core.inventory)
+            except Exception:
+                core.log.exception("admission pass failed")
+
+
+# database work (runs on the database thread pool) ---------------------------------------------
+def _backoff(s) -> dict:
+    return {j.id: (j.not_before, j.reason) for j in s.scalars(
+        select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))}
+
+
+def _kernel_name(profiles, slug: str) -> str | None:
+    try:
+        return profiles.get(slug).kernel_name
+    except Exception:  # noqa: BLE001 - a profile removed since: the start fails and says so
+        return None
+
+
+def _record_pass(s, decision: Decision, tokens: dict, now: float, core: Core):
+    starts, stops = [], []
+    for wl in decision.admitted:
+        job = s.get(Job, wl.id)
+        for device in wl.devices:
+            core.ledger.claim(s, device, "job", job.id, job.owner, wl.flavor)
+        job.state = transition(job.state, JobState.running).value
+        job.reason = ""
+        job.not_before = None
+        job.started_at = job.started_at or utcnow()
+        job.backend_state = {}
+        attempt = Attempt(number=len(job.attempts) + 1, state="running", devices=list(wl.devices),
+                          flavor=wl.flavor, token_hash=token_hash(tokens[wl.id]))
+        job.attempts.append(attempt)
+        core.metrics.admitted.labels(job.queue).inc()
+        core.metrics.wait.labels(job.queue).observe(max(0.0, now - ts(job.queued_at or job.created_at)))
+        starts.append({"id": job.id, "attempt": attempt.number, "devices": list(wl.devices), "nproc": job.nproc,
+                       "owner": job.owner, "kernel_name": _kernel_name(core.profiles, job.profile),
+                       "token": tokens[wl.id]})
+    for victim, preemptor in decision.preempted:
+        job = s.get(Job, victim.id)
+        by = s.get(Job, preemptor.id)
+        why = f"preempted by job {by.id} of {by.owner} ({by.queue}, priority {by.priority_class or by.priority})"
+        job.state = transition(job.state, JobState.preempted).value
+        job.reason = why
+        core.metrics.preempted.labels(job.queue).inc()
+        audit.append(s, "danlu", "preempt", job.id, before={"state": "running"},
+                     after={"state": "preempted", "by": by.id, "reason": why})
+        stops.append((job.id, dict(job.backend_state or {}), why))
+    return starts, stops
+
+
+def _rebuild(s, core: Core):
+    overrides = {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
+    model = quotas.build_model(core.settings, core.inventory, overrides)
+    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))):
+        wl = workload_of(job, job.attempts[-1] if job.attempts else None)
+        wl.stopping = job.state == JobState.preempted.value
+        try:
+            model.restore(wl)
+        except ValueError as e:
+            core.log.error("job %s: %s", job.id, e)
+    for row in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))):
+        if row.team in model.teams:
+            server = Workload(f"server:{row.holder}", row.team, 1 << 40, ts(row.started_at),
+                              Request(len(row.devices), row.flavor, 0.0, 0.0), row.owner, kind="server")
+            server.flavor, server.devices = row.flavor, tuple(row.devices)
+            model.restore(server)
+    pending = {job.id: workload_of(job) for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))}
+    return model, pending
+
+
+def _late(s, max_runtime: float) -> list:
+    now = utcnow()
+    late = []
+    for job in s.scalars(select(Job).where(Job.state == JobState.running.value)):
+        limit = job.timeout_seconds or max_runtime
+        started = job.attempts[-1].started_at if job.attempts else None
+        if started and (now - started).total_seconds() > limit:
+            late.append((job.id, dict(job.backend_state or {})))
+    return late
+
+
+def _durations(s, running: list[str], waiting: list[str], now: float, max_runtime: float):
+    history: dict = {}
+
+    def expected(job: Job) -> float:
+        limit = float(job.timeout_seconds or max_runtime)
+        key = (job.owner, job.name)
+        if key not in history:
+            rows = s.execute(select(Attempt.started_at, Attempt.finished_at).join(Job).where(
+                Job.owner == job.owner, Job.name == job.name, Attempt.state == "succeeded")
+                .order_by(Attempt.finished_at.desc()).limit(20))
+            durations = [(f - b).total_seconds() for b, f in rows if f and b]
+            history[key] = statistics.median(durations) if durations else None
+        return min(limit, history[key]) if history[key] else limit
+
+    ends, durations = {}, {}
+    for job in s.scalars(select(Job).where(Job.id.in_(running))):
+        start = ts(job.attempts[-1].started_at) if job.attempts else now
+        ends[job.id] = max(now, start + expected(job))
+    for job in s.scalars(select(Job).where(Job.id.in_(waiting))):
+        durations[job.id] = expected(job)
+    return ends, durations

@@ -1,0 +1,168 @@
+"""Accepting a job: validate, resolve, and record its whole spec in the database.
+
+:meth:`Submission.submit` checks everything a schema cannot say -- the
+notebook, the parameters, the profile policy of the owner's groups, the
+queue, the priority class, limits, whether the job could ever start here, the
+working folder and the datasets (confined to their roots on their real
+paths), the MLflow experiment -- before anything is written. Then the job's
+row (identity, profile, resources, parameters, datasets with their resolved
+paths, the cell's sha256) and its notebook (a row of its own) are committed
+in state ``queued`` with a ``submit`` audit record. That row is the job's
+spec: what runs, and as whom, comes from here at every start, never from a
+file the job could write. A dry run answers with the same checks and one
+admission pass on a copy of the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+
+from danlu.errors import Forbidden, PolicyError, ValidationError
+from danlu.hub.service import audit, quotas, validation
+from danlu.hub.service.admission import Workload
+from danlu.hub.service.core import Core, workload_of
+from danlu.hub.service.models import Job, JobInput, utcnow
+from danlu.hub.service.scheduler import DRAINING, Scheduler
+from danlu.hub.service.states import JobState
+from danlu.hub.service.views import cell_sha256
+
+
+class Submission:
+    def __init__(self, core: Core, scheduler: Scheduler):
+        self.core = core
+        self.scheduler = scheduler
+
+    def _workdir(self, home: Path, cwd: str) -> Path:
+        workdir = home / cwd
+        real_home = os.path.realpath(home)
+        real = os.path.realpath(workdir)
+        if not (real == real_home or real.startswith(real_home.rstrip("/") + "/")):
+            raise ValidationError(f"cwd: folder '{cwd}' leads outside your home (through a symbolic link)",
+                                  field="cwd", reason="escapes_root", fix="use a folder inside your home")
+        if not os.path.isdir(real):
+            raise ValidationError(f"cwd: folder '{cwd}' does not exist in your home", field="cwd",
+                                  reason="no_folder")
+        return workdir
+
+    async def submit(self, principal, body) -> tuple[int, dict]:
+        core = self.core
+        settings, jobs = core.settings, core.settings.jobs
+        if not isinstance(body, dict):
+            raise ValidationError("the request body must be a JSON object", field="body")
+        validation.check_schema("JobSubmission", body)
+        if not principal.is_user:
+            raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user")
+        owner = principal.name
+        nb = body["notebook"]
+        node = validation.check_notebook(nb)
+        params = body.get("parameters", {})
+        validation.check_parameters(params)
+        resources = {"nproc": 1, "gpus": 0, **body.get("resources", {})}
+        if resources["nproc"] > jobs["max_nproc"]:
+            raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
+                                  field="resources.nproc", reason="too_many_processes")
+        if resources["gpus"] > core.ledger.total:
+            raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {core.ledger.total}",
+                              field="resources.gpus", reason="not_enough_gpus")
+        if resources.get("gpu_type") and resources["gpu_type"] not in core.model.devices:
+            raise ValidationError(f"resources.gpu_type: no GPUs of flavor '{resources['gpu_type']}' here",
+                                  field="resources.gpu_type", fix=f"flavors: {', '.join(core.model.devices) or 'none'}")
+        if "memory" in resources:
+            resources["memory"] = validation.check_size(resources["memory"], "resources.memory")
+        retries = body.get("retries", jobs["default_retries"])
+        if retries > jobs["max_retries"]:
+            raise ValidationError(f"retries must be at most {jobs['max_retries']}", field="retries")
+        timeout = body.get("timeout_seconds")
+        if timeout is not None and timeout > jobs["max_runtime_seconds"]:
+            raise ValidationError(f"timeout_seconds must be at most {jobs['max_runtime_seconds']} (the workbench's "
+                                  "max runtime)", field="timeout_seconds")
+        cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
+        for i, ds in enumerate(body.get("datasets", [])):
+            validation.check_dataset(ds, f"datasets[{i}]", settings.dataset_roots)
+        source = dict(body.get("source", {}))
+        if source.get("notebook_path"):
+            source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
+        account = settings.account(owner)  # refuses a user without a Unix account when they are on
+        groups = await core.groups.groups_of(owner, fallback=principal.groups)
+        profile = core.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
+                                          gpu_field="resources.gpus")
+        queue = quotas.queue_for(settings, body.get("queue"), groups, admin=principal.admin)
+        priority_class, priority = quotas.priority_of(settings, body.get("priority"))
+        request = quotas.request_for(resources, resources["nproc"], profile)
+        probe = Workload("(new)", queue, priority, time.time(), request, owner)
+        never = core.model.impossible(probe)
+        if never:
+            raise PolicyError(f"this job could never start: {never}", reason="never_fits", field="resources")
+        home = settings.user_home(owner)
+        if account is None:
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
+        workdir = self._workdir(home, cwd)
+        datasets = []
+        for i, ds in enumerate(body.get("datasets", [])):
+            name, path = validation.resolve_dataset(ds, workdir=workdir, home=home, roots=settings.dataset_roots,
+                                                    field=f"datasets[{i}]")
+            datasets.append({"name": name, "path": str(path)})
+        stem = PurePosixPath(source.get("notebook_path") or "").stem
+        name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
+        experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
+        if core.mlflow is not None:
+            await core.mlflow.check_experiment(experiment, owner, principal.admin, core.groups.exists)
+        cell_id, sha = cell_sha256(nb)
+        source.setdefault("cell_id", cell_id)
+        # the job runs on its profile's kernel, whatever the notebook was saved with
+        node.metadata["kernelspec"] = {"name": profile.kernel_name, "display_name": profile.display_name,
+                                       "language": "python"}
+        node.metadata.setdefault("language_info", {"name": "python"})
+        if body.get("dry_run"):
+            return 200, await self._dry_run(node, params, profile, resources, probe)
+
+        job = Job(id=uuid.uuid4().hex[:12], owner=owner, name=name, state=JobState.queued.value, reason="",
+                  profile=profile.slug, queue=queue, priority=priority, priority_class=priority_class,
+                  nproc=resources["nproc"], gpus=request.gpus, gpu_type=request.gpu_flavor, cpu=request.cpu,
+                  memory=request.memory, retries=retries, timeout_seconds=timeout, parameters=params,
+                  experiment=experiment, datasets=datasets, source=source, cwd=cwd, groups=list(groups),
+                  cell_sha256=sha, created_at=utcnow())
+        job.queued_at = job.created_at
+        notebook = json.dumps(node)
+        after = {"queue": queue, "priority": priority_class, "profile": profile.slug, "resources": resources,
+                 "name": name}
+        async with core.lock:
+            await core.db(_insert, job, notebook, after)
+            core.pending[job.id] = workload_of(job)
+        core.log.info("job %s submitted by %s (%s, queue %s, %s)", job.id, owner, profile.slug, queue, resources)
+        await self.scheduler.schedule()
+        return 201, {"id": job.id}
+
+    async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
+        from papermill.parameterize import parameterize_notebook
+
+        core = self.core
+        # what papermill's load_notebook_node does before parameterizing
+        node.metadata.setdefault("papermill", {})
+        for cell in node.cells:
+            cell.metadata.setdefault("tags", [])
+        rendered = parameterize_notebook(node, params, report_mode=False, kernel_name=profile.kernel_name,
+                                         language="python") if params else node
+        async with core.lock:
+            sim = copy.deepcopy(core.model)
+            decision = sim.cycle([copy.copy(w) for w in core.pending.values()] + [probe], time.time(), preempt=True)
+        admitted = any(w.id == probe.id for w in decision.admitted)
+        if core.draining:
+            admitted, reason = False, DRAINING
+        else:
+            reason = "would start now" if admitted else decision.waiting.get(probe.id, "would wait")
+        return {"dry_run": True, "admitted": admitted, "reason": reason, "queue": probe.team,
+                "queue_position": decision.positions.get(probe.id), "profile": profile.slug, "resources": resources,
+                "notebook": dict(rendered)}
+
+
+def _insert(s, job: Job, notebook: str, after: dict) -> None:
+    s.add(job)
+    s.add(JobInput(job_id=job.id, notebook=notebook))
+    audit.append(s, job.owner, "submit", job.id, after=after)

@@ -1,0 +1,265 @@
+"""The execution manager: start admitted attempts, watch them, stop them, record how they ended.
+
+:class:`Supervisor` is the only part of the service that calls the backend
+for a running job. Starting an attempt hands the backend a typed
+:class:`~danlu.hub.backends.base.Launch` with a fresh job token (only its
+hash is stored); the backend records where the attempt runs before the
+runner can start, and the supervisor marks it launched once the runner has
+its launch message, so a service killed in between never leaves two runners
+for one attempt (:meth:`recover`). Each attempt has a watcher that waits for
+its processes to end, has the backend end what they left, and then
+:meth:`finalize` records the end in one transaction: the runner's own report
+if it made one, else what the backend saw, decided by the pure
+:func:`~danlu.hub.service.states.next_state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from sqlalchemy import select
+
+from danlu.hub.backends.base import Launch, Outcome
+from danlu.hub.service import audit
+from danlu.hub.service.core import Core, workload_of
+from danlu.hub.service.models import Attempt, Job, utcnow
+from danlu.hub.service.states import ACTIVE, Ending, JobState, next_state, transition
+from danlu.states import ATTEMPT_ENDINGS
+
+ACTIVE_STATES = [s.value for s in ACTIVE]
+
+
+def _latest(job: Job) -> Attempt | None:
+    return job.attempts[-1] if job.attempts else None
+
+
+class Supervisor:
+    def __init__(self, core: Core):
+        self.core = core
+        self.watchers: dict[str, asyncio.Task] = {}
+        #: job id -> (why its processes are being stopped, the reason to record)
+        self.stopping: dict[str, tuple[str, str]] = {}
+        self.schedule = None  # set by the manager: a coroutine function that runs an admission pass
+
+    # starting ------------------------------------------------------------------------------
+    async def start(self, start: dict) -> None:
+        """Start an admitted attempt (its row says running); on failure, record that it could not start."""
+        core, job_id = self.core, start["id"]
+        try:
+            if not start["kernel_name"]:
+                raise RuntimeError("its profile no longer exists (profiles.yaml changed)")
+            account = core.settings.account(start["owner"])
+            if core.mlflow is not None:
+                await core.mlflow.ensure_user(start["owner"])
+            launch = Launch(job_id=job_id, attempt=start["attempt"], owner=start["owner"],
+                            kernel_name=start["kernel_name"], nproc=start["nproc"], devices=tuple(start["devices"]),
+                            run_as=account, api_url=core.service_api, token=start["token"])
+
+            async def record(state: dict) -> None:
+                await core.db(_save_state, job_id, start["attempt"], state)
+
+            state = await core.backend.start(launch, record)
+            state = {**state, "launched": True}
+            await core.db(_save_state, job_id, start["attempt"], state)
+        except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay running
+            core.log.exception("starting job %s failed", job_id)
+            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True))
+            return
+        self.watch(job_id, state)
+
+    def watch(self, job_id: str, state: dict) -> None:
+        task = asyncio.ensure_future(self._watch(job_id, state))
+        self.watchers[job_id] = task
+        task.add_done_callback(lambda _t: self.watchers.pop(job_id, None) if self.watchers.get(job_id) is _t
+                               else None)
+
+    async def _watch(self, job_id: str, state: dict) -> None:
+        backend = self.core.backend
+        try:
+            await backend.wait(job_id, state)
+            outcome = await backend.poll(job_id, state)
+            while outcome is None:
+                await asyncio.sleep(0.5)
+                outcome = await backend.poll(job_id, state)
+            await backend.cleanup(job_id, state)
+            await self.finalize(job_id, outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.core.log.exception("watching job %s failed", job_id)
+            await self.finalize(job_id, Outcome("failed", "the service lost track of it", infrastructure=True))
+
+    # stopping -------------------------------------------------------------------------------
+    async def stop(self, job_id: str, state: dict, grace: float, why: str, reason: str = "") -> None:
+        """End a running attempt (cancel, preemption, time limit); the runner learns ``why`` from the service."""
+        self.stopping[job_id] = (why, reason or why)
+        try:
+            await self.core.db(_set_stop, job_id, why, grace)
+            await self.core.backend.cancel(job_id, state, grace, reason=why)
+        except Exception:
+            self.core.log.exception("stopping job %s (%s) failed", job_id, why)
+        if job_id not in self.watchers:  # nothing else will notice
+            await self.finalize(job_id, Outcome(why, reason or why))
+
+    async def cancel(self, job_id: str, state: dict, reason: str) -> None:
+        """Cancel a running attempt now: end its processes (with the grace period), then record it."""
+        core = self.core
+        grace = core.settings.jobs["grace_period_seconds"]
+        self.stopping[job_id] = ("cancelled", reason)
+        await core.db(_set_stop, job_id, "cancelled", grace)
+        await core.backend.cancel(job_id, state, grace, reason="cancelled")
+        await core.backend.cleanup(job_id, state)
+        await self.finalize(job_id, Outcome("cancelled", reason))
+        watcher = self.watchers.pop(job_id, None)
+        if watcher is not None:
+            watcher.cancel()
+
+    def reap_after_report(self, job_id: str, seconds: float = 30.0) -> None:
+        """A runner's last act is its ``finished`` report; one still there ``seconds`` later is ended."""
+        async def reap():
+            await asyncio.sleep(seconds)
+            if job_id in self.watchers:
+                state = await self.core.db(_state_of, job_id)
+                if state is not None:
+                    self.core.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id,
+                                          seconds)
+                    await self.core.backend.cancel(job_id, state, 5.0, reason="finished")
+
+        self.core.spawn(reap())
+
+    # the end of an attempt ----------------------------------------------------------------------
+    async def finalize(self, job_id: str, outcome: Outcome) -> None:
+        """Record how an attempt ended (idempotent), free what it held, decide what comes next."""
+        core = self.core
+        async with core.lock:
+            stopping = self.stopping.pop(job_id, None)
+            try:
+                done = await core.db(_finalize, job_id, outcome, stopping, core.settings.jobs, core.ledger)
+            except Exception:
+                core.log.exception("recording the end of job %s failed; rebuilding from the database", job_id)
+                if self.schedule is not None:
+                    await self.schedule(rebuild=True)
+                return
+            if done is None:
+                return
+            state, reason, workload = done
+            core.model.release(job_id)
+            if state == JobState.queued.value:
+                core.pending[job_id] = workload
+            else:
+                core.metrics.finished.labels(workload.team, state).inc()
+                core.mark_ended(job_id)
+            core.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
+        if self.schedule is not None:
+            await self.schedule()
+
+    # restarts ------------------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Re-attach to attempts that were running when the service stopped (before it serves runners)."""
+        core = self.core
+        for job_id, state, preempted, stop in await core.db(_active):
+            if not state.get("launched") and not state.get("spec_fetched"):
+                # the service stopped between admitting it and handing it to a runner: that runner never
+                # ran it (and can no longer fetch its spec): end what exists and requeue, not counted
+                await core.db(_abandon, job_id)
+                await core.backend.cancel(job_id, state, 1.0, reason="interrupted")
+                await self.finalize(job_id, Outcome("failed", "the service stopped while starting it",
+                                                    interrupted=True))
+                continue
+            core.backend.load_state(job_id, state)
+            core.log.info("re-attaching to job %s", job_id)
+            if preempted or stop:
+                why = "preempted" if preempted else stop
+                grace = core.settings.jobs["preemption_grace_seconds" if why == "preempted" else
+                                          "grace_period_seconds"]
+                core.spawn(self.stop(job_id, state, grace, why))
+            self.watch(job_id, state)
+
+    async def close(self) -> None:
+        for task in list(self.watchers.values()):
+            task.cancel()
+
+
+# database work (runs on the database thread pool) ---------------------------------------------
+def _save_state(s, job_id: str, attempt: int, state: dict) -> None:
+    job = s.get(Job, job_id)
+    latest = _latest(job) if job is not None else None
+    if job is not None and latest is not None and latest.number == attempt and job.state in ACTIVE_STATES:
+        job.backend_state = {**(job.backend_state or {}), **state}
+
+
+def _state_of(s, job_id: str) -> dict | None:
+    job = s.get(Job, job_id)
+    return dict(job.backend_state or {}) if job is not None and job.state in ACTIVE_STATES else None
+
+
+def _set_stop(s, job_id: str, why: str, grace: float) -> None:
+    job = s.get(Job, job_id)
+    attempt = _latest(job) if job is not None else None
+    if attempt is not None and attempt.finished_at is None:
+        attempt.stop_reason, attempt.stop_grace = why, float(grace)
+
+
+def _abandon(s, job_id: str) -> None:
+    job = s.get(Job, job_id)
+    attempt = _latest(job) if job is not None else None
+    if attempt is not None:
+        attempt.token_hash = ""  # its runner API calls are refused from now on
+
+
+def _active(s) -> list[tuple]:
+    out = []
+    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))):
+        attempt = _latest(job)
+        out.append((job.id, dict(job.backend_state or {}), job.state == JobState.preempted.value,
+                    attempt.stop_reason if attempt is not None else ""))
+    return out
+
+
+def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str] | None) -> Ending:
+    report = attempt.report if attempt is not None and isinstance(attempt.report, dict) else {}
+    if report.get("state") in ATTEMPT_ENDINGS:
+        ending = Ending(report["state"], str(report.get("reason") or ""), bool(report.get("infrastructure")))
+    else:
+        ending = Ending(outcome.state, outcome.reason, outcome.infrastructure, outcome.interrupted)
+    if stopping is not None and stopping[0] == "cancelled" and ending.state != "succeeded":
+        ending = Ending("cancelled", stopping[1])
+    return ending
+
+
+def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger):
+    job = s.get(Job, job_id)
+    if job is None or job.state not in ACTIVE_STATES:
+        return None
+    attempt = _latest(job)
+    ledger.release(s, "job", job_id)
+    why = stopping[0] if stopping else (attempt.stop_reason if attempt is not None else "") or None
+    failures = sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")
+    nxt = next_state(job.state, _ending(attempt, outcome, stopping), stopping=why, preempt_reason=job.reason,
+                     retries=job.retries, failures_before=failures,
+                     limit_seconds=job.timeout_seconds or jobs["max_runtime_seconds"],
+                     backoff_seconds=jobs["retry_backoff_seconds"])
+    now = utcnow()
+    if attempt is not None:
+        attempt.state, attempt.failure, attempt.reason = nxt.attempt_state, nxt.failure, nxt.attempt_reason
+        report = attempt.report if isinstance(attempt.report, dict) else {}
+        code = report.get("exit_code") if "exit_code" in report else outcome.exit_code
+        attempt.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        attempt.finished_at = now
+        attempt.token_hash = ""
+    tracking = job.tracking if isinstance(job.tracking, dict) else {}
+    job.mlflow_run_id = tracking.get("run_id") or job.mlflow_run_id
+    job.state = transition(job.state, nxt.state).value
+    job.reason = nxt.reason
+    job.failure = nxt.failure if nxt.state == JobState.failed else ""
+    if nxt.retry_in is not None:
+        job.not_before = now + dt.timedelta(seconds=nxt.retry_in)
+        audit.append(s, "danlu", "retry", job.id, before={"attempt": len(job.attempts)},
+                     after={"retry": nxt.retry_number, "of": job.retries, "after_seconds": nxt.retry_in,
+                            "reason": nxt.attempt_reason})
+    if nxt.state == JobState.queued:
+        job.queued_at = now
+    else:
+        job.finished_at = now
+    return job.state, job.reason, workload_of(job)

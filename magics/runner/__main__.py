@@ -1,0 +1,108 @@
+"""``python -m danlu.runner [--warm KERNEL]``: one attempt of a job.
+
+The runner waits for its launch message on stdin (see
+:mod:`danlu.runner.link`); with ``--warm KERNEL`` it first imports everything,
+starts a kernel of that profile and prints ``ready``. End-of-file instead of
+a launch message means the service went away: it exits with its kernel. Once
+launched it works in the job's folder, sends its output to ``job.log``,
+fetches the job's spec from the service, and runs the attempt
+(:mod:`danlu.runner.base`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from danlu import env
+from danlu.errors import DanluError
+from danlu.jobdir import JobDir, write_json_atomic
+from danlu.proctree import set_child_subreaper
+from danlu.runner.execute import runner_for
+from danlu.runner.kernels import start_kernel, stop_kernel
+from danlu.runner.link import ServiceLink, read_launch
+from danlu.runner.tracking import mlflow_environ
+
+
+def _redirect_output(path: Path) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:  # something else sits where the log goes (the job's own doing): start a new log
+        path.unlink(missing_ok=True)
+        fd = os.open(path, flags, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _warm_up(kernel_name: str):
+    """Import what a job needs and start a kernel, then say ``ready``; None if the kernel did not start."""
+    import mlflow  # noqa: F401 - imported now so a job does not wait for it
+    import papermill  # noqa: F401
+
+    from danlu import events  # noqa: F401
+
+    try:
+        km = start_kernel(kernel_name, cwd=os.getcwd())
+    except Exception as e:  # noqa: BLE001
+        print(f"failed {e}", flush=True)
+        return None
+    print("ready", flush=True)
+    return km
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m danlu.runner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--warm", metavar="KERNEL", help="start a kernel first, then wait for a launch message")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    for noisy in ("urllib3", "mlflow", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("traitlets").setLevel(logging.ERROR)
+    set_child_subreaper()
+    km = None
+    signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(SystemExit(0)))
+    try:
+        if args.warm:
+            km = _warm_up(args.warm)
+            if km is None:
+                return 1
+        launch = read_launch()
+    except (SystemExit, ValueError, KeyError, TypeError) as e:
+        if not isinstance(e, SystemExit):
+            print(f"danlu runner: bad launch message: {e}", file=sys.stderr, flush=True)
+        launch = None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if launch is None:
+        if km is not None:
+            stop_kernel(km, now=True)
+        return 0
+    os.environ[env.JOB_ID] = launch.job_id
+    jd = JobDir(Path(launch.job_dir))
+    os.chdir(jd.path)
+    _redirect_output(jd.log_file)
+    link = ServiceLink(launch)
+    try:
+        spec = link.spec()
+    except DanluError as e:
+        print(f"danlu: could not fetch the job's spec from the service: {e}", file=sys.stderr, flush=True)
+        if km is not None:
+            stop_kernel(km, now=True)
+        return 3
+    mlflow_environ(spec)
+    write_json_atomic(jd.input_notebook, spec["notebook"])
+    return runner_for(spec)(link, spec, jd, km=km).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
