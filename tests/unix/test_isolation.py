@@ -283,7 +283,7 @@ if not os.path.exists({marker!r}):
     try:
         spec = json.load(open(os.path.join(jd, "job.json")))
     except (OSError, ValueError):  # a service that keeps the spec elsewhere: forge one anyway
-        spec = {}
+        spec = {{}}
     spec.update(run_as=None, owner={alice!r}, home={alice_home!r}, env={{"HOME": {alice_home!r}, "USER": {alice!r}}})
     forge("job.json", spec)
     forge("runner.json", {{"pid": 1, "started_at": 0}})
