@@ -17,7 +17,7 @@ LABEXT := extensions/server/labextension
 LAB_SOURCES := $(shell find $(LAB)/src $(LAB)/style $(LAB)/schema -type f -not -path '*/__tests__/*' 2>/dev/null) \
 	$(LAB)/package.json $(LAB)/tsconfig.json
 
-.PHONY: install up test demo benchmarks clean
+.PHONY: install up test demo benchmarks clean unix-env
 
 install: $(VENV)/.installed $(LABEXT)/package.json
 
@@ -46,6 +46,31 @@ $(LABEXT)/package.json: $(LAB)/node_modules/.danlu-installed $(LAB_SOURCES) | $(
 # The browser tests' own packages (Galata, Playwright); never a browser download: they use Debian's chromium.
 $(LAB)/ui-tests/node_modules/.danlu-installed: $(LAB)/ui-tests/package-lock.json
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix $(LAB)/ui-tests --no-audit --no-fund --loglevel=error
+	touch $@
+
+# A Danlu that every account can run, for users.unix_accounts: on and its test tier (tests/unix/, which
+# .ci/run points at it). Root only. Debian's Python, not .venv's: that one may live under a folder other
+# accounts cannot enter. A copy of the project (pip install ., not -e), because an editable install links
+# into this checkout, which may be root's alone. The stamp makes it idempotent; pip's cache makes a rebuild
+# after a change of the sources quick. torch is there for torchrun (--nproc 2 jobs).
+UNIX_ENV ?= /opt/danlu-unix
+UNIX_BASE_PYTHON ?= /usr/bin/python3
+PACKAGE_SOURCES := pyproject.toml $(shell find hub magics extensions/server -type f -not -path '*/__pycache__/*' \
+	-not -path '$(LABEXT)/*' 2>/dev/null)
+
+unix-env: $(UNIX_ENV)/.danlu-installed
+
+$(UNIX_ENV)/.danlu-installed: $(PACKAGE_SOURCES) Makefile $(LABEXT)/package.json
+	@test "$$(id -u)" = 0 || { echo "make unix-env installs into $(UNIX_ENV) for every account: run it as root"; exit 2; }
+	@command -v npm >/dev/null || { echo "npm is required for configurable-http-proxy: install Node.js (e.g. apt-get install nodejs npm)"; exit 2; }
+	umask 022 && { test -x $(UNIX_ENV)/bin/python || $(UNIX_BASE_PYTHON) -m venv $(UNIX_ENV); }
+	umask 022 && $(UNIX_ENV)/bin/python -m pip install --quiet --upgrade pip
+	umask 022 && $(UNIX_ENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	rm -rf build  # setuptools would copy files deleted from the sources out of an old build/
+	umask 022 && $(UNIX_ENV)/bin/python -m pip install --quiet '.[torch]'  # pip reinstalls a local project
+	umask 022 && npm install --silent --no-fund --no-audit --prefix $(UNIX_ENV)/chp configurable-http-proxy@$(CHP_VERSION)
+	ln -sf ../chp/node_modules/.bin/configurable-http-proxy $(UNIX_ENV)/bin/configurable-http-proxy
+	chmod -R a+rX $(UNIX_ENV)
 	touch $@
 
 up: install

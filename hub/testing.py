@@ -2,7 +2,10 @@
 
 :class:`Workbench` starts ``danlu up`` on a free port with its own state dir and
 talks to it the way users and admins do: the hub REST API (with the admin
-token), the jobs service API and MLflow through the proxy. :class:`RemoteKernel`
+token), the jobs service API and MLflow through the proxy. The workbench may run
+on another Python than the tests (``python=``: a Danlu installation every account
+can run, for ``users.unix_accounts: on``); :func:`run_as` runs a command as one
+of those accounts. :class:`RemoteKernel`
 executes code on a kernel of a user's server over the Jupyter websocket
 protocol, as JupyterLab does. Shipped in the package, like
 ``jupyterhub.tests.mocking``, so the tests, ``benchmarks/`` and ``make demo``
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -35,10 +39,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_as(user: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """Run a command as a Unix account (needs root), in its home, with its groups; output captured as text."""
+    entry = pwd.getpwnam(user)
+    env = {"HOME": entry.pw_dir, "USER": user, "LOGNAME": user, "PATH": "/usr/local/bin:/usr/bin:/bin",
+           **kwargs.pop("env", {})}
+    return subprocess.run(argv, user=entry.pw_uid, group=entry.pw_gid,
+                          extra_groups=os.getgrouplist(user, entry.pw_gid), env=env,
+                          cwd=kwargs.pop("cwd", entry.pw_dir), capture_output=True, text=True,
+                          timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
 class Workbench:
     def __init__(self, tmp: Path, config: dict | None = None, profiles: dict | None = None,
                  extra_env: dict | None = None, python: str | None = None):
+        """``python``: the interpreter that runs ``danlu up`` (default: this one); the tests stay here."""
         self.tmp = Path(tmp)
+        self.python = python or sys.executable
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.state = self.tmp / "state"
         self.port = free_port()
@@ -56,7 +73,6 @@ class Workbench:
         self.config_file = self.tmp / "danlu.yaml"
         self.config_file.write_text(yaml.safe_dump(config))
         self.extra_env = extra_env or {}
-        self.python = python or sys.executable  # another installation of Danlu may run the workbench
         self.proc: subprocess.Popen | None = None
         self.log_path = self.tmp / "danlu-up.log"
 
@@ -64,6 +80,9 @@ class Workbench:
     def start(self, timeout: float = 240) -> "Workbench":
         env = {**os.environ, names.ADMIN_TOKEN: self.admin_token, "PYTHONUNBUFFERED": "1", **self.extra_env}
         env.pop("JUPYTERHUB_API_TOKEN", None)
+        if self.python != sys.executable:  # its own installation, not this one's import paths
+            for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+                env.pop(name, None)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [self.python, "-m", "danlu.hub", "up", "--config", str(self.config_file), "--state-dir", str(self.state),

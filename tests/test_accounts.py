@@ -1,15 +1,11 @@
-"""Unix accounts: dropping privileges, and the workbench with servers and jobs as real accounts."""
+"""Unix accounts: looking them up and dropping privileges (the workbench as real accounts is tests/unix/)."""
 
 from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import stat
 import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
 
@@ -46,53 +42,6 @@ def test_demote_runs_a_child_as_the_account(tmp_path):
     accounts.give(path, account, 0o600)
     st = path.stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600)
-
-
-def _can_run_as_others() -> bool:
-    return ROOT and shutil.which("useradd") is not None and accounts.runnable_by_others()
-
-
-@pytest.mark.service
-@pytest.mark.skipif(not _can_run_as_others(),
-                    reason="needs root, useradd, and a Danlu installation other accounts can run "
-                           f"({sys.executable} is not reachable by them here)")
-def test_servers_and_jobs_run_as_each_users_account():
-    from danlu.hub.testing import Workbench
-
-    from .conftest import PROFILES
-    from .test_resilience import notebook
-
-    users = ["danlutest-a", "danlutest-b"]
-    for user in users:
-        subprocess.run(["useradd", "-m", user], check=False, capture_output=True)
-    # pytest's own temp folders are private to root; the users' processes must reach the state dir
-    tmp = tempfile.mkdtemp(prefix="danlu-accounts-", dir="/tmp")
-    os.chmod(tmp, 0o711)
-    wb = Workbench(tmp, config={"users": {"unix_accounts": "on"}}, profiles=PROFILES).start()
-    try:
-        a, b = (wb.create_user(u) for u in users)
-        assert wb.start_server(users[0], {"profile": "python"}).status_code in (201, 202)
-        job = wb.api("POST", "/jobs", token=a, json={"notebook": notebook(
-            "import os, time; print('uid', os.getuid()); time.sleep(3)")}).json()
-        time.sleep(1)
-        done = wb.wait_job(job["id"], a)
-        assert done["state"] == "succeeded", wb.api("GET", f"/jobs/{job['id']}/logs", token=a).text
-        uid = pwd.getpwnam(users[0]).pw_uid
-        assert f"uid {uid}" in wb.api("GET", f"/jobs/{job['id']}/logs", token=a).text
-        jobdir = wb.state / "jobs" / job["id"]
-        st = jobdir.stat()
-        assert st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o700
-        peek = subprocess.run(["su", users[1], "-s", "/bin/sh", "-c", f"cat {jobdir}/job.log"],
-                              capture_output=True, text=True)
-        assert peek.returncode != 0
-        refused = wb.api("POST", "/jobs", token=wb.create_user("nobody-here"), json={"notebook": notebook("1")})
-        assert refused.status_code == 403 and refused.json()["reason"] == "no_unix_account"
-        assert b
-    finally:
-        wb.stop()
-        for user in users:
-            subprocess.run(["userdel", "-r", user], check=False, capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("auth, euid, warns", [
