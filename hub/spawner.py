@@ -27,7 +27,7 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Any, Bool, Dict, Unicode, default
+from traitlets import Any, Bool, Dict, Integer, Unicode, default
 
 from danlu import env as names
 from danlu.client import error_from
@@ -50,6 +50,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
     labextensions_dir = Unicode(help="A folder where the prebuilt lab extension is linked in as danlu-lab/ and "
                                      "which servers get as an extra labextensions path (default: a folder beside "
                                      "home_root).").tag(config=True)
+    umask = Integer(0o077, help="The umask of every user server (and so of its kernels and terminals): by default "
+                               "what a user creates is theirs alone.").tag(config=True)
     profiles = Any(help="The loaded ProfileSet (read from profiles_file on first use).")
 
     @default("profiles")
@@ -83,15 +85,34 @@ class DanluLocalSpawner(LocalProcessSpawner):
         return [g.name for g in getattr(self.user, "groups", [])]
 
     def make_preexec_fn(self, name):
+        umask = self.umask
         if self.unix_accounts:
-            return super().make_preexec_fn(name)  # setuid to the user, cd to their home
+            become = super().make_preexec_fn(name)  # setuid to the user, cd to their home
+
+            def preexec():
+                become()
+                os.umask(umask)  # what the server and its kernels create is the user's alone
+
+            return preexec
         home = self.home_dir
 
         def preexec():
             os.makedirs(home, 0o700, exist_ok=True)
             os.chdir(home)
+            os.umask(umask)
 
         return preexec
+
+    def _warn_open_home(self) -> None:
+        """Files keep their modes, but a home other accounts can read is an open door: say so."""
+        try:
+            mode = os.stat(self.home_dir).st_mode & 0o777
+        except OSError:
+            return
+        if mode & 0o077:
+            self.log.warning("%s's home %s has mode %o: other accounts can look into it. chmod 700 it "
+                             "(create accounts with useradd -m -K HOME_MODE=0700)", self.user.name, self.home_dir,
+                             mode)
 
     def user_env(self, env):
         if self.unix_accounts:
@@ -219,6 +240,8 @@ class DanluLocalSpawner(LocalProcessSpawner):
             self.devices = result["devices"]
         if not self.unix_accounts:
             Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        else:
+            self._warn_open_home()
         try:
             return await super().start()
         except BaseException:

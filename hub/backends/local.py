@@ -84,7 +84,8 @@ class LocalBackend(Backend):
         proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE if kernel_name else asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=self._env(account, runner_id, job_id), cwd=self.jobs_root, **ids)
+            start_new_session=True, env=self._env(account, runner_id, job_id), cwd=self.jobs_root, umask=0o077,
+            **ids)
         runner = RunnerProcess(proc, runner_id, kernel_name, account.uid if account is not None else os.geteuid())
         if kernel_name:
             self._spawn(runner.watch())
@@ -149,10 +150,9 @@ class LocalBackend(Backend):
 
     @staticmethod
     def _markers(job_id: str, state: dict) -> list[dict]:
-        markers = [{env.JOB_ID: job_id}]
-        if state.get("runner_id"):
-            markers.append({env.RUNNER_ID: str(state["runner_id"])})
-        return markers
+        """The processes of this attempt: its runner's marker (never the job's id: a later attempt has that too)."""
+        runner_id = state.get("runner_id")
+        return [{env.RUNNER_ID: runner_id}] if isinstance(runner_id, str) and runner_id else [{env.JOB_ID: job_id}]
 
     @staticmethod
     def _uid(state: dict) -> int:

@@ -57,10 +57,10 @@ class Supervisor:
                             run_as=account, api_url=core.service_api, token=start["token"])
 
             async def record(state: dict) -> None:
-                await core.db(_save_state, job_id, start["attempt"], state)
+                await core.db(_save_state, job_id, start["attempt"], {**state, "attempt": start["attempt"]})
 
             state = await core.backend.start(launch, record)
-            state = {**state, "launched": True}
+            state = {**state, "launched": True, "attempt": start["attempt"]}
             await core.db(_save_state, job_id, start["attempt"], state)
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay running
             core.log.exception("starting job %s failed", job_id)
@@ -83,43 +83,48 @@ class Supervisor:
                 await asyncio.sleep(0.5)
                 outcome = await backend.poll(job_id, state)
             await backend.cleanup(job_id, state)
-            await self.finalize(job_id, outcome)
+            await self.finalize(job_id, outcome, state.get("attempt"))
         except asyncio.CancelledError:
             raise
         except Exception:
             self.core.log.exception("watching job %s failed", job_id)
-            await self.finalize(job_id, Outcome("failed", "the service lost track of it", infrastructure=True))
+            await self.finalize(job_id, Outcome("failed", "the service lost track of it", infrastructure=True),
+                                state.get("attempt"))
 
     # stopping -------------------------------------------------------------------------------
     async def stop(self, job_id: str, state: dict, grace: float, why: str, reason: str = "") -> None:
         """End a running attempt (cancel, preemption, time limit); the runner learns ``why`` from the service."""
         self.stopping[job_id] = (why, reason or why)
         try:
-            await self.core.db(_set_stop, job_id, why, grace)
+            await self.core.db(_set_stop, job_id, why, grace, state.get("attempt"))
             await self.core.backend.cancel(job_id, state, grace, reason=why)
         except Exception:
             self.core.log.exception("stopping job %s (%s) failed", job_id, why)
         if job_id not in self.watchers:  # nothing else will notice
-            await self.finalize(job_id, Outcome(why, reason or why))
+            await self.finalize(job_id, Outcome(why, reason or why), state.get("attempt"))
 
     async def cancel(self, job_id: str, state: dict, reason: str) -> None:
         """Cancel a running attempt now: end its processes (with the grace period), then record it."""
         core = self.core
         grace = core.settings.jobs["grace_period_seconds"]
         self.stopping[job_id] = ("cancelled", reason)
-        await core.db(_set_stop, job_id, "cancelled", grace)
+        await core.db(_set_stop, job_id, "cancelled", grace, state.get("attempt"))
         await core.backend.cancel(job_id, state, grace, reason="cancelled")
         await core.backend.cleanup(job_id, state)
-        await self.finalize(job_id, Outcome("cancelled", reason))
+        await self.finalize(job_id, Outcome("cancelled", reason), state.get("attempt"))
         watcher = self.watchers.pop(job_id, None)
         if watcher is not None:
             watcher.cancel()
 
     def reap_after_report(self, job_id: str, seconds: float = 30.0) -> None:
         """A runner's last act is its ``finished`` report; one still there ``seconds`` later is ended."""
+        watcher = self.watchers.get(job_id)
+        if watcher is None:
+            return
+
         async def reap():
             await asyncio.sleep(seconds)
-            if job_id in self.watchers:
+            if self.watchers.get(job_id) is watcher and not watcher.done():  # still that attempt, still running
                 state = await self.core.db(_state_of, job_id)
                 if state is not None:
                     self.core.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id,
@@ -129,13 +134,16 @@ class Supervisor:
         self.core.spawn(reap())
 
     # the end of an attempt ----------------------------------------------------------------------
-    async def finalize(self, job_id: str, outcome: Outcome) -> None:
-        """Record how an attempt ended (idempotent), free what it held, decide what comes next."""
+    async def finalize(self, job_id: str, outcome: Outcome, attempt: int | None = None) -> None:
+        """Record how an attempt ended (idempotent), free what it held, decide what comes next.
+
+        With ``attempt``, only if that attempt is still the job's current one.
+        """
         core = self.core
         async with core.lock:
-            stopping = self.stopping.pop(job_id, None)
             try:
-                done = await core.db(_finalize, job_id, outcome, stopping, core.settings.jobs, core.ledger)
+                done = await core.db(_finalize, job_id, outcome, self.stopping.get(job_id), core.settings.jobs,
+                                     core.ledger, attempt)
             except Exception:
                 core.log.exception("recording the end of job %s failed; rebuilding from the database", job_id)
                 if self.schedule is not None:
@@ -143,6 +151,7 @@ class Supervisor:
                 return
             if done is None:
                 return
+            self.stopping.pop(job_id, None)
             state, reason, workload = done
             core.model.release(job_id)
             if state == JobState.queued.value:
@@ -194,10 +203,10 @@ def _state_of(s, job_id: str) -> dict | None:
     return dict(job.backend_state or {}) if job is not None and job.state in ACTIVE_STATES else None
 
 
-def _set_stop(s, job_id: str, why: str, grace: float) -> None:
+def _set_stop(s, job_id: str, why: str, grace: float, number: int | None = None) -> None:
     job = s.get(Job, job_id)
     attempt = _latest(job) if job is not None else None
-    if attempt is not None and attempt.finished_at is None:
+    if attempt is not None and attempt.finished_at is None and number in (None, attempt.number):
         attempt.stop_reason, attempt.stop_grace = why, float(grace)
 
 
@@ -228,11 +237,13 @@ def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str]
     return ending
 
 
-def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger):
+def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, number: int | None = None):
     job = s.get(Job, job_id)
     if job is None or job.state not in ACTIVE_STATES:
         return None
     attempt = _latest(job)
+    if number is not None and (attempt is None or attempt.number != number):
+        return None  # an earlier attempt's late news
     ledger.release(s, "job", job_id)
     why = stopping[0] if stopping else (attempt.stop_reason if attempt is not None else "") or None
     failures = sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")

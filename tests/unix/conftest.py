@@ -116,8 +116,8 @@ def users(unix_python) -> dict[str, Account]:
     try:
         for name in (ALICE, BOB):
             _remove_account(name)  # left by an interrupted run
-            # as the admin guide says: useradd -m, nothing more
-            subprocess.run(["useradd", "-m", name], check=True, capture_output=True)
+            # as the admin guide says: a home only its owner can enter
+            subprocess.run(["useradd", "-m", "-K", "HOME_MODE=0700", name], check=True, capture_output=True)
             entry = pwd.getpwnam(name)
             made[name] = Account(name, entry.pw_uid, Path(entry.pw_dir))
         check = run_as(BOB, [unix_python, "-c", "import danlu.hub.app"])

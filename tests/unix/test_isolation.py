@@ -77,8 +77,8 @@ def test_a_user_without_an_account_is_refused(wb):
 def test_alices_home_is_closed_to_bob(wb, bob_kernel):
     """Not even its listing: the names of her files and folders are hers.
 
-    Accounts made as the admin guide says (``useradd -m``) get a home of mode 0755 on Debian 12
-    (``HOME_MODE`` unset in /etc/login.defs, ``UMASK 022``): nothing in Danlu closes it yet.
+    Accounts made as the admin guide says (``useradd -m -K HOME_MODE=0700``; plain ``useradd -m``
+    gives 0755 on Debian 12, which the spawner warns about), and servers and runners with umask 077.
     """
     home = wb.users[ALICE].home
     out = bob_kernel.execute(PROBE + f"attempt('list', lambda: os.listdir({str(home)!r}))\nreport()")
