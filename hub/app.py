@@ -4,7 +4,8 @@
 and the profiles, prepares the profile kernels, then starts and supervises:
 
 1. the MLflow tracking server (SQLite and artifacts in the state dir) on a
-   loopback port, with ``--static-prefix /services/mlflow``;
+   loopback port, with ``--static-prefix /services/mlflow`` and MLflow's
+   basic-auth app, whose users are the hub's (:mod:`danlu.hub.mlflow_auth`);
 2. JupyterHub, which starts configurable-http-proxy, the jobs service and the
    MLflow gateway as managed services, and users' servers.
 
@@ -33,8 +34,9 @@ from traitlets import Bool, Unicode, default
 from traitlets.config import Application
 
 from danlu import __version__, proctree
+from danlu.env import MLFLOW_AUTH_SECRET
 from danlu.errors import ConfigError, DanluError
-from danlu.hub import accounts
+from danlu.hub import accounts, mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
@@ -146,7 +148,9 @@ class DanluUp(Application):
         mlflow = settings.mlflow
         backend = mlflow.get("backend_store_uri") or f"sqlite:///{state / 'mlflow.db'}"
         artifacts = mlflow.get("artifacts_destination") or str(state / "mlartifacts")
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+        secret = env[MLFLOW_AUTH_SECRET]
+        env = {**env, **mlflow_auth.server_environment(mlflow_auth.write_auth_config(state, settings, secret), secret)}
+        cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri", backend,
                "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
                "--static-prefix", "/services/mlflow", "--workers", str(mlflow.get("workers", 1)),
                "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
@@ -216,6 +220,8 @@ class DanluUp(Application):
             "DANLU_PORT": str(settings.port),
             "DANLU_ADMIN_TOKEN": token,
             "DANLU_MLFLOW_URL": mlflow_url,
+            # hubconfig hands it to the jobs service and the MLflow gateway, and to nothing else
+            str(MLFLOW_AUTH_SECRET): mlflow_auth.ensure_secret(state),
             "DANLU_HUB_PORT": str(free_port()),
             "DANLU_PROXY_API_PORT": str(free_port()),
             "DANLU_SERVICE_PORT": str(free_port()),
@@ -238,7 +244,7 @@ class DanluUp(Application):
             self._say(f"starting MLflow on 127.0.0.1:{mlflow_port}")
             mlflow = self.start_mlflow(settings, mlflow_port, env)
             procs.append(("mlflow", mlflow))
-            wait_http(f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1", 180, mlflow, "MLflow")
+            wait_http(f"{mlflow_url}/health", 180, mlflow, "MLflow")  # the one route that needs no login
             self._say(f"starting JupyterHub on {settings.ip}:{settings.port}")
             hub = self.start_hub(settings, env)
             procs.append(("jupyterhub", hub))

@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from danlu.env import MLFLOW_AUTH_SECRET
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
 
@@ -149,6 +150,9 @@ def configure(c, environ=os.environ) -> Settings:
         "PATH": f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}",
         **instance,
     }
+    # the MLflow credentials' secret: for these two services only, never for users' servers (a plain str
+    # key: JupyterHub deep-copies the services, and a Var cannot be copied)
+    mlflow_secret = {str(MLFLOW_AUTH_SECRET): environ[MLFLOW_AUTH_SECRET]} if MLFLOW_AUTH_SECRET in environ else {}
     service_port = int(environ["DANLU_SERVICE_PORT"])
     gateway_port = int(environ["DANLU_GATEWAY_PORT"])
     c.JupyterHub.services = [
@@ -157,7 +161,7 @@ def configure(c, environ=os.environ) -> Settings:
             "display": True,
             "url": f"http://127.0.0.1:{service_port}",
             "command": [python, "-m", "danlu.hub.service"],
-            "environment": common_env,
+            "environment": {**common_env, **mlflow_secret},
             "oauth_no_confirm": True,
             "oauth_client_allowed_scopes": list(CUSTOM_SCOPES),
         },
@@ -166,7 +170,7 @@ def configure(c, environ=os.environ) -> Settings:
             "display": True,
             "url": f"http://127.0.0.1:{gateway_port}",
             "command": [python, "-m", "danlu.hub.mlflow_gateway"],
-            "environment": common_env,
+            "environment": {**common_env, **mlflow_secret},
             "oauth_no_confirm": True,
         },
         {"name": "danlu-admin", "api_token": admin_token},
