@@ -181,7 +181,8 @@ def prime(km, env: dict, cwd: str) -> None:
 
 def job_env(jd: JobDir, spec: dict, devices: list[int], run_id: str | None) -> dict:
     env = {k: str(v) for k, v in spec.get("env", {}).items()}
-    for key in ("MLFLOW_TRACKING_URI", "DANLU_URL", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+    for key in ("MLFLOW_TRACKING_URI", "DANLU_URL", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT",
+                "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # the owner's MLflow login
         if os.environ.get(key):
             env[key] = os.environ[key]
     env.update({
@@ -530,11 +531,13 @@ def warm_main(kernel_name: str) -> int:
     try:
         print("ready", flush=True)
         line = sys.stdin.readline().strip()
+        extra = sys.stdin.readline().strip()  # the environment the job adds (its owner's MLflow login)
     except SystemExit:
         line = ""
     if not line:
         stop_kernel(km, now=True)
         return 0
+    os.environ.update(json.loads(extra) if extra else {})
     jd = JobDir(Path(line))
     _redirect_output(jd.log_file)
     os.environ["DANLU_JOB_ID"] = jd.path.name

@@ -25,6 +25,8 @@ import psutil
 from traitlets import Dict, Integer, Unicode
 
 from danlu import proctree
+from danlu.env import MLFLOW_AUTH_SECRET
+from danlu.hub import mlflow_auth
 from danlu.hub.accounts import Account, demote, give
 from danlu.hub.backends.base import Backend, Outcome
 from danlu.jobdir import JobDir, write_json_atomic
@@ -51,8 +53,9 @@ class WarmRunner:
     def usable(self) -> bool:
         return self.ready.done() and self.ready.result() and self.proc.returncode is None
 
-    async def assign(self, jobdir: Path) -> None:
-        self.proc.stdin.write(f"{jobdir}\n".encode())
+    async def assign(self, jobdir: Path, env: dict) -> None:
+        """Hand over a job: its directory, then the environment it adds (its owner's MLflow login)."""
+        self.proc.stdin.write(f"{jobdir}\n{json.dumps(env)}\n".encode())
         await self.proc.stdin.drain()
         self.proc.stdin.close()
 
@@ -87,6 +90,7 @@ class LocalBackend(Backend):
     def _env(self, extra: dict | None = None) -> dict:
         env = {**os.environ, **self.runner_env, **(extra or {})}
         env.pop("JUPYTERHUB_API_TOKEN", None)  # the service's token never reaches user code
+        env.pop(MLFLOW_AUTH_SECRET, None)  # nor the secret every MLflow password comes from
         env.pop("JPY_API_TOKEN", None)
         env["PYTHONUNBUFFERED"] = "1"
         env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -136,7 +140,10 @@ class LocalBackend(Backend):
 
     async def start(self, job: dict) -> dict:
         jd = self.jobdir(job["id"])
-        run_as = jd.spec().get("run_as")
+        spec = jd.spec()
+        run_as = spec.get("run_as")
+        # MLflow integration (danlu.hub.mlflow_auth): the runner logs to MLflow as the job's owner
+        mlflow_env = mlflow_auth.job_environment(spec["owner"], MLFLOW_AUTH_SECRET.get())
         account = Account(**run_as) if run_as else None
         for stale in (jd.status_file, jd.path / "stop"):  # left by an earlier attempt of a requeued job
             with contextlib.suppress(FileNotFoundError):
@@ -149,7 +156,7 @@ class LocalBackend(Backend):
         kernel = job["kernel_name"]
         runner = self._take_warm(kernel, account) if job["nproc"] == 1 else None
         if runner is not None:
-            await runner.assign(jd.path)
+            await runner.assign(jd.path, mlflow_env)
             proc = runner.proc
             warm = True
         else:
@@ -158,7 +165,7 @@ class LocalBackend(Backend):
                 proc = await asyncio.create_subprocess_exec(
                     self.python, "-m", "danlu.runner", str(jd.path),
                     stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    start_new_session=True, env=self._env({"DANLU_JOB_ID": job["id"]}), cwd=str(jd.path),
+                    start_new_session=True, env=self._env({"DANLU_JOB_ID": job["id"], **mlflow_env}), cwd=str(jd.path),
                     preexec_fn=demote(account) if account else None,
                 )
             finally:

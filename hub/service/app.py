@@ -25,10 +25,12 @@ from traitlets import Instance, Integer, Unicode, default
 from traitlets.config import Application
 
 from danlu import __version__
+from danlu.env import MLFLOW_AUTH_SECRET
 from danlu.errors import DanluError
 from danlu.hub import gpus as gpu_inventory
 from danlu.hub.backends import backends
 from danlu.hub.config import Settings, load_settings
+from danlu.hub.mlflow_auth import MlflowUsers
 from danlu.hub.profiles import builtin_profiles, load_profiles
 from danlu.hub.service import handlers
 from danlu.hub.service.auth import GroupDirectory
@@ -88,8 +90,10 @@ class JobsServiceApp(Application):
                            else {})},
         )
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
+        secret = MLFLOW_AUTH_SECRET.get()
         self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
-                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log)
+                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log,
+                                  mlflow_users=MlflowUsers(self.mlflow_url, secret) if secret else None)
         self.default_kernel = profiles.default.kernel_name
         self.manager.record_profiles(profiles)
 

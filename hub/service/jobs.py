@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 import nbformat
 from sqlalchemy import func, select
 
-from danlu.errors import Conflict, Forbidden, NotFound, PolicyError, ValidationError
+from danlu.errors import Conflict, Forbidden, NotFound, PolicyError, Unreachable, ValidationError
 from danlu.hub import accounts
 from danlu.hub.backends.base import Outcome
 from danlu.hub.service import audit, quotas, validation
@@ -50,8 +50,10 @@ def _ts(value) -> float:
 
 
 class JobManager:
-    def __init__(self, *, settings, profiles, inventory, sessions, backend, groups, log: logging.Logger | None = None):
+    def __init__(self, *, settings, profiles, inventory, sessions, backend, groups, log: logging.Logger | None = None,
+                 mlflow_users=None):
         self.settings = settings
+        self.mlflow_users = mlflow_users  # danlu.hub.mlflow_auth.MlflowUsers; None: MLflow without permissions
         self.profiles = profiles
         self.inventory = inventory
         self.ledger = Ledger(inventory)
@@ -194,6 +196,8 @@ class JobManager:
         datasets = [self._resolve_dataset(ds, workdir, f"datasets[{i}]")
                     for i, ds in enumerate(body.get("datasets", []))]
         stem = PurePosixPath(source.get("notebook_path") or "").stem
+        experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
+        await self._check_mlflow(owner, experiment, principal.admin)
         name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
         cell_id, sha = cell_sha256(nb)
         source.setdefault("cell_id", cell_id)
@@ -209,7 +213,7 @@ class JobManager:
         spec = {
             "id": job_id, "owner": owner, "name": name, "profile": profile.slug, "kernel_name": profile.kernel_name,
             "nproc": resources["nproc"], "gpus": resources["gpus"], "parameters": params, "queue": queue,
-            "experiment": body.get("experiment") or f"{owner}/{stem or 'jobs'}",
+            "experiment": experiment,
             "cwd": str(workdir), "home": str(home), "datasets": datasets, "source": source, "cell_sha256": sha,
             # addresses that change between starts (MLflow's port) reach the runner in its environment
             "env": {"HOME": str(home), "USER": owner},
@@ -241,6 +245,20 @@ class JobManager:
         await self.schedule()
         with self.sessions() as s:
             return 201, self.to_dict(s.get(Job, job_id))
+
+    async def _check_mlflow(self, owner: str, experiment: str, admin: bool) -> None:
+        """MLflow integration (danlu.hub.mlflow_auth): the owner exists in MLflow and may log to the experiment."""
+        if self.mlflow_users is None:
+            return
+
+        async def user_exists(name: str) -> bool:
+            return await self.groups.user(name) is not None
+
+        try:
+            await self.mlflow_users.ensure_user(owner)
+        except Unreachable as e:  # the job runs anyway and reports MLflow's absence
+            self.log.warning("could not make %s an MLflow user: %s", owner, e)
+        await self.mlflow_users.check_experiment(experiment, owner, admin, user_exists)
 
     async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
         from papermill.parameterize import parameterize_notebook
