@@ -18,6 +18,7 @@ machine, talk to MLflow directly on loopback and never pass through here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -91,6 +92,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         self.upstream = upstream.rstrip("/")
         self.users = users
         self._queue: asyncio.Queue | None = None
+        self._refusal = None  # what to answer instead of MLflow, once the request body is read
         self._html: bytearray | None = None  # an MLflow page being buffered to add the XSRF script
 
     def _wants_html(self) -> bool:
@@ -101,24 +103,29 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status, "reason": reason, "message": message}))
 
+    def _refuse_login(self) -> None:
+        if self._wants_html():
+            self.redirect(self.get_login_url())
+            return
+        status = 403 if self.request.headers.get("Authorization") else 401
+        self._refuse(status, "unauthenticated" if status == 401 else "token_rejected",
+                     "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
+                     "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login")
+
     async def prepare(self):
-        # JupyterHub's XSRF check stays on: a cookie-authenticated request without the token has no user
+        # A refusal waits for the verb method: finishing before the body is read makes tornado drop
+        # the connection, which the proxy may be reusing already (its next request: "socket hang up").
+        # JupyterHub's XSRF check stays on: a cookie-authenticated request without the token has no user.
         user = self.current_user
         if not user:
-            if self._wants_html():
-                self.redirect(self.get_login_url())
-                return
-            status = 403 if self.request.headers.get("Authorization") else 401
-            self._refuse(status, "unauthenticated" if status == 401 else "token_rejected",
-                         "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
-                         "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login")
+            self._refusal = self._refuse_login
             return
         self.user = user
         self.mlflow_user = mlflow_auth.mlflow_username(user)
         try:
             await self.users.ensure_user(self.mlflow_user, admin=mlflow_auth.is_admin(user))
         except DanluError as e:
-            self._refuse(e.status, e.reason, str(e))
+            self._refusal = functools.partial(self._refuse, e.status, e.reason, str(e))
             return
         self._queue = asyncio.Queue()
         self._forward = asyncio.ensure_future(self._proxy())
@@ -189,6 +196,9 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         self.flush()
 
     async def _finish(self, *_path):
+        if self._refusal is not None:
+            self._refusal()
+            return
         if self._queue is not None:
             self._queue.put_nowait(None)
         await self._forward
