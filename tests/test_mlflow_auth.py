@@ -20,7 +20,6 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import time
 import uuid
 
@@ -348,24 +347,19 @@ def test_check_experiment_lets_jobs_through_when_mlflow_is_down():
 # service: a bare MLflow basic-auth server where nobody reads what is not theirs -----------------------
 @pytest.fixture(scope="module")
 def private_mlflow(tmp_path_factory):
-    """``mlflow server --app-name basic-auth`` as danlu up starts it, with default_permission NO_PERMISSIONS."""
-    from danlu.hub.app import wait_http
+    """The MLflow server as danlu up starts it (DanluUp.start_mlflow), with default_permission NO_PERMISSIONS."""
+    from danlu.hub.app import DanluUp, wait_http
 
     folder = tmp_path_factory.mktemp("mlflow-private")
-    secret = mlflow_auth.ensure_secret(folder)
-    config = mlflow_auth.write_auth_config(folder, settings_with(folder, {"default_permission": "NO_PERMISSIONS"}),
-                                           secret)
+    (folder / "danlu.yaml").write_text(yaml.safe_dump({"mlflow": {"default_permission": "NO_PERMISSIONS"}}))
+    settings = load_settings(folder / "danlu.yaml", {"state_dir": str(folder / "state")})
+    (settings.state_dir / "logs").mkdir(parents=True)
+    secret = mlflow_auth.ensure_secret(settings.state_dir)
     port = free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
-           "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
-           str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--static-prefix", "/services/mlflow", "--allowed-hosts", f"127.0.0.1:{port}"]
-    log = open(folder / "mlflow.log", "wb")
-    proc = subprocess.Popen(cmd, env={**os.environ, **mlflow_auth.server_environment(config, secret)}, stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = DanluUp().start_mlflow(settings, port, {**os.environ, str(MLFLOW_AUTH_SECRET): secret})
     url = f"http://127.0.0.1:{port}/services/mlflow"
     try:
-        wait_http(f"{url}/health", 180, proc, "MLflow")
+        wait_http(f"{url}/health", 300, proc, "MLflow")
         yield url, secret
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -373,7 +367,6 @@ def private_mlflow(tmp_path_factory):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.mark.service
