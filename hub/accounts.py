@@ -73,8 +73,8 @@ def lookup(username: str) -> Account:
     except KeyError:
         raise PolicyError(f"there is no Unix account named '{username}' on this machine",
                           reason="no_unix_account",
-                          fix=f"an admin creates it (useradd -m -K HOME_MODE=0700 {username}), or sets users.unix_accounts: off") \
-            from None
+                          fix=f"an admin creates it (useradd -m -K HOME_MODE=0700 {username}), "
+                              "or sets users.unix_accounts: off") from None
     if entry.pw_uid == 0:
         raise PolicyError(f"'{username}' is the root account; Danlu does not run servers or jobs as root",
                           reason="root_account", fix="log in with an ordinary account")

@@ -4,7 +4,8 @@
 and the profiles, prepares the profile kernels, then starts and supervises:
 
 1. the MLflow tracking server (SQLite and artifacts in the state dir) on a
-   loopback port, with ``--static-prefix /services/mlflow``;
+   loopback port, with ``--static-prefix /services/mlflow`` and MLflow's
+   basic-auth app, whose users are the hub's (:mod:`danlu.hub.mlflow_auth`);
 2. JupyterHub, which starts configurable-http-proxy, the jobs service and the
    MLflow gateway as managed services, and users' servers.
 
@@ -38,7 +39,7 @@ from traitlets.config import Application
 
 from danlu import __version__, env, proctree
 from danlu.errors import ConfigError, DanluError
-from danlu.hub import accounts
+from danlu.hub import accounts, mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
@@ -176,17 +177,20 @@ class DanluUp(Application):
         return found
 
     # processes ------------------------------------------------------------------------
-    def start_mlflow(self, settings: Settings, port: int, env: dict) -> subprocess.Popen:
+    def start_mlflow(self, settings: Settings, port: int, environ: dict) -> subprocess.Popen:
         state = settings.state_dir
         mlflow = settings.mlflow
         backend = mlflow.get("backend_store_uri") or f"sqlite:///{state / 'mlflow.db'}"
         artifacts = mlflow.get("artifacts_destination") or str(state / "mlartifacts")
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+        secret = environ[env.MLFLOW_AUTH_SECRET]
+        config = mlflow_auth.write_auth_config(state, settings, secret)
+        environ = {**environ, **mlflow_auth.server_environment(config, secret)}
+        cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri", backend,
                "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
                "--static-prefix", "/services/mlflow", "--workers", str(mlflow.get("workers", 1)),
                "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
         log = open(state / "logs" / "mlflow.log", "ab")
-        return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+        return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=environ,
                                 start_new_session=True)
 
     def start_hub(self, settings: Settings, environ: dict) -> subprocess.Popen:
@@ -265,6 +269,8 @@ class DanluUp(Application):
             env.PORT: str(settings.port),
             env.ADMIN_TOKEN: token,
             env.MLFLOW_URL: mlflow_url,
+            # hubconfig hands it to the jobs service and the MLflow gateway, and to nothing else
+            env.MLFLOW_AUTH_SECRET: mlflow_auth.ensure_secret(state),
             env.HUB_PORT: str(free_port()),
             env.PROXY_API_PORT: str(free_port()),
             env.SERVICE_PORT: str(free_port()),
@@ -287,7 +293,7 @@ class DanluUp(Application):
             self._say(f"starting MLflow on 127.0.0.1:{mlflow_port}")
             mlflow = self.start_mlflow(settings, mlflow_port, environ)
             procs.append(("mlflow", mlflow))
-            wait_http(f"{mlflow_url}/api/2.0/mlflow/experiments/search?max_results=1", 180, mlflow, "MLflow")
+            wait_http(f"{mlflow_url}/health", 180, mlflow, "MLflow")  # the one route that needs no login
             self._say(f"starting JupyterHub on {settings.ip}:{settings.port}")
             hub = self.start_hub(settings, environ)
             procs.append(("jupyterhub", hub))

@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from danlu import env as names
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
 
@@ -120,13 +121,13 @@ def configure(c, environ=os.environ) -> Settings:
     c.JupyterHub.ip = settings.ip
     c.JupyterHub.port = settings.port
     c.JupyterHub.hub_ip = "127.0.0.1"
-    c.JupyterHub.hub_port = int(environ["DANLU_HUB_PORT"])
+    c.JupyterHub.hub_port = int(environ[names.HUB_PORT])
     c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
     c.JupyterHub.cleanup_servers = True
     c.JupyterHub.cleanup_proxy = True
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{environ['DANLU_PROXY_API_PORT']}"
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{environ[names.PROXY_API_PORT]}"
     c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
     chp = shutil.which("configurable-http-proxy", path=f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}")
     if chp:
@@ -137,27 +138,30 @@ def configure(c, environ=os.environ) -> Settings:
         # else the identity provider owns group membership
         c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
 
-    admin_token = environ["DANLU_ADMIN_TOKEN"]
-    instance = {"DANLU_INSTANCE": environ["DANLU_INSTANCE"]} if "DANLU_INSTANCE" in environ else {}
+    admin_token = environ[names.ADMIN_TOKEN]
+    instance = {names.INSTANCE: environ[names.INSTANCE]} if names.INSTANCE in environ else {}
     common_env = {
-        "DANLU_CONFIG": environ.get("DANLU_CONFIG", ""),
-        "DANLU_STATE_DIR": str(state),
-        "DANLU_BASE_DIR": str(settings.base_dir),
-        "DANLU_MLFLOW_URL": environ["DANLU_MLFLOW_URL"],
-        "DANLU_IP": settings.ip,
-        "DANLU_PORT": str(settings.port),
+        names.CONFIG: environ.get(names.CONFIG, ""),
+        names.STATE_DIR: str(state),
+        names.BASE_DIR: str(settings.base_dir),
+        names.MLFLOW_URL: environ[names.MLFLOW_URL],
+        names.IP: settings.ip,
+        names.PORT: str(settings.port),
         "PATH": f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}",
         **instance,
     }
-    service_port = int(environ["DANLU_SERVICE_PORT"])
-    gateway_port = int(environ["DANLU_GATEWAY_PORT"])
+    # the MLflow credentials' secret: for these two services only, never for users' servers
+    secret = names.MLFLOW_AUTH_SECRET
+    mlflow_secret = {secret: environ[secret]} if secret in environ else {}
+    service_port = int(environ[names.SERVICE_PORT])
+    gateway_port = int(environ[names.GATEWAY_PORT])
     c.JupyterHub.services = [
         {
             "name": "danlu",
             "display": True,
             "url": f"http://127.0.0.1:{service_port}",
             "command": [python, "-m", "danlu.hub.service"],
-            "environment": common_env,
+            "environment": {**common_env, **mlflow_secret},
             "oauth_no_confirm": True,
             "oauth_client_allowed_scopes": list(CUSTOM_SCOPES),
         },
@@ -166,7 +170,7 @@ def configure(c, environ=os.environ) -> Settings:
             "display": True,
             "url": f"http://127.0.0.1:{gateway_port}",
             "command": [python, "-m", "danlu.hub.mlflow_gateway"],
-            "environment": common_env,
+            "environment": {**common_env, **mlflow_secret},
             "oauth_no_confirm": True,
         },
         {"name": "danlu-admin", "api_token": admin_token},
@@ -200,7 +204,7 @@ def configure(c, environ=os.environ) -> Settings:
     c.Spawner.server_token_scopes = SERVER_TOKEN_SCOPES
     c.Spawner.start_timeout = 120
     c.Spawner.http_timeout = 120
-    c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ", "DANLU_INSTANCE"]
+    c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ", names.INSTANCE]
     c.DanluLocalSpawner.profiles_file = str(settings.profiles_file)
     c.DanluLocalSpawner.home_root = str(state / "users")
     c.DanluLocalSpawner.labextensions_dir = str(state / "labextensions")
@@ -209,8 +213,8 @@ def configure(c, environ=os.environ) -> Settings:
     c.DanluLocalSpawner.jobs_api_token = admin_token
     c.Authenticator.post_auth_hook = audit_logins(f"http://127.0.0.1:{service_port}/services/danlu/api/v1", admin_token)
     c.DanluLocalSpawner.extra_env = {
-        "DANLU_URL": settings.local_url,
-        "DANLU_PUBLIC_URL": settings.public_url,
+        names.URL: settings.local_url,
+        names.PUBLIC_URL: settings.public_url,
         "MLFLOW_TRACKING_URI": f"{settings.local_url}/services/mlflow",
         "JUPYTER_PATH": str(state / "share" / "jupyter"),
         **instance,

@@ -7,16 +7,22 @@ is what ``MLFLOW_TRACKING_TOKEN`` produces) and then streams it to the MLflow
 tracking server on loopback, which ``danlu up`` starts with
 ``--static-prefix /services/mlflow`` so UI links and the REST API keep their
 paths. Unauthenticated API requests get a JSON 401/403; nothing reaches MLflow
-without a hub identity. Jobs, which run on this machine, talk to MLflow
-directly on loopback and never pass through here.
+without a hub identity. Each request reaches MLflow with its user's MLflow
+credentials (:mod:`danlu.hub.mlflow_auth`), so MLflow's own permissions decide
+what they may change. A cookie-authenticated request needs JupyterHub's XSRF
+token like any hub page; MLflow's UI does not send one, so its HTML pages get a
+small script that adds it to the UI's own requests. Jobs, which run on this
+machine, talk to MLflow directly on loopback and never pass through here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from urllib.parse import urlparse
@@ -25,43 +31,102 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from tornado import httpclient, web
 from tornado.httpserver import HTTPServer
 
+from danlu.env import MLFLOW_AUTH_SECRET, MLFLOW_URL
+from danlu.errors import DanluError
+from danlu.hub import mlflow_auth
+
 log = logging.getLogger("danlu.mlflow_gateway")
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "content-length", "host", "authorization", "cookie"}
+#: dropped from requests for HTML pages: their body is edited, and never answered from a stale cache
+HTML_REQUEST_DROP = {"accept-encoding", "if-none-match", "if-modified-since"}
+
+# Adds the hub's XSRF token to the MLflow UI's own requests (fetch and XMLHttpRequest, to this
+# gateway only): JupyterHub accepts a cookie-authenticated request only with it, and a browser's
+# fetch() needs it even for GET (Sec-Fetch-Mode: cors).
+XSRF_SCRIPT = """<script>(function () {
+  var token = %(token)s, prefix = %(prefix)s;
+  function ours(url) {
+    try { var u = new URL(url, location.href); } catch (e) { return false; }
+    return u.origin === location.origin && u.pathname.indexOf(prefix) === 0;
+  }
+  var fetch0 = window.fetch;
+  if (fetch0) {
+    window.fetch = function (input, init) {
+      var url = typeof input === "string" ? input : (input && input.url) || String(input);
+      if (ours(url)) {
+        init = Object.assign({}, init);
+        var headers = new Headers(init.headers || (input instanceof Request ? input.headers : undefined));
+        headers.set("X-XSRFToken", token);
+        init.headers = headers;
+      }
+      return fetch0.call(this, input, init);
+    };
+  }
+  var open0 = XMLHttpRequest.prototype.open, send0 = XMLHttpRequest.prototype.send;
+  XMLHttpRequest.prototype.open = function (method, url) {
+    this._danluXsrf = ours(url);
+    return open0.apply(this, arguments);
+  };
+  XMLHttpRequest.prototype.send = function () {
+    if (this._danluXsrf) this.setRequestHeader("X-XSRFToken", token);
+    return send0.apply(this, arguments);
+  };
+})();</script>"""
+
+
+def inject_xsrf(html: bytes, token: str, prefix: str) -> bytes:
+    """``html`` with :data:`XSRF_SCRIPT` first in its head (before MLflow's own scripts)."""
+    script = (XSRF_SCRIPT % {"token": json.dumps(token), "prefix": json.dumps(prefix)}).encode()
+    head = re.search(rb"<head[^>]*>", html, re.IGNORECASE)
+    at = head.end() if head else 0
+    return html[:at] + script + html[at:]
 
 
 @web.stream_request_body
 class ProxyHandler(HubOAuthenticated, web.RequestHandler):
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
-    def initialize(self, upstream: str):
+    def initialize(self, upstream: str, users: mlflow_auth.MlflowUsers):
         self.upstream = upstream.rstrip("/")
+        self.users = users
         self._queue: asyncio.Queue | None = None
-
-    def check_xsrf_cookie(self):
-        # MLflow's UI posts JSON with the hub cookie; token calls are exempt. The cookie is
-        # SameSite and scoped to /services/mlflow/, which limits cross-site use.
-        return
+        self._refusal = None  # what to answer instead of MLflow, once the request body is read
+        self._html: bytearray | None = None  # an MLflow page being buffered to add the XSRF script
 
     def _wants_html(self) -> bool:
         return self.request.method == "GET" and "text/html" in self.request.headers.get("Accept", "")
 
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status, "reason": reason, "message": message}))
+
+    def _refuse_login(self) -> None:
+        if self._wants_html():
+            self.redirect(self.get_login_url())
+            return
+        status = 403 if self.request.headers.get("Authorization") else 401
+        self._refuse(status, "unauthenticated" if status == 401 else "token_rejected",
+                     "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
+                     "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login")
+
     async def prepare(self):
+        # A refusal waits for the verb method: finishing before the body is read makes tornado drop
+        # the connection, which the proxy may be reusing already (its next request: "socket hang up").
+        # JupyterHub's XSRF check stays on: a cookie-authenticated request without the token has no user.
         user = self.current_user
         if not user:
-            if self._wants_html():
-                self.redirect(self.get_login_url())
-                return
-            status = 403 if self.request.headers.get("Authorization") else 401
-            self.set_status(status)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({
-                "status": status, "reason": "unauthenticated" if status == 401 else "token_rejected",
-                "message": "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
-                           "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login"}))
+            self._refusal = self._refuse_login
             return
         self.user = user
+        self.mlflow_user = mlflow_auth.mlflow_username(user)
+        try:
+            await self.users.ensure_user(self.mlflow_user, admin=mlflow_auth.is_admin(user))
+        except DanluError as e:
+            self._refusal = functools.partial(self._refuse, e.status, e.reason, str(e))
+            return
         self._queue = asyncio.Queue()
         self._forward = asyncio.ensure_future(self._proxy())
 
@@ -78,9 +143,11 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
 
     async def _proxy(self):
         # Content-Length travels: MLflow's server does not read chunked request bodies
+        drop = HOP_BY_HOP | (HTML_REQUEST_DROP if self._wants_html() else set())
         headers = {k: v for k, v in self.request.headers.get_all()
-                   if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"}
+                   if k.lower() not in drop or k.lower() == "content-length"}
         headers["X-Forwarded-User"] = self.user["name"]
+        headers["Authorization"] = mlflow_auth.basic_authorization(self.mlflow_user, self.users.secret)
         up = urlparse(self.upstream)
         headers["Host"] = up.netloc
         has_body = self.request.method in ("POST", "PUT", "PATCH") or (
@@ -112,18 +179,35 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
             self.clear_header("Content-Type")
             return
         name, _, value = line.partition(":")
+        name, value = name.strip(), value.strip()
         if name.lower() in HOP_BY_HOP or name.lower() in ("server", "date"):
             return
-        self.add_header(name.strip(), value.strip())
+        if name.lower() == "content-type" and value.lower().startswith("text/html") and self._wants_html():
+            self._html = bytearray()
+        if name.lower() == "content-encoding":  # not asked for; leave such a page as it is
+            self._html = None
+        self.add_header(name, value)
 
     def _on_chunk(self, chunk: bytes):
+        if self._html is not None:
+            self._html.extend(chunk)
+            return
         self.write(chunk)
         self.flush()
 
     async def _finish(self, *_path):
+        if self._refusal is not None:
+            self._refusal()
+            return
         if self._queue is not None:
             self._queue.put_nowait(None)
         await self._forward
+        if self._html is not None and not self._finished:
+            for name in ("ETag", "Last-Modified"):
+                self.clear_header(name)
+            self.set_header("Cache-Control", "no-store")  # the token in it changes with the login
+            # tornado sets Content-Length for the edited body
+            self.write(inject_xsrf(bytes(self._html), self.xsrf_token.decode(), self.hub_auth.base_url))
         if not self._finished:
             self.finish()
 
@@ -132,17 +216,20 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s mlflow-gateway] %(message)s")
-    upstream = os.environ.get("DANLU_MLFLOW_URL")
-    if not upstream:
-        print("danlu mlflow gateway: DANLU_MLFLOW_URL is not set", file=sys.stderr)
-        return 2
+    upstream = MLFLOW_URL.get()
+    secret = MLFLOW_AUTH_SECRET.get()
+    for var, value in ((MLFLOW_URL, upstream), (MLFLOW_AUTH_SECRET, secret)):
+        if not value:
+            print(f"danlu mlflow gateway: {var} is not set", file=sys.stderr)
+            return 2
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/mlflow/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102"))
     origin = f"{urlparse(upstream).scheme}://{urlparse(upstream).netloc}"
     hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
     app = web.Application([
         (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
-        (f"{prefix.rstrip('/')}(/.*)?", ProxyHandler, {"upstream": origin}),
+        (f"{prefix.rstrip('/')}(/.*)?", ProxyHandler,
+         {"upstream": origin, "users": mlflow_auth.MlflowUsers(upstream, secret)}),
     ], hub_auth=hub_auth, cookie_secret=os.urandom(32), log_function=lambda h: None)
     httpclient.AsyncHTTPClient.configure(None, max_body_size=2**34, max_buffer_size=2**30)
 

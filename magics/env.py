@@ -33,6 +33,9 @@ class Var(str):
         var.meaning = meaning
         return var
 
+    def __getnewargs__(self):  # copies (JupyterHub deep-copies its services' environments) keep the meaning
+        return str(self), self.meaning
+
     def get(self, default: str | None = None, environ=None) -> str | None:
         """The value in ``environ`` (default ``os.environ``); empty counts as unset."""
         value = (os.environ if environ is None else environ).get(self)

@@ -18,7 +18,8 @@ ROOT = os.geteuid() == 0
 def test_lookup_refuses_missing_and_root_accounts():
     with pytest.raises(PolicyError) as missing:
         accounts.lookup("no-such-user-danlu")
-    assert missing.value.reason == "no_unix_account" and "useradd -m -K HOME_MODE=0700 no-such-user-danlu" in str(missing.value)
+    assert missing.value.reason == "no_unix_account"
+    assert "useradd -m -K HOME_MODE=0700 no-such-user-danlu" in str(missing.value)
     with pytest.raises(PolicyError) as root:
         accounts.lookup("root")
     assert root.value.reason == "root_account"

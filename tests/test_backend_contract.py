@@ -35,7 +35,8 @@ def test_missing_methods_are_named_at_class_definition():
             async def start(self, job):
                 return {}
 
-    assert str(info.value) == "StartOnlyBackend must implement poll, cancel, read_log, read_output to be a Danlu backend"
+    assert str(info.value) == ("StartOnlyBackend must implement poll, cancel, read_log, read_output "
+                               "to be a Danlu backend")
 
 
 def test_empty_backend_names_every_required_method():

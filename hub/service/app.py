@@ -111,9 +111,10 @@ class JobsServiceApp(Application):
                               warm_runners=settings.jobs["warm_runners"], runner_env=runner_env)
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
+        mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
         self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
                                   backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log,
-                                  service_api=service_api, mlflow=MlflowAccess(self.mlflow_url))
+                                  service_api=service_api, mlflow=mlflow)
         self.default_kernel = profiles.default.kernel_name
         self.manager.record_profiles(profiles)
 
