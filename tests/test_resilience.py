@@ -97,3 +97,20 @@ def test_stopping_the_workbench_requeues_running_jobs_and_leaves_no_process(tmp_
     finally:
         assert again.stop() == 0
     assert again.processes() == []
+
+
+def test_a_second_danlu_up_on_the_same_state_folder_refuses_and_starts_nothing(workbench):
+    import subprocess
+    import sys
+
+    from danlu.hub.testing import free_port
+
+    wb = workbench
+    before = {p.pid for p in wb.processes()}
+    second = subprocess.run([sys.executable, "-m", "danlu.hub", "up", "--config", str(wb.config_file), "--state-dir",
+                             str(wb.state), "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "another danlu up" in second.stderr and str(wb.state) in second.stderr
+    assert "starting MLflow" not in second.stdout
+    assert {p.pid for p in wb.processes()} == before
+    assert wb.api("GET", "/health").status_code == 200

@@ -114,7 +114,7 @@ class Scheduler:
         from danlu.hub.service.usage import sample_gpus
 
         core = self.core
-        sampled = 0.0
+        sampled, orphans = 0.0, time.monotonic()
         while not core.closing:
             try:
                 await asyncio.wait_for(core.wake.wait(), interval)
@@ -127,6 +127,9 @@ class Scheduler:
                 if time.monotonic() - sampled > 30:
                     sampled = time.monotonic()
                     await core.db(sample_gpus, core.inventory)
+                if time.monotonic() - orphans > 60:
+                    orphans = time.monotonic()
+                    await self.supervisor.rewatch_orphans()
             except Exception:
                 core.log.exception("admission pass failed")
 

@@ -28,6 +28,7 @@ from danlu.hub.service.states import ACTIVE, Ending, JobState, next_state, trans
 from danlu.states import ATTEMPT_ENDINGS
 
 ACTIVE_STATES = [s.value for s in ACTIVE]
+RECORD_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds between tries to record an attempt's end
 
 
 def _latest(job: Job) -> Attempt | None:
@@ -137,18 +138,33 @@ class Supervisor:
     async def finalize(self, job_id: str, outcome: Outcome, attempt: int | None = None) -> None:
         """Record how an attempt ended (idempotent), free what it held, decide what comes next.
 
-        With ``attempt``, only if that attempt is still the job's current one.
+        With ``attempt``, only if that attempt is still the job's current one. Recording is retried
+        (the database may be busy or restarting); if it keeps failing, the job is failed with the
+        reason in a transaction of its own, so a job never stays running with nothing behind it.
         """
         core = self.core
-        async with core.lock:
+        for delay in RECORD_RETRIES:
             try:
-                done = await core.db(_finalize, job_id, outcome, self.stopping.get(job_id), core.settings.jobs,
-                                     core.ledger, attempt)
-            except Exception:
-                core.log.exception("recording the end of job %s failed; rebuilding from the database", job_id)
-                if self.schedule is not None:
-                    await self.schedule(rebuild=True)
+                await self._finalize_once(job_id, outcome, attempt)
+                break
+            except Exception as e:  # noqa: BLE001 - retried, then recorded as the job's failure
+                core.log.exception("recording the end of job %s failed (%s); retrying in %g s", job_id, e, delay)
+                await asyncio.sleep(delay)
+        else:
+            why = f"the service could not record how its attempt ended ({outcome.state}: {outcome.reason})"
+            try:
+                await self._finalize_once(job_id, Outcome("failed", why, infrastructure=True), attempt)
+            except Exception:  # noqa: BLE001 - the database is gone: rewatch_orphans tries again later
+                core.log.exception("job %s could not be recorded at all; it is watched again later", job_id)
                 return
+        if self.schedule is not None:
+            await self.schedule()
+
+    async def _finalize_once(self, job_id: str, outcome: Outcome, attempt: int | None) -> None:
+        core = self.core
+        async with core.lock:
+            done = await core.db(_finalize, job_id, outcome, self.stopping.get(job_id), core.settings.jobs,
+                                 core.ledger, attempt)
             if done is None:
                 return
             self.stopping.pop(job_id, None)
@@ -160,8 +176,14 @@ class Supervisor:
                 core.metrics.finished.labels(workload.team, state).inc()
                 core.mark_ended(job_id)
             core.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
-        if self.schedule is not None:
-            await self.schedule()
+
+    async def rewatch_orphans(self) -> None:
+        """Active attempts that nothing watches (a watcher that failed, a recording that failed): watch again."""
+        core = self.core
+        for job_id, state, _preempted, _stop in await core.db(_active):
+            if job_id not in self.watchers and state.get("launched"):
+                core.log.warning("job %s is active with no watcher: watching it again", job_id)
+                self.watch(job_id, state)
 
     # restarts ------------------------------------------------------------------------------------
     async def recover(self) -> None:
