@@ -13,10 +13,11 @@ here, not in the handlers.
 from __future__ import annotations
 
 import asyncio
+import os
 
 from sqlalchemy import func, select
 
-from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, usage
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
@@ -113,13 +114,24 @@ class JobManager:
             raise NotFound(f"job {job.id} has no notebook on record", reason="no_output")
         return job, row.notebook.encode()
 
+    def _files_state(self, job: Job) -> dict:
+        """The backend state to read a job's files with: whose files they must be, even before it started."""
+        state = dict(job.backend_state or {}) if isinstance(job.backend_state, dict) else {}
+        if not isinstance(state.get("uid"), int):
+            try:
+                account = self.core.settings.account(job.owner) if self.core.settings.unix_accounts else None
+            except DanluError:  # the account is gone: nothing in that folder is anyone's we would serve
+                return {**state, "uid": -1}
+            state["uid"] = account.uid if account is not None else os.geteuid()
+        return state
+
     async def read_log(self, job: Job, offset: int, limit: int) -> tuple[bytes, int]:
-        return await self.core.backend.read_log(job.id, dict(job.backend_state or {}), offset, limit)
+        return await self.core.backend.read_log(job.id, self._files_state(job), offset, limit)
 
     async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
         if rank >= job.nproc:
             raise NotFound(f"job {job.id} has ranks 0-{job.nproc - 1}", field="rank", reason="no_such_rank")
-        return await self.core.backend.read_output(job.id, dict(job.backend_state or {}), rank, offset, limit)
+        return await self.core.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
 
     def ended(self, job_id: str) -> asyncio.Event:
         return self.core.ended(job_id)
