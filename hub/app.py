@@ -108,19 +108,22 @@ class DanluUp(Application):
         if not settings.profiles_file.exists():
             self.log.warning("no profiles file at %s: offering only the built-in 'python' profile",
                              settings.profiles_file)
+        os.umask(0o077)  # databases, tokens, logs and job files: owner only, from the very first file
         state = settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
         self.lock_state(state)
         # users' servers and jobs must reach the kernelspecs and environments, nothing else
         os.chmod(state, 0o711 if settings.unix_accounts else 0o700)
         (state / "logs").mkdir(mode=0o700, exist_ok=True)
+        for path in state.iterdir():  # files an older Danlu (or MLflow) left open to others: the owner's only
+            if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
         self.upgrade_database(settings)
-        old = os.umask(0o022)
+        old = os.umask(0o022)  # the environments and kernelspecs are for every account to run
         try:
             prepare_profiles(state, profiles)
         finally:
             os.umask(old)
-        os.umask(0o077)  # databases, tokens, logs and job files: owner only
         self.profiles = profiles
         return settings
 
@@ -144,6 +147,7 @@ class DanluUp(Application):
         from danlu.hub.service.models import make_sessionmaker
 
         done = db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
+        db.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
         if done["from"] != done["to"]:
             self._say(f"jobs database: schema {done['from'] or 'new'} -> {done['to']}"
                       + (f" (backup: {done['backup']})" if done["backup"] else ""))
@@ -182,7 +186,7 @@ class DanluUp(Application):
         mlflow = settings.mlflow
         backend = mlflow.get("backend_store_uri") or f"sqlite:///{state / 'mlflow.db'}"
         artifacts = mlflow.get("artifacts_destination") or str(state / "mlartifacts")
-        secret = environ[env.MLFLOW_AUTH_SECRET]
+        secret = mlflow_auth.ensure_secret(state)  # never in the hub's own environment (its proxy inherits it)
         config = mlflow_auth.write_auth_config(state, settings, secret)
         environ = {**environ, **mlflow_auth.server_environment(config, secret)}
         cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri", backend,
@@ -269,8 +273,6 @@ class DanluUp(Application):
             env.PORT: str(settings.port),
             env.ADMIN_TOKEN: token,
             env.MLFLOW_URL: mlflow_url,
-            # hubconfig hands it to the jobs service and the MLflow gateway, and to nothing else
-            env.MLFLOW_AUTH_SECRET: mlflow_auth.ensure_secret(state),
             env.HUB_PORT: str(free_port()),
             env.PROXY_API_PORT: str(free_port()),
             env.SERVICE_PORT: str(free_port()),

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from danlu import env as names
+from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
 
@@ -150,9 +151,10 @@ def configure(c, environ=os.environ) -> Settings:
         "PATH": f"{venv_bin}{os.pathsep}{environ.get('PATH', '')}",
         **instance,
     }
-    # the MLflow credentials' secret: for these two services only, never for users' servers
-    secret = names.MLFLOW_AUTH_SECRET
-    mlflow_secret = {secret: environ[secret]} if secret in environ else {}
+    # the MLflow credentials' secret, read from its file: for these two services only, never for users'
+    # servers, and not in the hub's own environment either (configurable-http-proxy inherits that)
+    secret = mlflow_auth.read_secret(state)
+    mlflow_secret = {names.MLFLOW_AUTH_SECRET: secret} if secret else {}
     service_port = int(environ[names.SERVICE_PORT])
     gateway_port = int(environ[names.GATEWAY_PORT])
     c.JupyterHub.services = [

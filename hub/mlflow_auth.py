@@ -60,6 +60,14 @@ def ensure_secret(state_dir: Path) -> str:
     return secret
 
 
+def read_secret(state_dir: Path) -> str | None:
+    """The workbench secret if ``danlu up`` has made it (None before, or without MLflow permissions)."""
+    try:
+        return (Path(state_dir) / SECRET_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
 def password(secret: str, username: str) -> str:
     """The MLflow password of ``username``: HMAC-SHA256 of the name under the workbench secret, hex."""
     return hmac.new(secret.encode(), username.encode(), hashlib.sha256).hexdigest()

@@ -71,7 +71,6 @@ RUNNER_ID = Var("DANLU_RUNNER_ID", "A marker every job runner and its kernels ca
                                    "that dies takes its kernels and ranks with it.")
 JOB_DIR = Var("DANLU_JOB_DIR", "The job's folder: log, output notebooks, TensorBoard events.")
 CHECKPOINT_DIR = Var("DANLU_CHECKPOINT_DIR", "Where a job saves checkpoints; kept across its attempts.")
-STOP_FILE = Var("DANLU_STOP_FILE", "Where a runner tells its ranks why they are being stopped (torchrun jobs).")
 
 # tests and their tools -----------------------------------------------------------------------
 TEST_POSTGRES_URL = Var("DANLU_TEST_POSTGRES_URL", "Tests: a PostgreSQL database the service tests also run "

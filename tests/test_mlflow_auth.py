@@ -153,9 +153,11 @@ def test_the_secret_reaches_the_jobs_service_and_the_gateway_only(tmp_path):
     environ = {str(k): v for k, v in {
         env.CONFIG: str(tmp_path / "danlu.yaml"), env.STATE_DIR: str(tmp_path / "state"), env.HUB_PORT: "8081",
         env.PROXY_API_PORT: "8001", env.ADMIN_TOKEN: "a" * 64, env.MLFLOW_URL: "http://127.0.0.1:5000",
-        env.SERVICE_PORT: "10101", env.GATEWAY_PORT: "10102", "PATH": "/usr/bin", MLFLOW_AUTH_SECRET: SECRET}.items()}
+        env.SERVICE_PORT: "10101", env.GATEWAY_PORT: "10102", "PATH": "/usr/bin"}.items()}
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / mlflow_auth.SECRET_FILE).write_text(SECRET + "\n")  # as danlu up leaves it
     c = Config()
-    configure(c, environ=environ)
+    configure(c, environ=environ)  # the hub's own environment never holds it
     services = {s["name"]: s for s in copy.deepcopy(c.JupyterHub.services)}  # as JupyterHub does
     assert services["danlu"]["environment"][MLFLOW_AUTH_SECRET] == SECRET
     assert services["mlflow"]["environment"][MLFLOW_AUTH_SECRET] == SECRET

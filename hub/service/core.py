@@ -13,6 +13,7 @@ slow disk or a busy PostgreSQL cannot freeze the service's other requests.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,8 @@ T = TypeVar("T")
 
 
 def ts(value) -> float:
-    return value.timestamp() if value else 0.0
+    """Seconds since the epoch of a naive UTC datetime (the database's), whatever this machine's zone."""
+    return value.replace(tzinfo=dt.timezone.utc).timestamp() if value else 0.0
 
 
 def workload_of(job: Job, attempt: Attempt | None = None) -> Workload:

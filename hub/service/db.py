@@ -178,6 +178,23 @@ def _backup(url: str, backup_dir: Path | None, revision: str, log: logging.Logge
     return target
 
 
+def make_private(url: str) -> list[Path]:
+    """Mode 0600 for a SQLite database and its WAL files (no-op for other databases); the paths changed."""
+    parsed = make_url(url)
+    if not parsed.get_backend_name().startswith("sqlite") or not parsed.database or parsed.database == ":memory:":
+        return []
+    changed = []
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        path = Path(parsed.database + suffix)
+        try:
+            if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
+                changed.append(path)
+        except OSError:
+            continue
+    return changed
+
+
 def check(url: str) -> None:
     """Raise ConfigError unless the jobs database is at :func:`head` (the jobs service's start-up guard)."""
     expected = head()

@@ -75,8 +75,8 @@ class Scheduler:
             await self._estimate(now)
             core.observe()
             core.metrics.cycle.observe(time.perf_counter() - started)
-        for start in starts:
-            await self.supervisor.start(start)
+        for start in starts:  # in the background: a submission does not wait for runners to start
+            core.spawn(self.supervisor.start(start))
         grace = core.settings.jobs["preemption_grace_seconds"]
         for job_id, state, why in stops:
             core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))

@@ -47,6 +47,7 @@ class Supervisor:
     async def start(self, start: dict) -> None:
         """Start an admitted attempt (its row says running); on failure, record that it could not start."""
         core, job_id = self.core, start["id"]
+        recorded: dict = {}
         try:
             if not start["kernel_name"]:
                 raise RuntimeError("its profile no longer exists (profiles.yaml changed)")
@@ -58,14 +59,22 @@ class Supervisor:
                             run_as=account, api_url=core.service_api, token=start["token"])
 
             async def record(state: dict) -> None:
-                await core.db(_save_state, job_id, start["attempt"], {**state, "attempt": start["attempt"]})
+                recorded.update(state, attempt=start["attempt"])
+                await core.db(_save_state, job_id, start["attempt"], dict(recorded))
 
             state = await core.backend.start(launch, record)
             state = {**state, "launched": True, "attempt": start["attempt"]}
             await core.db(_save_state, job_id, start["attempt"], state)
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay running
             core.log.exception("starting job %s failed", job_id)
-            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True))
+            if recorded:  # a runner may exist: it goes before the job's GPUs are given back
+                try:
+                    await core.backend.cancel(job_id, recorded, 1.0, reason="cancelled")
+                    await core.backend.cleanup(job_id, recorded)
+                except Exception:  # noqa: BLE001
+                    core.log.exception("ending the runner of job %s after its failed start failed", job_id)
+            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True),
+                                start["attempt"])
             return
         self.watch(job_id, state)
 
@@ -248,10 +257,18 @@ def _active(s) -> list[tuple]:
     return out
 
 
-def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str] | None) -> Ending:
+def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str] | None, stopped: bool) -> Ending:
+    """How the attempt ended: the runner's report if it made a valid one, else what the backend saw.
+
+    A runner cannot claim a stop the service did not make (``stopped``): "preempted" or "cancelled"
+    from a job nobody stopped would requeue or end it without counting against its retries.
+    """
     report = attempt.report if attempt is not None and isinstance(attempt.report, dict) else {}
     if report.get("state") in ATTEMPT_ENDINGS:
-        ending = Ending(report["state"], str(report.get("reason") or ""), bool(report.get("infrastructure")))
+        state, reason = report["state"], str(report.get("reason") or "")
+        if state in ("cancelled", "preempted", "timed_out") and not stopped:
+            return Ending("failed", f"the job reported '{state}' but nothing stopped it", False)
+        ending = Ending(state, reason, bool(report.get("infrastructure")))
     else:
         ending = Ending(outcome.state, outcome.reason, outcome.infrastructure, outcome.interrupted)
     if stopping is not None and stopping[0] == "cancelled" and ending.state != "succeeded":
@@ -268,8 +285,10 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, nu
         return None  # an earlier attempt's late news
     ledger.release(s, "job", job_id)
     why = stopping[0] if stopping else (attempt.stop_reason if attempt is not None else "") or None
+    stopped = bool(why) or job.state == JobState.preempted.value
     failures = sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")
-    nxt = next_state(job.state, _ending(attempt, outcome, stopping), stopping=why, preempt_reason=job.reason,
+    nxt = next_state(job.state, _ending(attempt, outcome, stopping, stopped), stopping=why,
+                     preempt_reason=job.reason,
                      retries=job.retries, failures_before=failures,
                      limit_seconds=job.timeout_seconds or jobs["max_runtime_seconds"],
                      backoff_seconds=jobs["retry_backoff_seconds"])

@@ -22,8 +22,6 @@ from danlu.runner.kernels import job_env, let_kernel_finish, stop_kernel
 from danlu.runner.link import ServiceLink
 from danlu.runner.tracking import Tracking
 
-MAX_NOTES = 20
-
 
 class Signalled(BaseException):
     """SIGTERM arrived; :meth:`JobRunner.run` asks the service what it means."""
@@ -69,7 +67,6 @@ class JobRunner:
         self.reason = ""
         self.infrastructure = False
         self.exit_code: int | None = None
-        self.notes: list[str] = []
         self.tracking: Tracking | None = None
         self.env: dict = {}
 
@@ -143,8 +140,7 @@ class JobRunner:
             tracking = self.tracking.health()
         print(f"danlu: job {self.state}" + (f": {self.reason}" if self.reason else ""), file=sys.stderr, flush=True)
         self.link.report({"event": "finished", "state": self.state, "reason": self.reason[:2000],
-                          "exit_code": self.exit_code, "infrastructure": self.infrastructure,
-                          "notes": self.notes[:MAX_NOTES], "tracking": tracking})
+                          "exit_code": self.exit_code, "infrastructure": self.infrastructure, "tracking": tracking})
 
     def _digest_datasets(self) -> list:
         from danlu import datasets

@@ -402,7 +402,39 @@ print("RESULT " + json.dumps(found))
     assert result_of(out["stdout"]) == {}
 
 
-@pytest.mark.skip(reason="needs MLflow permissions: added with them")
 def test_bob_cannot_change_alices_mlflow_runs(wb, alice_job):
-    """Bob's job and server, with his own credentials and straight at MLflow's loopback port, cannot set a tag,
-    log a metric, end or delete alice's run, or read it."""
+    """Bob's job, with his own MLflow credentials, straight at MLflow's loopback port, cannot set a tag on,
+    log a metric to, end or delete alice's run; without credentials, or with alice's name, it gets nothing.
+    (Reading it is allowed: mlflow.default_permission is READ by default.)"""
+    run_id = wb.api("GET", f"/jobs/{alice_job.id}", token=wb.tokens[ALICE]).json()["mlflow_run_id"]
+    assert run_id, "alice's job has no MLflow run"
+    job = bob_job(wb, f"""
+import json, os, requests
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+run, client, results = {run_id!r}, MlflowClient(), {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        results[name] = "allowed"
+    except MlflowException as e:
+        results[name] = e.error_code
+attempt("read", lambda: client.get_run(run))
+attempt("set a tag", lambda: client.set_tag(run, "bob", "was here"))
+attempt("log a metric", lambda: client.log_metric(run, "bob", 1.0))
+attempt("end it", lambda: client.set_terminated(run, "FAILED"))
+attempt("delete it", lambda: client.delete_run(run))
+uri = os.environ["MLFLOW_TRACKING_URI"] + "/api/2.0/mlflow/runs/get"
+results["no credentials"] = requests.get(uri, params={{"run_id": run}}, timeout=30).status_code
+results["alice's name"] = requests.get(uri, params={{"run_id": run}}, timeout=30,
+                                       auth=("{ALICE}", os.environ["MLFLOW_TRACKING_PASSWORD"])).status_code
+print("RESULT " + json.dumps(results), flush=True)
+""")
+    assert job["state"] == "succeeded", job["log"][-3000:]
+    results = result_of(job["log"])
+    assert results.pop("read") == "allowed"
+    assert results == {"set a tag": "PERMISSION_DENIED", "log a metric": "PERMISSION_DENIED",
+                       "end it": "PERMISSION_DENIED", "delete it": "PERMISSION_DENIED",
+                       "no credentials": 401, "alice's name": 401}
+    run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=wb.tokens[ALICE]).json()["run"]
+    assert run["info"]["lifecycle_stage"] == "active" and "bob" not in {t["key"] for t in run["data"]["tags"]}
