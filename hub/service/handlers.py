@@ -64,18 +64,20 @@ class JobsHandler(APIHandler):
 
 class JobHandler(APIHandler):
     async def get(self, job_id):
-        self.write_json(self.jobs.to_dict(await self.jobs.get(self.principal(), job_id)))
+        who = self.principal()
+        self.write_json(self.jobs.to_dict(await self.jobs.get(who, self.job_arg(job_id))))
 
     async def patch(self, job_id):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("JobChange", body)
-        self.write_json(await self.jobs.reprioritize(who, job_id, body["priority"]))
+        self.write_json(await self.jobs.reprioritize(who, self.job_arg(job_id), body["priority"]))
 
 
 class CancelHandler(APIHandler):
     async def post(self, job_id):
-        self.write_json(await self.jobs.cancel(self.principal(), job_id))
+        who = self.principal()
+        self.write_json(await self.jobs.cancel(who, self.job_arg(job_id)))
 
 
 class NotebookHandler(APIHandler):
@@ -87,6 +89,7 @@ class NotebookHandler(APIHandler):
         from danlu.hub.service import pages
 
         who = self.principal()
+        job_id = self.job_arg(job_id)
         html = self.str_arg("format", "ipynb", choices=("ipynb", "html")) == "html"
         if which == "input":
             job, data = await self.jobs.input_notebook(who, job_id)
@@ -179,7 +182,7 @@ class LogsHandler(APIHandler):
 
     async def get(self, job_id):
         who = self.principal()
-        job = await self.jobs.get(who, job_id)
+        job = await self.jobs.get(who, self.job_arg(job_id))
         follow = self.bool_arg("follow")
         tail = self.int_arg("tail", None, maximum=100_000)
         offset = self.int_arg("offset", 0)
@@ -267,7 +270,7 @@ class UsageHandler(APIHandler):
 
         who = self.principal()
         by = self.str_arg("by", "user", choices=usage.GROUPINGS)
-        start, end = validation.time_range(self.get_argument("from", None), self.get_argument("to", None))
+        start, end = validation.time_range(self.query_arg("from"), self.query_arg("to"))
         self.write_json(await self.jobs.usage(who, user=self.str_arg("user"), by=by, start=start, end=end))
 
 

@@ -2,14 +2,17 @@
 
 :class:`BaseHandler` maps every error to a JSON body in one place
 (:meth:`~BaseHandler.write_error`): a :class:`~danlu.errors.DanluError` keeps
-its status, reason and field; an unknown method is a 405 that lists the
-allowed ones; anything unexpected is a logged 500 with no traceback in the
-response. Request bodies go through :func:`~.validation.parse_json` (size,
-depth, non-finite numbers, surrogates, NUL), query and path parameters
-through typed, bounded readers. :class:`APIHandler` adds the caller's
-identity from JupyterHub (token header or the browser's hub login, via
-``HubOAuthenticated``). Handlers stay thin: HTTP in, one
-:class:`~.manager.JobManager` call, HTTP out.
+its status, reason, field and fix; a method a route does not have is a 405
+that lists the allowed ones (an unknown route is a 404 whatever the method);
+anything unexpected is a logged 500 with no traceback in the response.
+Request bodies go through :func:`~.validation.parse_json` (size, depth,
+non-finite numbers, surrogates, NUL) and must be JSON objects; path and
+query parameters are read as sent (UTF-8, given once, no control character
+quietly turned into a space, as tornado's ``get_argument`` would) through
+typed, bounded readers, and each refusal names the parameter and the fix.
+:class:`APIHandler` adds the caller's identity from JupyterHub (token header
+or the browser's hub login, via ``HubOAuthenticated``). Handlers stay thin:
+HTTP in, one :class:`~.manager.JobManager` call, HTTP out.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import httputil, web
 from tornado.log import app_log
 
-from danlu.errors import DanluError, Forbidden, UsageError
+from danlu.errors import DanluError, Forbidden, UsageError, ValidationError
 from danlu.hub.service import validation
 from danlu.hub.service.auth import Principal
+from danlu.hub.service.views import JOB_ID
 
 MAX_BODY = 64 * 1024 * 1024
 MAX_QUERY = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 METHODS = ("get", "post", "put", "patch", "delete", "head", "options")
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
 # the document's names of path parameters whose route group is named otherwise
 PATH_NAMES = {"job_id": "id"}
 
@@ -61,36 +67,58 @@ class BaseHandler(web.RequestHandler):
             raise UsageError(f"{field}: {value[:40]!r} is not UTF-8 once percent-decoded", field=field,
                              reason="bad_unicode", fix="percent-encode UTF-8 text (e.g. %C3%A9 for \u00e9)") from None
 
-    def json_body(self):
-        return validation.parse_json(self.request.body, max_bytes=self.max_body)
+    def json_body(self, *, anything: bool = False):
+        """The request body: a JSON object (any JSON value with ``anything``, for a caller that refuses
+        the rest itself) within every bound of :func:`~.validation.parse_json`."""
+        body = validation.parse_json(self.request.body, max_bytes=self.max_body)
+        if not anything and not isinstance(body, dict):
+            raise ValidationError(f"the request body must be a JSON object, not {_JSON_TYPES[type(body)]}",
+                                  field="body", reason="not_an_object", fix="send a JSON object: {...}")
+        return body
+
+    def query_arg(self, name: str) -> str | None:
+        """A query parameter as sent (tornado's ``get_argument`` would turn NUL and other control characters
+        into spaces and strip it), or None; given twice it is a 400, as the two could be read differently."""
+        values = self.request.query_arguments.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            raise UsageError(f"query parameter {name} is given {len(values)} times", field=name,
+                             reason="bad_query", fix=f"give {name} once")
+        return self.decode_argument(values[0], name)
 
     def str_arg(self, name: str, default: str | None = None, *, choices=None, max_length: int = MAX_QUERY):
-        raw = self.get_argument(name, None)
+        raw = self.query_arg(name)
         if raw is None:
             return default
         if len(raw) > max_length or _CONTROL.search(raw):
             raise UsageError(f"query parameter {name} must be at most {max_length} printable characters",
-                             field=name, reason="bad_query")
+                             field=name, reason="bad_query",
+                             fix=f"send {name} without NUL, tabs, newlines or other control characters")
         if choices is not None and raw not in choices:
             raise UsageError(f"query parameter {name} must be one of {', '.join(choices)}, got {raw[:40]!r}",
-                             field=name, reason="bad_query")
+                             field=name, reason="bad_query", fix=f"e.g. {name}={choices[0]}")
         return raw
 
     def int_arg(self, name: str, default=None, minimum: int = 0, maximum: int = validation.MAX_SAFE_INT):
-        return validation.int_param(self.get_argument(name, None), name, default=default, minimum=minimum,
+        return validation.int_param(self.query_arg(name), name, default=default, minimum=minimum,
                                     maximum=maximum)
 
     def bool_arg(self, name: str) -> bool:
         raw = self.str_arg(name, "false")
         if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise UsageError(f"query parameter {name} must be true or false, got {raw[:40]!r}", field=name,
-                             reason="bad_query")
+                             reason="bad_query", fix=f"{name}=true or {name}=false")
         return raw.lower() in ("1", "true", "yes", "on")
+
+    def job_arg(self, value: str) -> str:
+        return self.path_arg(value, "id", JOB_ID, "a job id (12 hex digits)")
 
     @staticmethod
     def path_arg(value: str, name: str, pattern: re.Pattern, what: str) -> str:
         if not isinstance(value, str) or not pattern.match(value):
-            raise UsageError(f"{name}: {value[:40]!r} is not {what}", field=name, reason="bad_id")
+            raise UsageError(f"{name}: {value[:40]!r} is not {what}", field=name, reason="bad_id",
+                             fix=f"it must match {pattern.pattern}")
         return value
 
     # output --------------------------------------------------------------------------------
@@ -114,6 +142,11 @@ class BaseHandler(web.RequestHandler):
             body = {"status": 405, "reason": "method_not_allowed",
                     "message": f"{self.request.method} is not allowed on {self.request.path[:200]}",
                     "fix": f"use {', '.join(allowed)}"}
+        elif isinstance(exc, web.HTTPError) and isinstance(exc.__cause__, httputil.HTTPInputError):
+            # tornado parses form-encoded and multipart bodies before any handler runs
+            body = {"status": status_code, "reason": "malformed_body", "field": "body",
+                    "message": f"the request body cannot be read: {str(exc.__cause__)[:200]}",
+                    "fix": "send a JSON object with Content-Type: application/json"}
         elif isinstance(exc, web.HTTPError) and status_code < 500:
             phrase = exc.reason or httputil.responses.get(status_code, "error")
             body = {"status": status_code, "reason": re.sub(r"[^a-z0-9]+", "_", phrase.lower()).strip("_") or "error",
