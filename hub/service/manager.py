@@ -21,7 +21,7 @@ from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationEr
 from danlu.hub.service import audit, usage
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
-from danlu.hub.service.queues import Queues, require_admin
+from danlu.hub.service.queues import ADMIN_FIX, Queues, require_admin
 from danlu.hub.service.reports import Reports
 from danlu.hub.service.scheduler import Scheduler
 from danlu.hub.service.servers import Servers
@@ -75,13 +75,15 @@ class JobManager:
         job = await self.core.db(lambda s: s.get(Job, job_id))
         allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
         if not allowed:
-            raise NotFound(f"job {job_id} not found", reason="no_such_job")
+            raise NotFound(f"job {job_id} not found", reason="no_such_job", field="id",
+                           fix="list the jobs you may see with GET /jobs (danlu jobs list)")
         return job
 
     async def list(self, principal, *, states: list[str] | None = None, owner: str | None = None,
                    queue: str | None = None, limit: int = 200) -> list[Job]:
         if owner and owner != principal.name and not principal.admin:
-            raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner")
+            raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner",
+                            fix=f"leave owner out, or ask for owner={principal.name}")
         for state in states or []:
             if state not in JobState.__members__:
                 raise ValidationError(f"unknown state '{state[:40]}'", field="state",
@@ -177,12 +179,13 @@ class JobManager:
 
     async def record_login(self, principal, body: dict) -> dict:
         if not (principal.kind == "service" and principal.name == "danlu-admin"):
-            raise Forbidden("only the hub records logins", reason="not_the_hub")
+            raise Forbidden("only the hub records logins", reason="not_the_hub",
+                            fix="logins are recorded by the hub itself; read them with GET /audit?action=login")
         return await self.audit_event(body["actor"], body["action"], "workbench", after=body.get("details", {}))
 
     async def audit_records(self, principal, *, limit: int, action: str | None, target: str | None) -> list[dict]:
         if not principal.admin:
-            raise Forbidden("the audit log is for admins", reason="not_admin")
+            raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
 
         def query(s):
             q = select(AuditRecord).order_by(AuditRecord.seq.desc()).limit(limit)
@@ -196,7 +199,7 @@ class JobManager:
 
     async def audit_verify(self, principal) -> dict:
         if not principal.admin:
-            raise Forbidden("the audit log is for admins", reason="not_admin")
+            raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
         return await self.core.db(lambda s: audit.verify(s).to_dict())
 
     def record_profiles(self, profiles) -> None:
@@ -246,7 +249,8 @@ class JobManager:
 
     def metrics_text(self, principal) -> bytes:
         if not principal.admin:
-            raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin")
+            raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin",
+                            fix=ADMIN_FIX)
         return self.core.metrics.exposition()
 
     # life ---------------------------------------------------------------------------------------

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from danlu.errors import Conflict, Forbidden, NotFound
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, quotas, validation
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import Flag, Job, QueueSetting, isoformat, utcnow
 from danlu.hub.service.scheduler import Scheduler
 from danlu.hub.service.states import FINAL, JobState
 
+ADMIN_FIX = "use an admin's token: the workbench's admin token, or one an admin makes at /hub/token"
+
 
 def require_admin(principal) -> None:
     if not principal.admin:
-        raise Forbidden("this is an admin operation", reason="not_admin")
+        raise Forbidden("this is an admin operation", reason="not_admin", fix=ADMIN_FIX)
 
 
 class Queues:
@@ -73,7 +75,7 @@ class Queues:
                            reason="no_teams")
         validation.check_team_change(changes, core.model.devices)
         async with core.lock:
-            await core.db(_change, core.settings, principal.name, name, changes)
+            await core.db(_change, core.settings, core.inventory, principal.name, name, changes)
             await self.scheduler.rebuild_locked()
         await self.scheduler.schedule()
         return await self._one(name)
@@ -142,12 +144,19 @@ def _overrides(s) -> dict:
     return {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
 
 
-def _change(s, settings, actor: str, name: str, changes: dict) -> None:
+def _change(s, settings, inventory, actor: str, name: str, changes: dict) -> None:
     row = s.get(QueueSetting, name) or QueueSetting(name=name, changes={}, held=False)
-    current = quotas.team_specs(settings, _overrides(s)).get(name, {})
+    overrides = _overrides(s)
+    current = quotas.team_specs(settings, overrides).get(name, {})
     # a change names what changes: other flavors, cpu and memory keep their values
     merged = {section: _merge(current.get(section) or {}, amounts) for section, amounts in changes.items()}
-    row.changes = {**row.changes, **merged}
+    after = {**row.changes, **merged}
+    try:  # the model is built from it at every rebuild and restart: refuse what it cannot be built from
+        quotas.build_model(settings, inventory, {**overrides, name: {**after, "held": row.held}})
+    except (DanluError, ValueError, ArithmeticError) as e:
+        raise ValidationError(f"this change cannot be applied: {str(e)[:300]}", field=next(iter(changes), "body"),
+                              reason="invalid_quota", fix="give amounts this machine can hold") from None
+    row.changes = after
     s.merge(row)
     audit.append(s, actor, "change_quota", name, before={k: current.get(k) for k in changes}, after=merged)
 

@@ -25,6 +25,7 @@ from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 REFUSED = "this token does not belong to a running attempt of this job"
+TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <its attempt's job token>'"
 
 
 class Reports:
@@ -65,8 +66,7 @@ class Reports:
 
 def _hash(token: str) -> str:
     if not isinstance(token, str) or not TOKEN.match(token):
-        raise DanluError(REFUSED, status=401, reason="bad_job_token",
-                         fix="runner API calls carry 'Authorization: Bearer <the attempt's job token>'")
+        raise DanluError(REFUSED, status=401, reason="bad_job_token", fix=TOKEN_FIX)
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -75,7 +75,7 @@ def _attempt(s, job_id: str, number: int, digest: str):
     attempt = job.attempts[-1] if job is not None and job.attempts else None
     if (attempt is None or job.state not in ACTIVE_STATES or attempt.number != number or not attempt.token_hash
             or not hmac.compare_digest(attempt.token_hash, digest)):
-        raise Forbidden(REFUSED, reason="bad_job_token")
+        raise Forbidden(REFUSED, reason="bad_job_token", fix=TOKEN_FIX)
     return job, attempt
 
 

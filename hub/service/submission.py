@@ -47,17 +47,19 @@ class Submission:
                                   field="cwd", reason="escapes_root", fix="use a folder inside your home")
         if not os.path.isdir(real):
             raise ValidationError(f"cwd: folder '{cwd}' does not exist in your home", field="cwd",
-                                  reason="no_folder")
+                                  reason="no_folder", fix="create it, or give a folder relative to your home")
         return workdir
 
     async def submit(self, principal, body) -> tuple[int, dict]:
         core = self.core
         settings, jobs = core.settings, core.settings.jobs
         if not isinstance(body, dict):
-            raise ValidationError("the request body must be a JSON object", field="body")
+            raise ValidationError("the request body must be a JSON object", field="body",
+                                  fix="send {\"notebook\": {...}} with Content-Type: application/json")
         validation.check_schema("JobSubmission", body)
         if not principal.is_user:
-            raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user")
+            raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user",
+                            fix="submit with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)")
         owner = principal.name
         nb = body["notebook"]
         node = validation.check_notebook(nb)
@@ -66,7 +68,8 @@ class Submission:
         resources = {"nproc": 1, "gpus": 0, **body.get("resources", {})}
         if resources["nproc"] > jobs["max_nproc"]:
             raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
-                                  field="resources.nproc", reason="too_many_processes")
+                                  field="resources.nproc", reason="too_many_processes",
+                                  fix=f"ask for at most {jobs['max_nproc']} processes (jobs.max_nproc)")
         if resources["gpus"] > core.ledger.total:
             raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {core.ledger.total}",
                               field="resources.gpus", reason="not_enough_gpus")
@@ -77,11 +80,13 @@ class Submission:
             resources["memory"] = validation.check_size(resources["memory"], "resources.memory")
         retries = body.get("retries", jobs["default_retries"])
         if retries > jobs["max_retries"]:
-            raise ValidationError(f"retries must be at most {jobs['max_retries']}", field="retries")
+            raise ValidationError(f"retries must be at most {jobs['max_retries']}", field="retries",
+                                  fix=f"ask for at most {jobs['max_retries']} retries (jobs.max_retries)")
         timeout = body.get("timeout_seconds")
         if timeout is not None and timeout > jobs["max_runtime_seconds"]:
             raise ValidationError(f"timeout_seconds must be at most {jobs['max_runtime_seconds']} (the workbench's "
-                                  "max runtime)", field="timeout_seconds")
+                                  "max runtime)", field="timeout_seconds",
+                                  fix="ask for less, or leave it out for the workbench's maximum")
         cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
         for i, ds in enumerate(body.get("datasets", [])):
             validation.check_dataset(ds, f"datasets[{i}]", settings.dataset_roots)

@@ -460,6 +460,8 @@ def check_team_change(changes, flavors) -> None:
             if flavor not in flavors:
                 raise ValidationError(f"{section}.gpus.{flavor}: no GPUs of that flavor here",
                                       field=f"{section}.gpus.{flavor}", fix=f"flavors: {', '.join(flavors)}")
+        if "memory" in amounts:
+            check_size(amounts["memory"], f"{section}.memory")
 
 
 def check_parameters(params: dict) -> None:
