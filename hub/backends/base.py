@@ -77,6 +77,8 @@ class Outcome:
     infrastructure: bool = False  # killed or lost, as opposed to an error in the user's code
     #: not counted against the job's retries (the workbench or the service stopped under it)
     interrupted: bool = False
+    #: the service's own account of the attempt, which wins over what its runner reported (a failed start)
+    authoritative: bool = False
     extra: dict = field(default_factory=dict)
 
 

@@ -6,8 +6,9 @@ in-memory admission :class:`~danlu.hub.service.admission.Model` (a view of
 the database, rebuilt from it after a restart or an error), the pending
 workloads and the last decision, and the one ``asyncio.Lock`` that
 serializes every change of the model or of the rows it mirrors. Database work
-runs on a small thread pool (:meth:`Core.db`), never on the event loop, so a
-slow disk or a busy PostgreSQL cannot freeze the service's other requests.
+runs on threads, never on the event loop, so a slow disk or a busy PostgreSQL
+cannot freeze the service's other requests: writes one at a time on one thread
+(:meth:`Core.db`), reads on a few others (:meth:`Core.read`).
 """
 
 from __future__ import annotations
@@ -76,19 +77,31 @@ class Core:
         self.closing = False
         self._ended: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-db")
+        # writes one at a time (no read-modify-write of a row can lose another's change, and SQLite never waits
+        # on itself); reads beside them
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="danlu-db-write")
+        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-db-read")
 
     # the database, off the event loop ------------------------------------------------------
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(session, *args)`` in one transaction on the database thread pool."""
+        """Run ``fn(session, *args)`` in one transaction on the database's writer thread."""
         def work():
             with self.sessions() as s, s.begin():
                 return fn(s, *args)
 
-        return await asyncio.get_running_loop().run_in_executor(self._db, work)
+        return await asyncio.get_running_loop().run_in_executor(self._writes, work)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(session, *args)``, which only reads, on the database's reader threads."""
+        def work():
+            with self.sessions() as s:
+                return fn(s, *args)
+
+        return await asyncio.get_running_loop().run_in_executor(self._reads, work)
 
     def close(self) -> None:
-        self._db.shutdown(wait=False, cancel_futures=True)
+        self._writes.shutdown(wait=False, cancel_futures=True)
+        self._reads.shutdown(wait=False, cancel_futures=True)
 
     # tasks and events -------------------------------------------------------------------------
     def spawn(self, coro) -> asyncio.Task:

@@ -72,7 +72,7 @@ class JobManager:
         if not isinstance(job_id, str) or not JOB_ID.match(job_id):
             raise ValidationError(f"'{str(job_id)[:40]}' is not a job id (12 hex digits)", field="id",
                                   reason="bad_id")
-        job = await self.core.db(lambda s: s.get(Job, job_id))
+        job = await self.core.read(lambda s: s.get(Job, job_id))
         allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
         if not allowed:
             raise NotFound(f"job {job_id} not found", reason="no_such_job", field="id",
@@ -101,17 +101,17 @@ class JobManager:
                 q = q.where(Job.queue == queue)
             return list(s.scalars(q))
 
-        return await self.core.db(query)
+        return await self.core.read(query)
 
     def to_dict(self, job: Job) -> dict:
         return job_to_dict(self.core, job)
 
     async def job_dict(self, job_id: str) -> dict:
-        return self.to_dict(await self.core.db(lambda s: s.get(Job, job_id)))
+        return self.to_dict(await self.core.read(lambda s: s.get(Job, job_id)))
 
     async def input_notebook(self, principal, job_id: str) -> tuple[Job, bytes]:
         job = await self.get(principal, job_id)
-        row = await self.core.db(lambda s: s.get(JobInput, job.id))
+        row = await self.core.read(lambda s: s.get(JobInput, job.id))
         if row is None:
             raise NotFound(f"job {job.id} has no notebook on record", reason="no_output")
         return job, row.notebook.encode()
@@ -139,7 +139,9 @@ class JobManager:
         return self.core.ended(job_id)
 
     async def counts(self) -> dict:
-        return await self.core.db(lambda s: dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all()))
+        """Jobs per state."""
+        return await self.core.read(lambda s: dict(s.execute(select(Job.state, func.count())
+                                                             .group_by(Job.state)).all()))
 
     # changing ----------------------------------------------------------------------------------
     async def submit(self, principal, body) -> tuple[int, dict]:
@@ -195,12 +197,12 @@ class JobManager:
                 q = q.where(AuditRecord.target == target)
             return [audit.to_dict(r) for r in s.scalars(q)]
 
-        return await self.core.db(query)
+        return await self.core.read(query)
 
     async def audit_verify(self, principal) -> dict:
         if not principal.admin:
             raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
-        return await self.core.db(lambda s: audit.verify(s).to_dict())
+        return await self.core.read(lambda s: audit.verify(s).to_dict())
 
     def record_profiles(self, profiles) -> None:
         """Audit a change of the governed profiles since the service last started (at start-up)."""
@@ -223,7 +225,7 @@ class JobManager:
                 raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
                                 fix=f"ask for user={principal.name}, grouped by user")
             user = principal.name
-        body = await self.core.db(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user))
+        body = await self.core.read(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user))
         if principal.admin:
             body["idle_gpu_servers"] = await self.servers.idle()
         return body
@@ -236,7 +238,7 @@ class JobManager:
             return [{"device": a.device, "holder_kind": a.holder_kind, "holder_id": a.holder_id, "owner": a.owner,
                      "flavor": a.flavor, "since": a.since.isoformat() + "Z"} for a in ledger.allocations(s)]
 
-        return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.core.db(query)}
+        return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.core.read(query)}
 
     async def allocate_server(self, principal, body: dict) -> list[int]:
         require_admin(principal)

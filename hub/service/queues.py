@@ -38,7 +38,7 @@ class Queues:
         return self.core.model.teams[name]
 
     async def overrides(self) -> dict:
-        return await self.core.db(_overrides)
+        return await self.core.read(_overrides)
 
     async def list(self) -> list[dict]:
         """Every queue: quota, use, borrowing, held; everyone may see them (no other user's jobs)."""

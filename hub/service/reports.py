@@ -47,12 +47,12 @@ class Reports:
         return spec
 
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
-        reason, grace = await self.core.db(_stop, job_id, attempt, _hash(token))
+        reason, grace = await self.core.read(_stop, job_id, attempt, _hash(token))
         return {"reason": reason or None, "grace": grace}
 
     async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
         digest = _hash(token)
-        await self.core.db(_check, job_id, attempt, digest)
+        await self.core.read(_check, job_id, attempt, digest)
         try:
             validation.check_schema("RunnerEvent", body)
         except ValidationError as e:
@@ -60,7 +60,7 @@ class Reports:
             raise
         await self.core.db(_record, job_id, attempt, digest, body)
         if body["event"] == "finished":
-            self.supervisor.reap_after_report(job_id)
+            self.supervisor.reap_after_report(job_id, attempt)
         return {"recorded": body["event"]}
 
 

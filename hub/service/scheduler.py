@@ -55,7 +55,7 @@ class Scheduler:
             if core.draining:
                 core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
                 return
-            backoff = await core.db(_backoff)
+            backoff = await core.read(_backoff)
             eligible = [w for jid, w in core.pending.items() if jid not in backoff or ts(backoff[jid][0]) <= now]
             decision = core.model.cycle(eligible, now)
             for jid, (when, why) in backoff.items():
@@ -76,7 +76,7 @@ class Scheduler:
             core.observe()
             core.metrics.cycle.observe(time.perf_counter() - started)
         for start in starts:  # in the background: a submission does not wait for runners to start
-            core.spawn(self.supervisor.start(start))
+            self.supervisor.launch(start)
         grace = core.settings.jobs["preemption_grace_seconds"]
         for job_id, state, why in stops:
             core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
@@ -84,13 +84,13 @@ class Scheduler:
     async def rebuild_locked(self) -> None:
         """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
         core = self.core
-        core.model, core.pending = await core.db(_rebuild, core)
+        core.model, core.pending = await core.read(_rebuild, core)
 
     # time limits -----------------------------------------------------------------------------
     async def check_timeouts(self) -> None:
         """Stop running jobs that outran their limit."""
         core = self.core
-        late = await core.db(_late, core.settings.jobs["max_runtime_seconds"])
+        late = await core.read(_late, core.settings.jobs["max_runtime_seconds"])
         for job_id, state in late:
             if job_id in self.supervisor.stopping:
                 continue
@@ -105,7 +105,7 @@ class Scheduler:
         if not waiting or len(waiting) > 500:
             core.estimates = {}
             return
-        ends, durations = await core.db(_durations, list(core.model.admitted), [w.id for w in waiting], now,
+        ends, durations = await core.read(_durations, list(core.model.admitted), [w.id for w in waiting], now,
                                         core.settings.jobs["max_runtime_seconds"])
         core.estimates = core.model.estimate(waiting, ends, durations, now)
 

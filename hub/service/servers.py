@@ -70,7 +70,7 @@ class Servers:
         (the idle culler stops any server after ``hub.idle_timeout_seconds``)."""
         core = self.core
         minutes = core.settings.usage["idle_server_minutes"]
-        holding = await core.db(_holding)
+        holding = await core.read(_holding)
         idle = []
         for holder, owner, team, devices in holding:
             user, _, name = holder.partition(":")

@@ -39,11 +39,33 @@ class Supervisor:
     def __init__(self, core: Core):
         self.core = core
         self.watchers: dict[str, asyncio.Task] = {}
+        self.starting: dict[str, asyncio.Task] = {}  # job id -> its attempt's start, while it runs
         #: job id -> (why its processes are being stopped, the reason to record)
         self.stopping: dict[str, tuple[str, str]] = {}
         self.schedule = None  # set by the manager: a coroutine function that runs an admission pass
 
     # starting ------------------------------------------------------------------------------
+    def launch(self, start: dict) -> None:
+        """Start an admitted attempt in the background (a submission does not wait for runners)."""
+        job_id = start["id"]
+        task = self.core.spawn(self.start(start))
+        self.starting[job_id] = task
+        task.add_done_callback(lambda t: self.starting.pop(job_id, None) if self.starting.get(job_id) is t
+                               else None)
+
+    async def settled(self, job_id: str, state: dict, patience: float = 30.0) -> dict:
+        """The attempt's state once its start is over (a stop may come while it starts); the database's."""
+        task = self.starting.get(job_id)
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), patience)
+            except asyncio.TimeoutError:
+                task.cancel()  # whatever it recorded is in the database; the stop ends it
+            except Exception:  # noqa: BLE001 - the start's own failure is its business
+                pass
+        fresh = await self.core.read(_state_of, job_id)
+        return fresh if fresh else state
+
     async def start(self, start: dict) -> None:
         """Start an admitted attempt (its row says running); on failure, record that it could not start."""
         core, job_id = self.core, start["id"]
@@ -73,8 +95,8 @@ class Supervisor:
                     await core.backend.cleanup(job_id, recorded)
                 except Exception:  # noqa: BLE001
                     core.log.exception("ending the runner of job %s after its failed start failed", job_id)
-            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True),
-                                start["attempt"])
+            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True,
+                                                authoritative=True), start["attempt"])
             return
         self.watch(job_id, state)
 
@@ -106,6 +128,7 @@ class Supervisor:
         """End a running attempt (cancel, preemption, time limit); the runner learns ``why`` from the service."""
         self.stopping[job_id] = (why, reason or why)
         try:
+            state = await self.settled(job_id, state)
             await self.core.db(_set_stop, job_id, why, grace, state.get("attempt"))
             await self.core.backend.cancel(job_id, state, grace, reason=why)
         except Exception:
@@ -118,6 +141,7 @@ class Supervisor:
         core = self.core
         grace = core.settings.jobs["grace_period_seconds"]
         self.stopping[job_id] = ("cancelled", reason)
+        state = await self.settled(job_id, state)
         await core.db(_set_stop, job_id, "cancelled", grace, state.get("attempt"))
         await core.backend.cancel(job_id, state, grace, reason="cancelled")
         await core.backend.cleanup(job_id, state)
@@ -126,20 +150,15 @@ class Supervisor:
         if watcher is not None:
             watcher.cancel()
 
-    def reap_after_report(self, job_id: str, seconds: float = 30.0) -> None:
-        """A runner's last act is its ``finished`` report; one still there ``seconds`` later is ended."""
-        watcher = self.watchers.get(job_id)
-        if watcher is None:
-            return
-
+    def reap_after_report(self, job_id: str, number: int, seconds: float = 30.0) -> None:
+        """A runner's last act is its ``finished`` report; if attempt ``number`` still runs ``seconds`` later,
+        it is ended (only that attempt: a later one of the same job is left alone)."""
         async def reap():
             await asyncio.sleep(seconds)
-            if self.watchers.get(job_id) is watcher and not watcher.done():  # still that attempt, still running
-                state = await self.core.db(_state_of, job_id)
-                if state is not None:
-                    self.core.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id,
-                                          seconds)
-                    await self.core.backend.cancel(job_id, state, 5.0, reason="finished")
+            state = await self.core.read(_state_of, job_id, number)
+            if state is not None:
+                self.core.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id, seconds)
+                await self.core.backend.cancel(job_id, state, 5.0, reason="finished")
 
         self.core.spawn(reap())
 
@@ -189,7 +208,7 @@ class Supervisor:
     async def rewatch_orphans(self) -> None:
         """Active attempts that nothing watches (a watcher that failed, a recording that failed): watch again."""
         core = self.core
-        for job_id, state, _preempted, _stop in await core.db(_active):
+        for job_id, state, _preempted, _stop in await core.read(_active):
             if job_id not in self.watchers and state.get("launched"):
                 core.log.warning("job %s is active with no watcher: watching it again", job_id)
                 self.watch(job_id, state)
@@ -198,7 +217,7 @@ class Supervisor:
     async def recover(self) -> None:
         """Re-attach to attempts that were running when the service stopped (before it serves runners)."""
         core = self.core
-        for job_id, state, preempted, stop in await core.db(_active):
+        for job_id, state, preempted, stop in await core.read(_active):
             if not state.get("launched") and not state.get("spec_fetched"):
                 # the service stopped between admitting it and handing it to a runner: that runner never
                 # ran it (and can no longer fetch its spec): end what exists and requeue, not counted
@@ -229,9 +248,15 @@ def _save_state(s, job_id: str, attempt: int, state: dict) -> None:
         job.backend_state = {**(job.backend_state or {}), **state}
 
 
-def _state_of(s, job_id: str) -> dict | None:
+def _state_of(s, job_id: str, number: int | None = None) -> dict | None:
+    """The backend state of the job's current attempt (of attempt ``number``, if still current), while active."""
     job = s.get(Job, job_id)
-    return dict(job.backend_state or {}) if job is not None and job.state in ACTIVE_STATES else None
+    if job is None or job.state not in ACTIVE_STATES:
+        return None
+    attempt = _latest(job)
+    if number is not None and (attempt is None or attempt.number != number or attempt.finished_at is not None):
+        return None
+    return dict(job.backend_state or {})
 
 
 def _set_stop(s, job_id: str, why: str, grace: float, number: int | None = None) -> None:
@@ -264,7 +289,7 @@ def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str]
     from a job nobody stopped would requeue or end it without counting against its retries.
     """
     report = attempt.report if attempt is not None and isinstance(attempt.report, dict) else {}
-    if report.get("state") in ATTEMPT_ENDINGS:
+    if report.get("state") in ATTEMPT_ENDINGS and not outcome.authoritative:
         state, reason = report["state"], str(report.get("reason") or "")
         if state in ("cancelled", "preempted", "timed_out") and not stopped:
             return Ending("failed", f"the job reported '{state}' but nothing stopped it", False)
