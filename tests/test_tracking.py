@@ -104,3 +104,15 @@ def test_no_mlflow_configured_is_a_note_not_an_error(jd):
     t.start()
     t.finish("succeeded")
     assert t.run_id is None and any("not configured" in n for n in t.health()["notes"])
+
+
+def test_the_job_card_says_when_tracking_lost_something():
+    from danlu.card import summary_html
+
+    job = {"id": "0123456789ab", "name": "train", "state": "succeeded", "profile": "python",
+           "resources": {"nproc": 1, "gpus": 0}}
+    degraded = summary_html({**job, "tracking": {"state": "degraded", "points_dropped": 3,
+                                                 "notes": ["metric name 'a//b' recorded as 'a/b_7a9acf33'"]}})
+    assert "3 metric point(s) not recorded" in degraded and "a/b_7a9acf33" in degraded
+    assert "no MLflow run" in summary_html({**job, "tracking": {"state": "none"}})
+    assert "MLflow:" not in summary_html({**job, "tracking": {"state": "ok", "points_dropped": 0, "notes": []}})
