@@ -45,7 +45,8 @@ def test_submit_wait_list_show_logs(workbench, notebook_file):
     # bob sees none of it
     assert job_id not in danlu(workbench, "jobs", "list", token=workbench.tokens["bob"]).stdout
     hidden = danlu(workbench, "jobs", "show", job_id, token=workbench.tokens["bob"])
-    assert hidden.returncode == 2 and hidden.stderr.strip() == f"danlu: job {job_id} not found"
+    assert hidden.returncode == 2 and hidden.stderr.startswith(f"danlu: job {job_id} not found")
+    assert "danlu jobs list" in hidden.stderr and "Traceback" not in hidden.stderr
 
 
 def test_mistakes_are_one_line_and_exit_2(workbench, notebook_file, tmp_path):

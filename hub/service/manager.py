@@ -76,7 +76,7 @@ class JobManager:
         allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
         if not allowed:
             raise NotFound(f"job {job_id} not found", reason="no_such_job", field="id",
-                           fix="list the jobs you may see with GET /jobs (danlu jobs list)")
+                           fix="see the jobs you may read with 'danlu jobs list' or GET /jobs")
         return job
 
     async def list(self, principal, *, states: list[str] | None = None, owner: str | None = None,
