@@ -29,6 +29,7 @@ ENV_OVERRIDES = {
 }
 
 JOB_DEFAULTS = {
+    "backend": "local",
     "warm_runners": 1,
     "max_nproc": 64,
     "grace_period_seconds": 10.0,
@@ -165,6 +166,13 @@ class Settings:
     @property
     def gpus(self) -> dict:
         return {"detect": True, **self.data.get("gpus", {})}
+
+    @property
+    def kubernetes(self) -> dict:
+        """The ``kubernetes`` section with its defaults."""
+        data = dict(self.data.get("kubernetes", {}))
+        return {"namespace": "danlu", "runtime": "danlu-torch", "home_size": "10Gi", "shm_size": "8Gi", **data,
+                "mlflow": dict(data.get("mlflow", {}))}
 
     @property
     def extra_config_file(self) -> Path | None:
