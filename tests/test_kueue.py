@@ -28,156 +28,25 @@ from danlu.hub.config import Settings, load_settings
 from danlu.hub.service.admission import gpu_key
 from danlu.hub.service.quotas import build_teams
 
+from .k8sschemas import KubernetesValidator, crd_schema, load_crd_of, raw_schema, validator_for
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "config" / "shared-workstation.yaml"
-CRDS = Path(__file__).parent / "schemas" / "kueue" / "v0.19.2"
 VERSION = "v1beta2"
 LABELS = {"app.kubernetes.io/managed-by": "danlu"}
 FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"}
 NS_SELECTOR = {"matchLabels": {"kubernetes.io/metadata.name": "danlu"}}
 
-# --- CRD openAPIV3Schema -> JSON Schema -------------------------------------------------------
-
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
-STRING_KEYWORDS = ("pattern", "maxLength", "minLength", "format", "enum")
-
-# CEL rules of the Kueue CRDs, translated. Keyed by the exact rule text, so a changed rule in a newer
-# CRD is reported as untranslated instead of passing silently. Defaults apply before CEL runs.
-CEL_RULES = {
-    "!has(self.cohortName) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
-    "f.resources.all(r, !has(r.borrowingLimit)))) : true":
-        lambda s: "cohortName" in s or "resourceGroups" not in s or all(
-            "borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"] for r in f["resources"]),
-    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))":
-        lambda rg: all(len(f["resources"]) == len(rg["coveredResources"]) for f in rg["flavors"]),
-    "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) &&  "
-    "self.borrowWithinCohort.policy != 'Never')":
-        lambda p: not (p.get("reclaimWithinCohort", "Never") == "Never" and "borrowWithinCohort" in p
-                       and p["borrowWithinCohort"].get("policy", "Never") != "Never"),
-    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')":
-        lambda f: "preference" not in f or (f.get("whenCanBorrow", "MayStopSearch") == "TryNextFlavor"
-                                            and f.get("whenCanPreempt", "TryNextFlavor") == "TryNextFlavor"),
-    "!has(self.topologyName) || self.nodeLabels.size() >= 1":
-        lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
-}
-
-
-def structural_to_jsonschema(node: dict) -> dict:
-    """A Kubernetes structural schema node as plain JSON Schema (Draft 7).
-
-    * ``x-kubernetes-int-or-string``: an integer, or a string meeting the string keywords (``pattern``);
-    * ``format: int32/int64``: the integer range, which jsonschema does not check itself;
-    * ``nullable: true``: null is allowed too (otherwise the API server rejects null);
-    * an object with ``properties`` and no ``additionalProperties`` or
-      ``x-kubernetes-preserve-unknown-fields`` rejects unknown fields (kubectl's strict field validation;
-      without this a misspelled field would pass and be pruned by the API server);
-    * ``x-kubernetes-validations`` and ``x-kubernetes-list-type`` stay, checked by keywords of
-      :func:`crd_validator`; ``description`` goes.
-    """
-    out: dict = {}
-    for key, value in node.items():
-        if key == "description":
-            continue
-        if key == "properties":
-            out[key] = {name: structural_to_jsonschema(sub) for name, sub in value.items()}
-        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
-            out[key] = structural_to_jsonschema(value)
-        elif key in ("anyOf", "allOf", "oneOf"):
-            out[key] = [structural_to_jsonschema(sub) for sub in value]
-        else:
-            out[key] = value
-    if node.get("x-kubernetes-int-or-string"):
-        string = {"type": "string", **{k: out.pop(k) for k in STRING_KEYWORDS if k in out}}
-        out.pop("anyOf", None)
-        out.pop("type", None)
-        out["anyOf"] = [{"type": "integer"}, string]
-    if node.get("type") == "integer" and node.get("format") in INT_RANGES:
-        low, high = INT_RANGES[node["format"]]
-        out.setdefault("minimum", low)
-        out.setdefault("maximum", high)
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    if (node.get("type") == "object" and "properties" in node and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
-        out["additionalProperties"] = False
-    return out
-
-
-def _object_meta(namespaced: bool) -> dict:
-    """What the API server requires of metadata on create (ObjectMeta, the fields Danlu sets)."""
-    meta = {
-        "type": "object",
-        "required": ["name", "namespace"] if namespaced else ["name"],
-        "properties": {
-            "name": {"type": "string", "maxLength": 253, "pattern": DNS_SUBDOMAIN},
-            "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
-            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-        },
-    }
-    if namespaced:
-        meta["properties"]["namespace"] = {"type": "string", "pattern": DNS_LABEL}
-    else:
-        meta["not"] = {"required": ["namespace"]}  # a cluster-scoped object in a namespace is a mistake
-    return meta
-
-
-def _cel(validator, rules, instance, schema):
-    for rule in rules:
-        if "oldSelf" in rule["rule"]:
-            continue  # a transition rule: it applies to updates only
-        check = CEL_RULES.get(rule["rule"])
-        if check is None:
-            yield jsonschema.ValidationError(f"CEL rule not translated in tests/test_kueue.py: {rule['rule']}")
-        elif not check(instance):
-            yield jsonschema.ValidationError(rule.get("message") or rule["rule"])
-
-
-def _list_type(validator, list_type, instance, schema):
-    if not validator.is_type(instance, "array"):
-        return
-    if list_type == "set":
-        keys = [repr(item) for item in instance]
-    elif list_type == "map":
-        keys = [tuple(item.get(k) for k in schema.get("x-kubernetes-list-map-keys", [])) for item in instance]
-    else:
-        return
-    dupes = sorted({str(k) for k in keys if keys.count(k) > 1})
-    if dupes:
-        yield jsonschema.ValidationError(f"duplicate entries in a list of type {list_type}: {', '.join(dupes)}")
-
-
-KubernetesValidator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator, {"x-kubernetes-validations": _cel, "x-kubernetes-list-type": _list_type})
+# --- CRD schemas: tests/k8sschemas.py ----------------------------------------------------------
 
 
 def load_crd(kind: str) -> dict:
-    plural = {"ClusterQueue": "clusterqueues", "LocalQueue": "localqueues", "ResourceFlavor": "resourceflavors",
-              "WorkloadPriorityClass": "workloadpriorityclasses"}[kind]
-    return yaml.safe_load((CRDS / f"kueue.x-k8s.io_{plural}.yaml").read_text())
-
-
-def raw_schema(crd: dict, version: str) -> dict:
-    return next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
-
-
-def crd_schema(crd: dict, version: str) -> dict:
-    """The JSON Schema of one served version of a CRD, with apiVersion, kind and metadata pinned down."""
-    served = {v["name"]: v for v in crd["spec"]["versions"] if v["served"]}
-    if version not in served:
-        raise ValueError(f"{crd['metadata']['name']} does not serve {version}; it serves {', '.join(served)}")
-    schema = structural_to_jsonschema(served[version]["schema"]["openAPIV3Schema"])
-    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version}"}
-    schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
-    schema["properties"]["metadata"] = _object_meta(crd["spec"]["scope"] == "Namespaced")
-    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
-    return schema
+    return load_crd_of("kueue.x-k8s.io", kind)
 
 
 @cache
 def crd_validator(kind: str, version: str = VERSION) -> jsonschema.Validator:
-    return KubernetesValidator(crd_schema(load_crd(kind), version))
+    return validator_for("kueue.x-k8s.io", kind, version)
 
 
 def errors(obj: dict) -> list[str]:
