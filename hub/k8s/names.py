@@ -1,0 +1,55 @@
+"""Kubernetes labels, annotations and object names Danlu writes, named once.
+
+The renderer, the spawner and the job backend all import these; docs/kubernetes.md lists them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+# Kueue v0.19 (pkg/controller/constants): labels, not annotations
+QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+
+# the recommended labels
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "danlu"
+COMPONENT = "app.kubernetes.io/component"
+PART_OF = "app.kubernetes.io/part-of"
+
+# Danlu's own
+JOB_ID = "danlu.io/job-id"
+ATTEMPT = "danlu.io/attempt"
+OWNER = "danlu.io/owner"  # the JupyterHub user, escaped to a label value (see owner_label)
+TEAM = "danlu.io/team"
+OWNER_ANNOTATION = "danlu.io/owner"  # the user name unescaped
+
+# components (COMPONENT values)
+JOB = "job"
+NOTEBOOK = "notebook"
+HUB = "hub"
+MLFLOW = "mlflow"
+DATABASE = "database"
+
+#: the ClusterTrainingRuntime every job runs on (danlu render k8s writes it), and its trainer container
+RUNTIME = "danlu-torch"
+TRAINER_CONTAINER = "node"
+#: where a job pod's scratch folder (its job folder) and the owner's home are mounted
+JOB_DIR = "/danlu/job"
+HOME = "/home/jovyan"
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def owner_label(username: str) -> str:
+    """A JupyterHub user name as a label value (63 characters of [A-Za-z0-9-_.]); a digest keeps it unique."""
+    if len(username) <= 63 and _LABEL_VALUE.match(username):
+        return username
+    clean = re.sub(r"[^A-Za-z0-9_.-]", "-", username).strip("-_.")[:50].strip("-_.")
+    return f"{clean}-{hashlib.sha256(username.encode()).hexdigest()[:8]}".lstrip("-")
+
+
+def trainjob_name(job_id: str, attempt: int) -> str:
+    """A TrainJob's name: a DNS label that starts with a letter (Danlu job ids may start with a digit)."""
+    return f"danlu-{job_id}-{attempt}"
