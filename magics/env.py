@@ -69,6 +69,9 @@ PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (
 JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")
 RUNNER_ID = Var("DANLU_RUNNER_ID", "A marker every job runner and its kernels carry from their start, so a runner "
                                    "that dies takes its kernels and ranks with it.")
+ATTEMPT = Var("DANLU_ATTEMPT", "In a job pod: the attempt it runs (the launch message of a local runner says it).")
+RUNNER_API = Var("DANLU_RUNNER_API", "In a job pod: the service's runner API (.../api/v1) the runner reports to.")
+JOB_TOKEN = Var("DANLU_JOB_TOKEN", "In a job pod: the attempt's job token, from the attempt's Secret (never logged).")
 JOB_DIR = Var("DANLU_JOB_DIR", "The job's folder: log, output notebooks, TensorBoard events.")
 CHECKPOINT_DIR = Var("DANLU_CHECKPOINT_DIR", "Where a job saves checkpoints; kept across its attempts.")
 
