@@ -46,3 +46,4 @@ class Registry:
 
 backends = Registry("danlu.backends", "backend")
 backends.register("local", "danlu.hub.backends.local:LocalBackend")
+backends.register("kubernetes", "danlu.hub.backends.kubernetes:KubernetesBackend")

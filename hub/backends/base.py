@@ -24,7 +24,15 @@ folder with the service runs under the same contract.
 ``read_log(job_id, state, offset, limit)``  a bounded chunk of the log, and its size
 ``read_output(job_id, state, rank, offset, limit)``  likewise for rank N's notebook
 
-plus ``get_state``/``load_state`` (persisted state after a restart) and
+A backend with its own queue (``queues = True``: Kubernetes, where Kueue admits)
+gets every queued job at once: the service runs no admission model of its own,
+``start`` only submits, and ``admission(job_id, state)`` reports the queue's
+answer (admitted or not, why, and the position) until the attempt runs. An
+eviction by that queue ends the attempt with an authoritative ``preempted``
+:class:`Outcome`, and the job is handed over again.
+
+plus ``user_home`` (the owner's home as the runner sees it, if the backend
+decides that), ``get_state``/``load_state`` (persisted state after a restart) and
 ``shutdown`` (idle resources; running jobs are left alone). A subclass that
 misses a required method, or defines a lifecycle method that is not a
 coroutine, is refused when it is defined, as JupyterHub's
@@ -43,7 +51,7 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 REQUIRED = ("start", "poll", "cancel", "read_log", "read_output")
-ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output", "shutdown")
+ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output", "shutdown", "admission")
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,15 @@ class Launch:
     #: the runner API (``.../api/v1``) and the attempt's token for it
     api_url: str = ""
     token: str = field(default="", repr=False)
+    #: what a backend with its own queue needs to submit the attempt there
+    queue: str = ""
+    priority_class: str = ""
+    profile: str = ""
+    gpus: int = 0
+    gpu_type: str | None = None
+    cpu: float = 0.0
+    memory: float = 0.0  # bytes; 0: unlimited
+    timeout_seconds: float | None = None
 
     def message(self) -> dict:
         """The launch message a runner reads: where to fetch its spec and report, and with which token."""
@@ -82,6 +99,15 @@ class Outcome:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A queueing backend's answer for an attempt it holds: admitted yet, and if not, why and where."""
+
+    admitted: bool
+    reason: str = ""
+    position: int | None = None  # 1-based, in the attempt's queue
+
+
 Record = Callable[[dict], Awaitable[None]]
 
 
@@ -93,12 +119,16 @@ class Backend(LoggingConfigurable):
     """Base class of job backends; subclasses implement every REQUIRED method, as coroutines."""
 
     name = "base"
+    #: True when the backend's own queue admits attempts (see the module's docs)
+    queues = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         missing = [m for m in REQUIRED if getattr(cls, m) is getattr(Backend, m)]
         if missing:
             raise TypeError(f"{cls.__name__} must implement {', '.join(missing)} to be a Danlu backend")
+        if cls.queues and cls.admission is Backend.admission:
+            raise TypeError(f"{cls.__name__} queues attempts itself, so it must implement admission")
         for m in ASYNC:
             if getattr(cls, m) is not getattr(Backend, m, None) and not inspect.iscoroutinefunction(getattr(cls, m)):
                 raise TypeError(f"{cls.__name__}.{m} must be async")
@@ -129,6 +159,14 @@ class Backend(LoggingConfigurable):
         """Up to ``limit`` bytes of rank ``rank``'s executed notebook from ``offset``, and its size;
         None while there is none. Raises :class:`FileRefused` for a file it will not serve."""
         raise NotImplementedError
+
+    async def admission(self, job_id: str, state: dict) -> Admission:
+        """A queueing backend's answer for a submitted attempt; others admit nothing themselves."""
+        return Admission(True)
+
+    def user_home(self, owner: str) -> str | None:
+        """The owner's home as the runner sees it; None: the service's own idea of it (one machine)."""
+        return None
 
     def tensorboard_dir(self, job_id: str) -> str | None:
         """Where a user's own server finds the job's TensorBoard files, if this backend has such a place."""

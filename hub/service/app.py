@@ -65,7 +65,8 @@ class JobsServiceApp(Application):
     description = "The Danlu jobs service (a JupyterHub service)."
     version = __version__
 
-    backend = Unicode("local", help="Where jobs run: a name from the danlu.backends entry points.").tag(config=True)
+    backend = Unicode("", help="Where jobs run: a name from the danlu.backends entry points "
+                               "(default: danlu.yaml's jobs.backend).").tag(config=True)
     mlflow_url = Unicode(help="Loopback URL of the MLflow tracking server jobs log to ($DANLU_MLFLOW_URL).").tag(
         config=True)
     service_url = Unicode(help="Where this service listens ($JUPYTERHUB_SERVICE_URL).").tag(config=True)
@@ -103,12 +104,18 @@ class JobsServiceApp(Application):
         self._lock = hold_lock(settings.state_dir / "jobs-service.lock")
         # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
         os.chmod(settings.jobs_dir, 0o711 if settings.unix_accounts else 0o700)
-        backend_cls = backends.get(self.backend)
-        runner_env = {"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter")}
-        if env.INSTANCE.get():
-            runner_env[env.INSTANCE] = env.INSTANCE.get()
-        backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir),
-                              warm_runners=settings.jobs["warm_runners"], runner_env=runner_env)
+        name = self.backend or settings.jobs["backend"]
+        backend_cls = backends.get(name)
+        if name == "kubernetes":
+            k8s = settings.kubernetes
+            backend = backend_cls(parent=self, settings=settings, profiles=profiles, namespace=k8s["namespace"],
+                                  runtime=k8s["runtime"], logs_dir=str(settings.state_dir / "job-logs"))
+        else:
+            runner_env = {"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter")}
+            if env.INSTANCE.get():
+                runner_env[env.INSTANCE] = env.INSTANCE.get()
+            backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir),
+                                  warm_runners=settings.jobs["warm_runners"], runner_env=runner_env)
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
@@ -146,8 +153,9 @@ class JobsServiceApp(Application):
         server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
         server.listen(url.port, url.hostname)
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
-        if not self.settings_.unix_accounts:  # with accounts, runners are warmed per user after their first job
-            await self.manager.backend.warm(self.default_kernel)
+        warm = getattr(self.manager.backend, "warm", None)  # a local backend's warm runners
+        if warm is not None and not self.settings_.unix_accounts:  # with accounts: per user, after a first job
+            await warm(self.default_kernel)
         scheduler = asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")

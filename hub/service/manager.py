@@ -27,7 +27,7 @@ from danlu.hub.service.scheduler import Scheduler
 from danlu.hub.service.servers import Servers
 from danlu.hub.service.states import FINAL, JobState, transition
 from danlu.hub.service.submission import Submission
-from danlu.hub.service.supervisor import Supervisor
+from danlu.hub.service.supervisor import Supervisor, handed_over
 from danlu.hub.service.views import JOB_ID, job_to_dict
 
 
@@ -156,10 +156,14 @@ class JobManager:
         who = principal.name
         if job.state == JobState.queued.value:
             async with core.lock:
-                queue = await core.db(_cancel_queued, job_id, who)
+                queue, handed = await core.db(_cancel_queued, job_id, who)
                 core.pending.pop(job_id, None)
                 core.metrics.finished.labels(queue, "cancelled").inc()
             core.mark_ended(job_id)
+            if handed is not None:  # a queueing backend holds it: it goes from there too
+                grace = core.settings.jobs["grace_period_seconds"]
+                await core.backend.cancel(job_id, handed, grace, reason="cancelled")
+                await core.backend.cleanup(job_id, handed)
         else:
             await self.audit_event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
             await self.supervisor.cancel(job_id, dict(job.backend_state or {}), f"cancelled by {who}")
@@ -278,8 +282,12 @@ def _cancel_queued(s, job_id: str, who: str) -> str:
     row = s.get(Job, job_id)
     if row.state != JobState.queued.value:
         raise Conflict(f"job {job_id} started meanwhile; cancel it again", reason="raced")
+    handed = dict(row.backend_state or {}) if handed_over(row) else None
     row.state = transition(row.state, JobState.cancelled).value
     row.reason = f"cancelled by {who} while queued"
     row.finished_at = utcnow()
+    if handed is not None:
+        attempt = row.attempts[-1]
+        attempt.state, attempt.reason, attempt.finished_at, attempt.token_hash = "cancelled", row.reason, utcnow(), ""
     audit.append(s, who, "cancel", job_id, before={"state": "queued"}, after={"state": "cancelled"})
-    return row.queue
+    return row.queue, handed

@@ -16,12 +16,13 @@ import hashlib
 import hmac
 import json
 import re
+from pathlib import Path
 
 from danlu.errors import DanluError, Forbidden, ValidationError
 from danlu.hub.service import validation
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import Job, JobInput
-from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor
+from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
 
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 REFUSED = "this token does not belong to a running attempt of this job"
@@ -37,11 +38,11 @@ class Reports:
         core = self.core
         spec = await core.db(_spec, job_id, attempt, _hash(token))
         owner = spec["owner"]
-        home = core.settings.user_home(owner)
+        home = core.backend.user_home(owner) or str(core.settings.user_home(owner))
         spec.update({
             "kernel_name": core.profiles.get(spec["profile"]).kernel_name,
-            "cwd": str(home / spec.pop("cwd_relative")),
-            "env": {"HOME": str(home), "USER": owner},
+            "cwd": str(Path(home) / spec["cwd_relative"]),
+            "env": {"HOME": home, "USER": owner},
             "mlflow_env": core.mlflow.env_for(owner) if core.mlflow is not None else {},
         })
         return spec
@@ -73,9 +74,11 @@ def _hash(token: str) -> str:
 def _attempt(s, job_id: str, number: int, digest: str):
     job = s.get(Job, job_id)
     attempt = job.attempts[-1] if job is not None and job.attempts else None
-    if (attempt is None or job.state not in ACTIVE_STATES or attempt.number != number or not attempt.token_hash
-            or not hmac.compare_digest(attempt.token_hash, digest)):
+    if (attempt is None or not (job.state in ACTIVE_STATES or handed_over(job)) or attempt.number != number
+            or not attempt.token_hash or not hmac.compare_digest(attempt.token_hash, digest)):
         raise Forbidden(REFUSED, reason="bad_job_token", fix=TOKEN_FIX)
+    if handed_over(job):  # its runner runs: the backend's queue admitted it before the watcher saw that
+        _admit(s, job_id, number)
     return job, attempt
 
 

@@ -27,7 +27,7 @@ from danlu.hub.service.admission import Decision, Request, Workload
 from danlu.hub.service.core import Core, ts, workload_of
 from danlu.hub.service.models import Attempt, Job, QueueSetting, ServerUsage, isoformat, utcnow
 from danlu.hub.service.states import JobState, transition
-from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor
+from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor, handed_over
 
 DRAINING = "the workbench is draining: no job starts until an admin ends it"
 
@@ -46,6 +46,9 @@ class Scheduler:
         """One admission pass: start what fits now, preempt what must make room."""
         core = self.core
         if core.closing:
+            return
+        if core.backend.queues:
+            await self.hand_over(rebuild)
             return
         async with core.lock:
             if rebuild:
@@ -80,6 +83,37 @@ class Scheduler:
         grace = core.settings.jobs["preemption_grace_seconds"]
         for job_id, state, why in stops:
             core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
+
+    async def hand_over(self, rebuild: bool = False) -> None:
+        """With a backend that queues itself (Kueue): submit every eligible queued job to it at once.
+
+        The job stays ``queued`` (its reason and position are the backend's, see
+        :meth:`Supervisor.watch_queued`) with an open attempt and its token; no admission model runs here.
+        """
+        core = self.core
+        async with core.lock:
+            if rebuild:
+                await self.rebuild_locked()
+            if core.draining:
+                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
+                return
+            now = time.time()
+            backoff = await core.read(_backoff)
+            ready = [jid for jid in core.pending if jid not in backoff or ts(backoff[jid][0]) <= now]
+            tokens = {jid: secrets.token_urlsafe(32) for jid in ready}
+            try:
+                starts = await core.db(_record_hand_over, ready, tokens, core)
+            except Exception:
+                core.log.exception("recording a hand-over failed; rebuilding the queue from the database")
+                await self.rebuild_locked()
+                return
+            for jid in ready:
+                core.pending.pop(jid, None)
+            core.plan = Decision(waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending
+                                          if jid in backoff})
+            core.observe()
+        for start in starts:
+            self.supervisor.launch(start)
 
     async def rebuild_locked(self) -> None:
         """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
@@ -163,9 +197,7 @@ def _record_pass(s, decision: Decision, tokens: dict, now: float, core: Core):
         job.attempts.append(attempt)
         core.metrics.admitted.labels(job.queue).inc()
         core.metrics.wait.labels(job.queue).observe(max(0.0, now - ts(job.queued_at or job.created_at)))
-        starts.append({"id": job.id, "attempt": attempt.number, "devices": list(wl.devices), "nproc": job.nproc,
-                       "owner": job.owner, "kernel_name": _kernel_name(core.profiles, job.profile),
-                       "token": tokens[wl.id]})
+        starts.append(_start_of(job, attempt, tokens[wl.id], core))
     for victim, preemptor in decision.preempted:
         job = s.get(Job, victim.id)
         by = s.get(Job, preemptor.id)
@@ -179,10 +211,37 @@ def _record_pass(s, decision: Decision, tokens: dict, now: float, core: Core):
     return starts, stops
 
 
+def _start_of(job: Job, attempt: Attempt, token: str, core: Core) -> dict:
+    """What the supervisor needs to start an attempt (a Launch, less what only it knows)."""
+    return {"id": job.id, "attempt": attempt.number, "devices": list(attempt.devices or []), "nproc": job.nproc,
+            "owner": job.owner, "kernel_name": _kernel_name(core.profiles, job.profile), "token": token,
+            "queue": job.queue, "priority_class": job.priority_class or "", "profile": job.profile,
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "cpu": job.cpu, "memory": job.memory,
+            "timeout_seconds": job.timeout_seconds or core.settings.jobs["max_runtime_seconds"]}
+
+
+def _record_hand_over(s, ready: list[str], tokens: dict, core: Core) -> list[dict]:
+    starts = []
+    for job_id in ready:
+        job = s.get(Job, job_id)
+        if job is None or job.state != JobState.queued.value:
+            continue
+        attempt = Attempt(number=len(job.attempts) + 1, state=JobState.queued.value, devices=[],
+                          token_hash=token_hash(tokens[job_id]))
+        job.attempts.append(attempt)
+        job.not_before = None
+        job.backend_state = {"attempt": attempt.number}
+        job.reason = f"submitted to the cluster's queue {job.queue}"
+        starts.append(_start_of(job, attempt, tokens[job_id], core))
+    return starts
+
+
 def _rebuild(s, core: Core):
     overrides = {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
     model = quotas.build_model(core.settings, core.inventory, overrides)
     for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))):
+        if core.backend.queues:
+            break  # the backend's queue holds them; Danlu's model decides nothing
         wl = workload_of(job, job.attempts[-1] if job.attempts else None)
         wl.stopping = job.state == JobState.preempted.value
         try:
@@ -195,8 +254,10 @@ def _rebuild(s, core: Core):
                               Request(len(row.devices), row.flavor, 0.0, 0.0), row.owner, kind="server")
             server.flavor, server.devices = row.flavor, tuple(row.devices)
             model.restore(server)
-    pending = {job.id: workload_of(job) for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))}
+    pending = {job.id: workload_of(job) for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))
+               if not handed_over(job)}
     return model, pending
+
 
 
 def _late(s, max_runtime: float) -> list:

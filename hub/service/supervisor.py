@@ -78,7 +78,10 @@ class Supervisor:
                 await core.mlflow.ensure_user(start["owner"])
             launch = Launch(job_id=job_id, attempt=start["attempt"], owner=start["owner"],
                             kernel_name=start["kernel_name"], nproc=start["nproc"], devices=tuple(start["devices"]),
-                            run_as=account, api_url=core.service_api, token=start["token"])
+                            run_as=account, api_url=core.service_api, token=start["token"],
+                            queue=start["queue"], priority_class=start["priority_class"], profile=start["profile"],
+                            gpus=start["gpus"], gpu_type=start["gpu_type"], cpu=start["cpu"],
+                            memory=start["memory"], timeout_seconds=start["timeout_seconds"])
 
             async def record(state: dict) -> None:
                 recorded.update(state, attempt=start["attempt"])
@@ -95,10 +98,38 @@ class Supervisor:
                     await core.backend.cleanup(job_id, recorded)
                 except Exception:  # noqa: BLE001
                     core.log.exception("ending the runner of job %s after its failed start failed", job_id)
+            if core.backend.queues:
+                await core.db(_admit, job_id, start["attempt"])
             await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True,
                                                 authoritative=True), start["attempt"])
             return
         self.watch(job_id, state)
+
+    # a backend with its own queue -------------------------------------------------------------
+    async def watch_queued(self, job_id: str, state: dict) -> bool:
+        """Until a queueing backend admits the attempt: record its answer (why, position). True once
+        admitted (the job is running), False if the attempt ended meanwhile (it was cancelled, or it
+        ended before it was admitted, which is finalized here)."""
+        core, backend, number = self.core, self.core.backend, state.get("attempt")
+        last = None
+        while True:
+            current = await core.read(_handed_state, job_id, number)
+            if current is None:
+                return await core.read(_state_of, job_id, number) is not None  # running now, or gone
+            answer = await backend.admission(job_id, state)
+            if answer.admitted:
+                await core.db(_admit, job_id, number)
+                return True
+            outcome = await backend.poll(job_id, state)
+            if outcome is not None:  # it ended before it was admitted (deleted, refused by the cluster)
+                await core.db(_admit, job_id, number)
+                await backend.cleanup(job_id, state)
+                await self.finalize(job_id, outcome, number)
+                return False
+            if (answer.reason, answer.position) != last:
+                last = (answer.reason, answer.position)
+                await core.db(_queued_answer, job_id, number, answer.reason, answer.position)
+            await asyncio.sleep(getattr(backend, "poll_interval", 1.0))
 
     def watch(self, job_id: str, state: dict) -> None:
         task = asyncio.ensure_future(self._watch(job_id, state))
@@ -109,6 +140,8 @@ class Supervisor:
     async def _watch(self, job_id: str, state: dict) -> None:
         backend = self.core.backend
         try:
+            if backend.queues and not await self.watch_queued(job_id, state):
+                return
             await backend.wait(job_id, state)
             outcome = await backend.poll(job_id, state)
             while outcome is None:
@@ -208,7 +241,7 @@ class Supervisor:
     async def rewatch_orphans(self) -> None:
         """Active attempts that nothing watches (a watcher that failed, a recording that failed): watch again."""
         core = self.core
-        for job_id, state, _preempted, _stop in await core.read(_active):
+        for job_id, state, _preempted, _stop in await core.read(_active, core.backend.queues):
             if job_id not in self.watchers and state.get("launched"):
                 core.log.warning("job %s is active with no watcher: watching it again", job_id)
                 self.watch(job_id, state)
@@ -217,7 +250,15 @@ class Supervisor:
     async def recover(self) -> None:
         """Re-attach to attempts that were running when the service stopped (before it serves runners)."""
         core = self.core
-        for job_id, state, preempted, stop in await core.read(_active):
+        for job_id, state, preempted, stop in await core.read(_active, core.backend.queues):
+            if core.backend.queues and not state.get("launched"):
+                # the service stopped while submitting it: whatever reached the cluster goes, and it is
+                # handed over again (not counted)
+                await core.backend.cancel(job_id, state, 1.0, reason="interrupted")
+                await core.db(_admit, job_id, state.get("attempt"))
+                await self.finalize(job_id, Outcome("failed", "the service stopped while submitting it",
+                                                    interrupted=True, authoritative=True))
+                continue
             if not state.get("launched") and not state.get("spec_fetched"):
                 # the service stopped between admitting it and handing it to a runner: that runner never
                 # ran it (and can no longer fetch its spec): end what exists and requeue, not counted
@@ -241,10 +282,48 @@ class Supervisor:
 
 
 # database work (runs on the database thread pool) ---------------------------------------------
+def handed_over(job: Job) -> bool:
+    """A queued job whose current attempt a queueing backend holds (submitted, not yet admitted)."""
+    attempt = _latest(job)
+    return (job.state == JobState.queued.value and attempt is not None and attempt.finished_at is None
+            and attempt.state == JobState.queued.value)
+
+
+def _handed_state(s, job_id: str, number: int | None) -> dict | None:
+    """The backend state of a job a queueing backend holds with attempt ``number``, not yet admitted."""
+    job = s.get(Job, job_id)
+    if job is None or not handed_over(job) or _latest(job).number != number:
+        return None
+    return dict(job.backend_state or {})
+
+
+def _queued_answer(s, job_id: str, number: int | None, reason: str, position: int | None) -> None:
+    job = s.get(Job, job_id)
+    if job is not None and handed_over(job) and _latest(job).number == number:
+        job.reason = reason or job.reason
+        job.backend_state = {**(job.backend_state or {}), "position": position}
+
+
+def _admit(s, job_id: str, number: int | None) -> bool:
+    """The backend's queue admitted the attempt (or its runner already runs): the job is running."""
+    job = s.get(Job, job_id)
+    if job is None or not handed_over(job) or _latest(job).number != number:
+        return False
+    attempt = _latest(job)
+    job.state = transition(job.state, JobState.running).value
+    job.reason = ""
+    job.started_at = job.started_at or utcnow()
+    attempt.state = JobState.running.value
+    attempt.started_at = utcnow()
+    job.backend_state = {k: v for k, v in (job.backend_state or {}).items() if k != "position"}
+    return True
+
+
 def _save_state(s, job_id: str, attempt: int, state: dict) -> None:
     job = s.get(Job, job_id)
     latest = _latest(job) if job is not None else None
-    if job is not None and latest is not None and latest.number == attempt and job.state in ACTIVE_STATES:
+    if job is not None and latest is not None and latest.number == attempt and (job.state in ACTIVE_STATES
+                                                                                or handed_over(job)):
         job.backend_state = {**(job.backend_state or {}), **state}
 
 
@@ -273,9 +352,13 @@ def _abandon(s, job_id: str) -> None:
         attempt.token_hash = ""  # its runner API calls are refused from now on
 
 
-def _active(s) -> list[tuple]:
+def _active(s, queued_too: bool = False) -> list[tuple]:
+    """Jobs with an attempt in the backend's hands (with ``queued_too``, those a queueing backend holds too)."""
     out = []
-    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))):
+    states = ACTIVE_STATES + ([JobState.queued.value] if queued_too else [])
+    for job in s.scalars(select(Job).where(Job.state.in_(states))):
+        if job.state == JobState.queued.value and not handed_over(job):
+            continue
         attempt = _latest(job)
         out.append((job.id, dict(job.backend_state or {}), job.state == JobState.preempted.value,
                     attempt.stop_reason if attempt is not None else ""))
@@ -313,7 +396,8 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, nu
     stopped = bool(why) or job.state == JobState.preempted.value
     failures = sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")
     nxt = next_state(job.state, _ending(attempt, outcome, stopping, stopped), stopping=why,
-                     preempt_reason=job.reason,
+                     preempt_reason=(outcome.reason if outcome.state == "preempted" and outcome.authoritative
+                                     else job.reason),
                      retries=job.retries, failures_before=failures,
                      limit_seconds=job.timeout_seconds or jobs["max_runtime_seconds"],
                      backoff_seconds=jobs["retry_backoff_seconds"])

@@ -52,13 +52,16 @@ def job_to_dict(core, job: Job) -> dict:
     end = job.finished_at or (utcnow() if job.state in ("running", "preempted") else None)
     reason = job.reason
     estimate = None
-    if job.state == "queued":
+    state = job.backend_state if isinstance(job.backend_state, dict) else {}
+    position = core.plan.positions.get(job.id) if job.state == "queued" else None
+    if job.state == "queued" and core.backend.queues:  # the backend's queue answers (Kueue's reason, position)
+        reason, position = reason or "waiting for admission", state.get("position")
+    elif job.state == "queued":
         reason = core.plan.waiting.get(job.id, reason or "waiting for admission")
         if job.id in core.estimates:
             estimate = isoformat(dt.datetime.fromtimestamp(core.estimates[job.id], dt.timezone.utc)
                                  .replace(tzinfo=None))
     running = job.attempts[-1] if job.attempts and job.state in ("running", "preempted") else None
-    state = job.backend_state if isinstance(job.backend_state, dict) else {}
     return {
         "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
         "failure": job.failure or None, "profile": job.profile, "queue": job.queue,
@@ -73,7 +76,7 @@ def job_to_dict(core, job: Job) -> dict:
         "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
         "finished_at": isoformat(job.finished_at), "retry_at": isoformat(job.not_before),
         "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
-        "queue_position": core.plan.positions.get(job.id) if job.state == "queued" else None,
+        "queue_position": position,
         "estimated_start": estimate,
         "mlflow_run_id": run_id,
         "tracking": tracking,

@@ -24,7 +24,7 @@ from danlu.jobdir import JobDir, write_json_atomic
 from danlu.proctree import set_child_subreaper
 from danlu.runner.execute import runner_for
 from danlu.runner.kernels import start_kernel, stop_kernel
-from danlu.runner.link import ServiceLink, read_launch
+from danlu.runner.link import ServiceLink, launch_from_env, read_launch
 from danlu.runner.tracking import mlflow_environ
 
 
@@ -64,6 +64,8 @@ def _warm_up(kernel_name: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m danlu.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("--warm", metavar="KERNEL", help="start a kernel first, then wait for a launch message")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="in a job pod: the launch comes from the environment, the log goes to the pod's log")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     for noisy in ("urllib3", "mlflow", "alembic"):
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             km = _warm_up(args.warm)
             if km is None:
                 return 1
-        launch = read_launch()
+        launch = launch_from_env() if args.kubernetes else read_launch()
     except (SystemExit, ValueError, KeyError, TypeError) as e:
         if not isinstance(e, SystemExit):
             print(f"danlu runner: bad launch message: {e}", file=sys.stderr, flush=True)
@@ -89,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ[env.JOB_ID] = launch.job_id
     jd = JobDir(Path(launch.job_dir))
+    jd.path.mkdir(parents=True, exist_ok=True)
     os.chdir(jd.path)
-    _redirect_output(jd.log_file)
+    if not args.kubernetes:  # in a pod, stdout is the pod's log
+        _redirect_output(jd.log_file)
     link = ServiceLink(launch)
     try:
         spec = link.spec()
@@ -99,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         if km is not None:
             stop_kernel(km, now=True)
         return 3
+    if args.kubernetes and os.environ.get("HOME"):  # the owner's home is mounted where this pod has it
+        spec["cwd"] = str(Path(os.environ["HOME"]) / spec.get("cwd_relative", "."))
+        spec["env"] = {**spec.get("env", {}), "HOME": os.environ["HOME"]}
     mlflow_environ(spec)
     write_json_atomic(jd.input_notebook, spec["notebook"])
     return runner_for(spec)(link, spec, jd, km=km).run()

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from danlu import env
 from danlu.client import DanluClient
 from danlu.errors import DanluError, Unreachable
 
@@ -36,6 +37,19 @@ class LaunchMessage:
             raise ValueError("the launch message is not an object")
         return cls(str(data["job_id"]), int(data["attempt"]), str(data["api"]), str(data["token"]),
                    str(data["job_dir"]))
+
+
+def launch_from_env(environ=None) -> LaunchMessage:
+    """A job pod's launch: its attempt and the runner API from the pod's environment, the token from the
+    attempt's Secret (mounted as an environment variable by the TrainJob)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    missing = [v for v in (env.JOB_ID, env.ATTEMPT, env.RUNNER_API, env.JOB_TOKEN, env.JOB_DIR) if not environ.get(v)]
+    if missing:
+        raise ValueError(f"the pod's environment lacks {', '.join(missing)}")
+    return LaunchMessage(environ[env.JOB_ID], int(environ[env.ATTEMPT]), environ[env.RUNNER_API],
+                         environ[env.JOB_TOKEN], environ[env.JOB_DIR])
 
 
 def read_launch(stream=None) -> LaunchMessage | None:
