@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubernetes and os.environ.get("HOME"):  # the owner's home is mounted where this pod has it
         spec["cwd"] = str(Path(os.environ["HOME"]) / spec.get("cwd_relative", "."))
         spec["env"] = {**spec.get("env", {}), "HOME": os.environ["HOME"]}
+        spec["devices"] = list(range(int(spec.get("gpus") or 0)))  # a pod sees only its own GPUs, from 0
     mlflow_environ(spec)
     write_json_atomic(jd.input_notebook, spec["notebook"])
     return runner_for(spec)(link, spec, jd, km=km).run()
