@@ -177,10 +177,11 @@ def load_profiles(path: str | Path) -> ProfileSet:
                               fix="give every profile its own slug")
         seen[slug] = i
         env = raw["environment"]
-        if len(env) > 1 and not (set(env) == {"requirements", "image"}):
+        if len(env) > 1 and set(env) not in ({"requirements", "image"}, {"current", "image"}):
             raise ConfigError(
                 f"{yamlconfig.line_of(marks, ('profiles', i, 'environment'), str(path))}: "
-                f"profiles[{i}].environment: choose one of current or requirements (image may accompany requirements)")
+                f"profiles[{i}].environment: choose one of current or requirements (image, for Kubernetes, "
+                "may accompany either)")
         req = None
         if "requirements" in env:
             req = (path.parent / env["requirements"]).resolve()

@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         spec["cwd"] = str(Path(os.environ["HOME"]) / spec.get("cwd_relative", "."))
         spec["env"] = {**spec.get("env", {}), "HOME": os.environ["HOME"]}
         spec["devices"] = list(range(int(spec.get("gpus") or 0)))  # a pod sees only its own GPUs, from 0
+        spec["kernel_name"] = "python3"  # the image is the profile's environment: its own Python kernel
     mlflow_environ(spec)
     write_json_atomic(jd.input_notebook, spec["notebook"])
     return runner_for(spec)(link, spec, jd, km=km).run()
