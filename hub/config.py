@@ -26,6 +26,7 @@ ENV_OVERRIDES = {
     "ip": env.IP,
     "port": env.PORT,
     "state_dir": env.STATE_DIR,
+    "profiles_file": env.PROFILES_FILE,
 }
 
 JOB_DEFAULTS = {

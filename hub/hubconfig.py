@@ -41,12 +41,11 @@ SERVER_TOKEN_SCOPES = [
 ]
 
 
-def _authenticator(c, settings: Settings) -> None:
+def authenticator(c, settings: Settings) -> None:
+    """The authenticator danlu.yaml's ``auth`` names, and its options."""
     auth = settings.auth
     kind = auth["type"]
     c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
-    # JupyterHub's own admin list: admins may log in (OAuth's check_allowed admits them) and are hub admins
-    c.Authenticator.admin_users = set(settings.admin_users)
     if auth.get("allowed_users"):
         c.Authenticator.allowed_users = set(auth["allowed_users"])
     if kind == "dummy":
@@ -91,6 +90,51 @@ def _authenticator(c, settings: Settings) -> None:
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
 
 
+def admins_and_groups(c, settings: Settings) -> None:
+    """Admins and groups from danlu.yaml; groups only when the identity provider does not own membership."""
+    # JupyterHub's own admin list: admins may log in (OAuth's check_allowed admits them) and are hub admins
+    c.Authenticator.admin_users = set(settings.admin_users)
+    if not (settings.auth.get("manage_groups") or settings.auth.get("allowed_groups")):
+        c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
+
+
+def jobs_service(url: str, command: list[str], environment: dict) -> dict:
+    """The jobs service ``danlu`` as a hub-managed service."""
+    return {
+        "name": "danlu",
+        "display": True,
+        "url": url,
+        "command": command,
+        "environment": environment,
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": list(CUSTOM_SCOPES),
+    }
+
+
+def roles(settings: Settings, services) -> list[dict]:
+    """The roles that keep users to their own jobs, for the services that exist (names in ``services``).
+
+    ``danlu-admin`` is both the admins' role and, where it exists, the service holding the automation token.
+    """
+    services = set(services)
+    reachable = [f"access:services!service={name}" for name in ("danlu", "mlflow") if name in services]
+    automation = ["danlu-admin"] if "danlu-admin" in services else []
+    out = [
+        {"name": "user", "description": "Every user: their own server, jobs and MLflow.",
+         "scopes": ["self", *reachable, f"{WRITE}!user"]},
+        {"name": "danlu-admin", "description": "Operate Danlu: every job, the queue and GPU allocations.",
+         "scopes": [ADMIN, "access:services"], "users": settings.admin_users, "services": automation},
+    ]
+    if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
+        out.append({"name": "admin", "services": automation})
+    out.append({"name": "danlu-service", "description": "The jobs service reads users' groups.",
+                "scopes": ["read:users", "read:groups", "list:users", "read:servers"], "services": ["danlu"]})
+    if "idle-culler" in services:
+        out.append({"name": "idle-culler",
+                    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+                    "services": ["idle-culler"]})
+    return out
+
 
 def audit_logins(jobs_api: str, token: str):
     """A post_auth_hook that records every login in Danlu's audit log (never blocks the login)."""
@@ -134,10 +178,8 @@ def configure(c, environ=os.environ) -> Settings:
     if chp:
         c.ConfigurableHTTPProxy.command = [chp]
 
-    _authenticator(c, settings)
-    if not (settings.auth.get("manage_groups") or settings.auth.get("allowed_groups")):
-        # else the identity provider owns group membership
-        c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
+    authenticator(c, settings)
+    admins_and_groups(c, settings)
 
     admin_token = environ[names.ADMIN_TOKEN]
     instance = {names.INSTANCE: environ[names.INSTANCE]} if names.INSTANCE in environ else {}
@@ -158,15 +200,8 @@ def configure(c, environ=os.environ) -> Settings:
     service_port = int(environ[names.SERVICE_PORT])
     gateway_port = int(environ[names.GATEWAY_PORT])
     c.JupyterHub.services = [
-        {
-            "name": "danlu",
-            "display": True,
-            "url": f"http://127.0.0.1:{service_port}",
-            "command": [python, "-m", "danlu.hub.service"],
-            "environment": {**common_env, **mlflow_secret},
-            "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": list(CUSTOM_SCOPES),
-        },
+        jobs_service(f"http://127.0.0.1:{service_port}", [python, "-m", "danlu.hub.service"],
+                     {**common_env, **mlflow_secret}),
         {
             "name": "mlflow",
             "display": True,
@@ -177,19 +212,6 @@ def configure(c, environ=os.environ) -> Settings:
         },
         {"name": "danlu-admin", "api_token": admin_token},
     ]
-    c.JupyterHub.custom_scopes = CUSTOM_SCOPES
-    c.JupyterHub.load_roles = [
-        {"name": "user", "description": "Every user: their own server, jobs and MLflow.",
-         "scopes": ["self", "access:services!service=danlu", "access:services!service=mlflow", f"{WRITE}!user"]},
-        {"name": "danlu-admin", "description": "Operate Danlu: every job, the queue and GPU allocations.",
-         "scopes": [ADMIN, "access:services"], "users": settings.admin_users, "services": ["danlu-admin"]},
-        # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
-        {"name": "admin", "services": ["danlu-admin"]},
-        {"name": "danlu-service", "description": "The jobs service reads users' groups.",
-         "scopes": ["read:users", "read:groups", "list:users", "read:servers"], "services": ["danlu"]},
-        {"name": "idle-culler", "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-         "services": ["idle-culler"]},
-    ]
     idle = settings.hub["idle_timeout_seconds"]
     if idle:
         c.JupyterHub.services.append({
@@ -197,8 +219,8 @@ def configure(c, environ=os.environ) -> Settings:
             "command": [python, "-m", "jupyterhub_idle_culler", f"--timeout={idle}", "--cull-every=60"],
             "environment": instance,
         })
-    else:
-        c.JupyterHub.load_roles = [r for r in c.JupyterHub.load_roles if r["name"] != "idle-culler"]
+    c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+    c.JupyterHub.load_roles = roles(settings, [s["name"] for s in c.JupyterHub.services])
 
     c.JupyterHub.spawner_class = "danlu.hub.spawner.DanluLocalSpawner"
     c.Spawner.cmd = [str(venv_bin / "jupyterhub-singleuser")]

@@ -46,6 +46,8 @@ class Var(str):
 CONFIG = Var("DANLU_CONFIG", "The danlu.yaml every process reads (absolute path; empty: built-in defaults).")
 STATE_DIR = Var("DANLU_STATE_DIR", "The state folder: databases, job folders, MLflow data, tokens, logs.")
 BASE_DIR = Var("DANLU_BASE_DIR", "The folder danlu up ran in; relative paths in danlu.yaml start there.")
+PROFILES_FILE = Var("DANLU_PROFILES_FILE", "The governed profiles file, over danlu.yaml's profiles_file (on "
+                                           "Kubernetes: the profiles.yaml beside danlu.yaml).")
 IP = Var("DANLU_IP", "The address the public proxy listens on.")
 PORT = Var("DANLU_PORT", "The port of the public proxy.")
 ADMIN_TOKEN = Var("DANLU_ADMIN_TOKEN", "The admin API token (for automation); generated into <state>/admin-token "

@@ -71,6 +71,9 @@ class JobsServiceApp(Application):
         config=True)
     service_url = Unicode(help="Where this service listens ($JUPYTERHUB_SERVICE_URL).").tag(config=True)
     service_prefix = Unicode("/services/danlu/", help="URL prefix ($JUPYTERHUB_SERVICE_PREFIX).").tag(config=True)
+    ip = Unicode(help="The address to listen on (default: the host of service_url). On Kubernetes 0.0.0.0: the "
+                      "proxy and job pods reach the service through the hub's Service name, which is no address "
+                      "of the hub pod.").tag(config=True)
     schedule_interval = Integer(2, help="Seconds between admission passes when nothing else triggers one.").tag(
         config=True)
     settings_ = Instance(Settings, allow_none=True)
@@ -151,7 +154,7 @@ class JobsServiceApp(Application):
             loop.add_signal_handler(sig, stop.set)
         await self.manager.recover()  # before anyone, runners included, is answered
         server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
-        server.listen(url.port, url.hostname)
+        server.listen(url.port, self.ip or url.hostname)
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
         warm = getattr(self.manager.backend, "warm", None)  # a local backend's warm runners
         if warm is not None and not self.settings_.unix_accounts:  # with accounts: per user, after a first job

@@ -1,0 +1,107 @@
+"""JupyterHub's configuration on Kubernetes, added to the Zero to JupyterHub chart's own.
+
+The chart's ``hub.extraConfig`` calls :func:`configure`::
+
+    from danlu.hub.k8s.hubconfig import configure; configure(c)
+
+It reads ``danlu.yaml`` and ``profiles.yaml`` from one folder (the Danlu ConfigMap, mounted at
+``/etc/danlu``; ``$DANLU_CONFIG`` may name another danlu.yaml), and adds what the local
+configuration (:mod:`danlu.hub.hubconfig`) adds, built by the same functions: the spawner
+(:class:`~danlu.hub.k8s.spawner.DanluKubeSpawner`), admins and groups, the custom scopes and
+roles, and the jobs service ``danlu`` as a hub-managed service running jobs as TrainJobs
+(``jobs.backend: kubernetes``). The chart's own services, roles, admins and groups are kept:
+extraConfig runs last, so this adds to them instead of replacing them. The authenticator is the
+chart's unless danlu.yaml has an ``auth`` section.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from traitlets.config import LazyConfigValue
+
+from danlu import env as names
+from danlu.errors import ConfigError
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, roles
+from danlu.hub.profiles import load_profiles
+from danlu.hub.scopes import CUSTOM_SCOPES
+
+#: the hub's volume in the chart (hub.db lives there): the jobs service's state, unless danlu.yaml says
+HUB_STATE_DIR = "/srv/jupyterhub/danlu"
+#: the port of the jobs service in the hub pod; the chart's hub Service must expose it (hub.service.extraPorts)
+SERVICE_PORT = 10101
+#: the chart's Services of the hub and of the public proxy
+HUB_SERVICE = "hub"
+PROXY_SERVICE = "proxy-public"
+
+
+def _current(section, name: str, empty):
+    """What the chart already set for ``section.name`` (``empty`` when nothing)."""
+    if name not in section:
+        return empty
+    value = section[name]
+    return value.get_value(empty) if isinstance(value, LazyConfigValue) else value
+
+
+def _by_name(existing, added: list[dict]) -> list[dict]:
+    names_added = {item["name"] for item in added}
+    return [item for item in existing if item.get("name") not in names_added] + added
+
+
+def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.environ) -> Settings:
+    folder = Path(config_dir)
+    config_file = Path(names.CONFIG.get(environ=environ) or folder / "danlu.yaml")
+    if not config_file.exists():
+        raise ConfigError(f"{config_file} does not exist", fix="mount Danlu's ConfigMap (danlu.yaml, profiles.yaml) "
+                                                               f"at {folder}, or set {names.CONFIG}")
+    # relative paths in danlu.yaml start beside it (the hub's working folder is the chart's, not Danlu's)
+    environ = {**environ, names.BASE_DIR: names.BASE_DIR.get(environ=environ) or str(config_file.parent)}
+    settings = load_settings(config_file, environ=environ)
+    if settings.data.get("jobs", {}).get("backend", "kubernetes") != "kubernetes":
+        raise ConfigError(f"{settings.where('jobs', 'backend')}: jobs.backend is {settings.jobs['backend']}, which "
+                          "would run jobs inside the hub pod", fix="set jobs.backend: kubernetes (or remove it)")
+    profiles_file = settings.profiles_file if "profiles_file" in settings.data else config_file.parent / "profiles.yaml"
+    if not profiles_file.exists():
+        raise ConfigError(f"{profiles_file} does not exist", fix="add profiles.yaml to Danlu's ConfigMap, beside "
+                                                                 "danlu.yaml")
+    state = settings.state_dir if "state_dir" in settings.data else Path(HUB_STATE_DIR)
+    namespace = settings.kubernetes["namespace"]
+
+    if "auth" in settings.data:
+        authenticator(c, settings)
+    chart_admins = set(_current(c.Authenticator, "admin_users", set()))
+    chart_groups = dict(_current(c.JupyterHub, "load_groups", {}))
+    admins_and_groups(c, settings)
+    c.Authenticator.admin_users = chart_admins | set(c.Authenticator.admin_users)
+    c.JupyterHub.load_groups = {**chart_groups, **_current(c.JupyterHub, "load_groups", {})}
+
+    service_env = {
+        names.CONFIG: str(config_file),
+        names.PROFILES_FILE: str(profiles_file),
+        names.BASE_DIR: environ[names.BASE_DIR],
+        names.STATE_DIR: str(state),
+    }
+    if names.MLFLOW_URL.get(environ=environ):
+        service_env[names.MLFLOW_URL] = names.MLFLOW_URL.get(environ=environ)
+    service = jobs_service(f"http://{HUB_SERVICE}:{SERVICE_PORT}",
+                           [sys.executable, "-m", "danlu.hub.service", "--JobsServiceApp.backend=kubernetes",
+                            "--JobsServiceApp.ip=0.0.0.0"], service_env)
+    c.JupyterHub.services = _by_name(_current(c.JupyterHub, "services", []), [service])
+    c.JupyterHub.custom_scopes = {**_current(c.JupyterHub, "custom_scopes", {}), **CUSTOM_SCOPES}
+    services = [s["name"] for s in c.JupyterHub.services]
+    c.JupyterHub.load_roles = _by_name(_current(c.JupyterHub, "load_roles", []), roles(settings, services))
+
+    base_url = "/" + str(_current(c.JupyterHub, "base_url", "/")).strip("/")
+    c.JupyterHub.spawner_class = "danlu.hub.k8s.spawner.DanluKubeSpawner"
+    c.DanluKubeSpawner.settings = settings
+    c.DanluKubeSpawner.profiles = load_profiles(profiles_file)
+    c.DanluKubeSpawner.namespace = namespace
+    c.DanluKubeSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
+    c.DanluKubeSpawner.extra_env = {
+        names.URL: f"http://{PROXY_SERVICE}.{namespace}.svc{base_url.rstrip('/')}",
+        **({names.PUBLIC_URL: settings.public_url} if "public_url" in settings.data else {}),
+    }
+    return settings
