@@ -67,6 +67,19 @@ CEL_RULES = {
         lambda v: v in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"),
     "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')":
         lambda v: v == "" or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", v)),
+    # Kueue v0.19.2 ResourceFlavor: tolerations (and nodeTaints) as the core API checks them
+    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)":
+        lambda ts: all("key" in t or t.get("operator") == "Exists" for t in ts),
+    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)":
+        lambda ts: all("tolerationSeconds" not in t or t.get("effect") == "NoExecute" for t in ts),
+    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])":
+        lambda ts: all(t.get("operator", "Equal") in ("Equal", "Exists") for t in ts),
+    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)":
+        lambda ts: all(not (t.get("operator") == "Exists" and "value" in t) for t in ts),
+    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda ts: all(t.get("effect", "NoSchedule") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
+    "self.all(x, x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda ts: all(t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
     "!has(self.topologyName) || self.nodeLabels.size() >= 1":
         lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
 }
