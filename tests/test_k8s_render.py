@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from danlu import env
 from danlu.errors import ConfigError
 from danlu.hub import cli
 from danlu.hub.config import load_settings
@@ -29,7 +30,7 @@ DIGEST = "sha256:" + "a" * 64
 
 
 def _load(path):
-    settings = load_settings(path, environ={"DANLU_BASE_DIR": str(ROOT)})
+    settings = load_settings(path, environ={env.BASE_DIR: str(ROOT)})
     return settings, load_profiles(settings.profiles_file)
 
 
@@ -115,7 +116,7 @@ def test_values_of_a_tiny_config(tmp_path):
     config = tmp_path / "danlu.yaml"
     config.write_text(f"hub: {{idle_timeout_seconds: 0}}\nkubernetes: {{namespace: lab, hub_image: h/hub@{DIGEST}, "
                       "home_storage_class: nfs, home_size: 5G, shm_size: 1G}\n")
-    settings = load_settings(config, environ={"DANLU_BASE_DIR": str(ROOT)})
+    settings = load_settings(config, environ={env.BASE_DIR: str(ROOT)})
     data = render.chart_values(settings, load_profiles(settings.profiles_file))
     placeholder = {"name": "registry.example.com/danlu/python", "tag": "latest@sha256:" + "0" * 64}
     assert data["singleuser"]["image"] == placeholder
@@ -127,7 +128,7 @@ def test_values_of_a_tiny_config(tmp_path):
     assert data["cull"] == {"enabled": False}
     assert data["hub"]["image"] == {"name": "h/hub", "tag": "latest@" + DIGEST}
     assert data["hub"]["extraConfig"] == {"danlu": "from danlu.hub.k8s.hubconfig import configure\nconfigure(c)\n"}
-    assert data["hub"]["extraEnv"]["DANLU_MLFLOW_URL"] == "http://danlu-mlflow.lab.svc:5000/services/mlflow"
+    assert data["hub"]["extraEnv"][env.MLFLOW_URL] == "http://danlu-mlflow.lab.svc:5000/services/mlflow"
     assert data["hub"]["extraVolumeMounts"] == [{"name": "danlu-config", "mountPath": "/etc/danlu",
                                                  "readOnly": True}]
     assert data["hub"]["services"]["danlu"]["url"] == "http://hub:10101"
@@ -230,7 +231,7 @@ def test_no_secret_values_in_the_output(example):
 def test_a_secret_in_danlu_yaml_is_refused(tmp_path):
     config = tmp_path / "danlu.yaml"
     config.write_text("jobs: {database_url: 'postgresql://danlu:hunter2@db/danlu'}\n")
-    settings = load_settings(config, environ={"DANLU_BASE_DIR": str(ROOT)})
+    settings = load_settings(config, environ={env.BASE_DIR: str(ROOT)})
     with pytest.raises(ConfigError, match="holds a password"):
         render.render(settings, load_profiles(settings.profiles_file))
 
