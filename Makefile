@@ -17,7 +17,7 @@ LABEXT := extensions/server/labextension
 LAB_SOURCES := $(shell find $(LAB)/src $(LAB)/style $(LAB)/schema -type f -not -path '*/__tests__/*' 2>/dev/null) \
 	$(LAB)/package.json $(LAB)/tsconfig.json
 
-.PHONY: install up test demo benchmarks clean unix-env
+.PHONY: install up test demo benchmarks clean unix-env render-k8s
 
 install: $(VENV)/.installed $(LABEXT)/package.json
 
@@ -80,6 +80,11 @@ test: install $(LAB)/ui-tests/node_modules/.danlu-installed
 	npm test --prefix $(LAB)
 	$(BIN)/ruff check hub magics tests benchmarks examples extensions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The committed cluster deployments (tests/test_k8s_render.py fails when they are stale).
+render-k8s: install
+	$(BIN)/danlu render k8s --config examples/config/shared-workstation.yaml --out helm-values/shared-workstation
+	$(BIN)/danlu render k8s --config examples/config/two-flavors.yaml --out helm-values/two-flavors
 
 demo: install
 	$(BIN)/python examples/run_demo.py

@@ -1,7 +1,8 @@
 """The ``danlu`` script: the users' client commands plus the ones that run beside the hub.
 
-``danlu up`` starts the workbench (:mod:`danlu.hub.app`) and ``danlu kueue
-render`` writes danlu.yaml's teams as Kueue objects; every other command is
+``danlu up`` starts the workbench (:mod:`danlu.hub.app`), ``danlu kueue
+render`` writes danlu.yaml's teams as Kueue objects and ``danlu render k8s``
+writes the whole cluster deployment (:mod:`danlu.hub.k8s.render`); every other command is
 the client side's (:mod:`danlu.cli`), so a kernel that imports ``danlu``
 never imports the hub.
 """
@@ -23,6 +24,18 @@ def cmd_kueue(args) -> int:
     return 0
 
 
+def cmd_render(args) -> int:
+    from danlu.hub.config import load_settings
+    from danlu.hub.k8s import render
+    from danlu.hub.profiles import builtin_profiles, load_profiles
+
+    settings = load_settings(args.config)
+    profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
+    for path in render.write(render.render(settings, profiles), args.out):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.build_parser()
     sub = parser.commands
@@ -32,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     kq.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
     kq.add_argument("--namespace", default="danlu")
     kq.set_defaults(func=cmd_kueue)
+    rd = sub.add_parser("render", help="render danlu.yaml as a Kubernetes deployment (chart values, manifests)")
+    rd.add_argument("what", choices=["k8s"])
+    rd.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
+    rd.add_argument("--out", required=True, help="the folder to write the files into (created if missing)")
+    rd.set_defaults(func=cmd_render)
     return parser
 
 

@@ -10,9 +10,12 @@ How danlu.yaml maps onto Kueue (the in-memory model in
 :mod:`danlu.hub.service.admission` makes the same decisions on one machine):
 
 * each GPU flavor (``gpus.declared[].flavor`` or the detected one) is a
-  **ResourceFlavor**; CPU and memory share one more, ``default-flavor``;
-* each team is a **ClusterQueue** with two resource groups: ``nvidia.com/gpu`` over
-  every GPU flavor (the team's own flavors first, in danlu.yaml order, then the
+  **ResourceFlavor**, with the ``node_labels`` and ``tolerations`` declared for it
+  (Kueue adds them to the pods it admits on that flavor, so a job lands on the
+  nodes that have those GPUs); CPU and memory share one more, ``default-flavor``;
+* each team is a **ClusterQueue** with a resource group per GPU resource name
+  (``gpus.declared[].resource``, default ``nvidia.com/gpu``) over every GPU
+  flavor of that resource (the team's own flavors first, in danlu.yaml order, then the
   rest of the inventory with a nominal quota of 0, which is what the team may try
   and borrow), and ``cpu`` + ``memory`` on ``default-flavor``. ``quota`` is
   ``nominalQuota``, ``cohort`` is ``cohortName``, ``borrowing_limit`` is
@@ -106,10 +109,16 @@ def _metadata(name: str, namespace: str | None = None) -> dict:
     return meta
 
 
-def make_resource_flavor(flavor: str, node_labels: Mapping[str, str] | None = None) -> dict:
+def make_resource_flavor(flavor: str, node_labels: Mapping[str, str] | None = None,
+                         tolerations: Iterable[Mapping] | None = None) -> dict:
     """A ResourceFlavor; ``node_labels`` (e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``)
-    steer the workloads admitted on it to the matching nodes."""
-    spec = {"nodeLabels": dict(node_labels)} if node_labels else {}
+    steer the workloads admitted on it to the matching nodes, ``tolerations`` let them onto
+    those nodes' taints (danlu.yaml's form: key, operator, value, effect)."""
+    spec: dict = {}
+    if node_labels:
+        spec["nodeLabels"] = dict(node_labels)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
     return {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _metadata(flavor), "spec": spec}
 
 
@@ -123,13 +132,17 @@ def _quota(resource: str, nominal: str, borrowing: str | None = None, lending: s
 
 
 def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *, cpu: float = UNLIMITED_CPU,
-                       memory: float = UNLIMITED_MEMORY, namespace: str = "danlu", held: bool = False) -> dict:
+                       memory: float = UNLIMITED_MEMORY, namespace: str = "danlu", held: bool = False,
+                       resources: Mapping[str, str] | None = None) -> dict:
     """A team's ClusterQueue from its danlu.yaml entry (``quota``, ``cohort``, ``borrowing_limit``,
     ``lending_limit``, ``preemption``).
 
     ``flavors`` are the GPU flavors on the machine, in inventory order; ``cpu`` (cores) and
-    ``memory`` (bytes) are the nominal quota of whichever of the two the team leaves unquoted.
+    ``memory`` (bytes) are the nominal quota of whichever of the two the team leaves unquoted;
+    ``resources`` maps a GPU flavor to its extended resource (default ``nvidia.com/gpu``): one
+    resource group per resource name, in the order of their first flavor.
     """
+    resources = resources or {}
     quota = team_spec.get("quota") or {}
     borrowing = team_spec.get("borrowing_limit") or {}
     lending = team_spec.get("lending_limit") or {}
@@ -140,13 +153,14 @@ def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *,
 
     own = list(quota.get("gpus") or {})
     order = own + [f for f in flavors if f not in own]
-    gpu_flavors = []
+    gpu_groups: dict[str, list] = {}
     for flavor in order:
+        resource = resources.get(flavor, GPU_RESOURCE)
         nominal = float((quota.get("gpus") or {}).get(flavor, 0))
         borrow = (borrowing.get("gpus") or {}).get(flavor)
         lend = (lending.get("gpus") or {}).get(flavor)
-        gpu_flavors.append({"name": flavor, "resources": [_quota(
-            GPU_RESOURCE, count_quantity(nominal),
+        gpu_groups.setdefault(resource, []).append({"name": flavor, "resources": [_quota(
+            resource, count_quantity(nominal),
             count_quantity(borrow) if borrow is not None else None,
             count_quantity(min(float(lend), nominal)) if lend is not None else None)]})
 
@@ -166,9 +180,7 @@ def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *,
         else:
             cpu_memory.append(_quota(resource, fmt(capacity)))
 
-    groups = []
-    if gpu_flavors:
-        groups.append({"coveredResources": [GPU_RESOURCE], "flavors": gpu_flavors})
+    groups = [{"coveredResources": [resource], "flavors": entries} for resource, entries in gpu_groups.items()]
     groups.append({"coveredResources": ["cpu", "memory"],
                    "flavors": [{"name": DEFAULT_FLAVOR, "resources": cpu_memory}]})
 
@@ -204,13 +216,27 @@ def make_workload_priority_class(name: str, value: int, description: str | None 
     return obj
 
 
+def flavor_specs(settings: Settings) -> dict[str, dict]:
+    """GPU flavor -> what danlu.yaml declares about its nodes: ``node_labels``, ``tolerations`` and
+    ``resource`` (the first declared group of a flavor that says each one wins)."""
+    out: dict[str, dict] = {}
+    for group in settings.gpus.get("declared") or []:
+        spec = out.setdefault(group.get("flavor", "gpu"), {})
+        for key in ("node_labels", "tolerations", "resource"):
+            if key in group:
+                spec.setdefault(key, group[key])
+    return out
+
+
 def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *,
            overrides: Mapping[str, dict] | None = None,
            node_labels: Mapping[str, Mapping[str, str]] | None = None) -> list[dict]:
     """Every Kueue object danlu.yaml stands for: ResourceFlavors, ClusterQueues, LocalQueues,
     WorkloadPriorityClasses, in the order ``kubectl apply`` should create them.
 
-    ``node_labels`` maps a GPU flavor to the node labels of its ResourceFlavor. Raises
+    ``node_labels`` maps a GPU flavor to the node labels of its ResourceFlavor (default: the
+    ``node_labels`` danlu.yaml declares for it); tolerations and resource names come from
+    danlu.yaml (:func:`flavor_specs`). Raises
     :class:`~danlu.errors.ConfigError` when a team names a GPU flavor the inventory lacks.
     """
     quotas.check(settings, inventory)
@@ -218,7 +244,10 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
     if DEFAULT_FLAVOR in flavors:
         raise ConfigError(f"GPU flavor '{DEFAULT_FLAVOR}' is the name of the CPU and memory ResourceFlavor",
                           fix="give those GPUs another flavor")
-    node_labels = node_labels or {}
+    declared_flavors = flavor_specs(settings)
+    if node_labels is None:
+        node_labels = {f: spec["node_labels"] for f, spec in declared_flavors.items() if "node_labels" in spec}
+    gpu_resources = {f: spec["resource"] for f, spec in declared_flavors.items() if "resource" in spec}
     declared = settings.data.get("resources") or {}
     cpu = float(declared["cpu"]) if "cpu" in declared else UNLIMITED_CPU
     memory = parse_size(declared["memory"]) if "memory" in declared else UNLIMITED_MEMORY
@@ -229,10 +258,11 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
         counts = quotas.flavors_of(inventory)
         specs = {DEFAULT_QUEUE: {"quota": {"gpus": {f: len(ids) for f, ids in counts.items()}}}}
 
-    objects = [make_resource_flavor(f, node_labels.get(f)) for f in flavors]
+    objects = [make_resource_flavor(f, node_labels.get(f), declared_flavors.get(f, {}).get("tolerations"))
+               for f in flavors]
     objects.append(make_resource_flavor(DEFAULT_FLAVOR))
     objects += [make_cluster_queue(name, spec, flavors, cpu=cpu, memory=memory, namespace=namespace,
-                                   held=bool(overrides.get(name, {}).get("held")))
+                                   held=bool(overrides.get(name, {}).get("held")), resources=gpu_resources)
                 for name, spec in specs.items()]
     objects += [make_local_queue(name, namespace) for name in specs]
     declared_classes = settings.data.get("priority_classes") or {}

@@ -34,6 +34,7 @@ CRD_FILES = {
     ("jobset.x-k8s.io", "JobSet"): "jobset/v0.12.0/jobset.x-k8s.io_jobsets.yaml.gz",
 }
 Z2JH_VALUES_SCHEMA = SCHEMAS / "z2jh" / "4.4.0" / "values.schema.json"
+Z2JH_VALUES = SCHEMAS / "z2jh" / "4.4.0" / "values.yaml"  # the chart's defaults
 KUBERNETES_VERSION = "1.36"  # the built-in kinds' schema version given to kubernetes-validate
 
 # --- CRD openAPIV3Schema -> JSON Schema -------------------------------------------------------
@@ -67,6 +68,26 @@ CEL_RULES = {
         lambda v: v in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"),
     "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')":
         lambda v: v == "" or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", v)),
+    # Kueue v0.19.2 ResourceFlavor: tolerations (and nodeTaints) as the core API checks them
+    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)":
+        lambda ts: all("key" in t or t.get("operator") == "Exists" for t in ts),
+    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)":
+        lambda ts: all("tolerationSeconds" not in t or t.get("effect") == "NoExecute" for t in ts),
+    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])":
+        lambda ts: all(t.get("operator", "Equal") in ("Equal", "Exists") for t in ts),
+    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)":
+        lambda ts: all(not (t.get("operator") == "Exists" and "value" in t) for t in ts),
+    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda ts: all(t.get("effect", "NoSchedule") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
+    "self.all(x, x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
+        lambda ts: all(t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
+    # Kubeflow Trainer v2.3.0 ClusterTrainingRuntime: one ML policy at most; JobSet's startup order
+    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1":
+        lambda p: sum(k in p for k in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1,
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))":
+        lambda s: not (s.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder"
+                       and any("dependsOn" in j for j in s.get("replicatedJobs", []))),
     "!has(self.topologyName) || self.nodeLabels.size() >= 1":
         lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
 }
@@ -222,6 +243,23 @@ def builtin_errors(obj: dict) -> list[str]:
 @cache
 def z2jh_validator() -> jsonschema.Validator:
     return jsonschema.Draft7Validator(json.loads(Z2JH_VALUES_SCHEMA.read_text()))
+
+
+def with_chart_defaults(values: dict) -> dict:
+    """``values`` merged over the chart's own values.yaml the way Helm merges them (maps deeply,
+    lists and scalars replaced, null deletes): what Helm validates against the values schema."""
+    def merge(base, over):
+        if not (isinstance(base, dict) and isinstance(over, dict)):
+            return over
+        out = dict(base)
+        for key, value in over.items():
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = merge(base.get(key), value)
+        return out
+
+    return merge(yaml.safe_load(Z2JH_VALUES.read_text()), values)
 
 
 def values_errors(values: dict) -> list[str]:

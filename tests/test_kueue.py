@@ -28,6 +28,7 @@ from danlu.hub.config import Settings, load_settings
 from danlu.hub.service.admission import gpu_key
 from danlu.hub.service.quotas import build_teams
 
+from . import k8sschemas
 from .k8sschemas import KubernetesValidator, crd_schema, load_crd_of, raw_schema, validator_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,9 +198,11 @@ def test_cel_rules_and_list_maps_are_checked():
     assert any("preference" in e for e in errors(_cq(flavorFungibility={"preference": "BorrowingOverPreemption"})))
 
 
-def test_untranslated_cel_rules_fail_loudly():
+def test_untranslated_cel_rules_fail_loudly(monkeypatch):
     rf = kueue.make_resource_flavor("a100")
     rf["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert errors(rf) == []
+    monkeypatch.delitem(k8sschemas.CEL_RULES, "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)")
     assert any("not translated" in e for e in errors(rf))
 
 
@@ -231,6 +234,37 @@ def test_make_resource_flavor():
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
         "metadata": {"name": "h200", "labels": LABELS},
         "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}
+
+
+def test_make_resource_flavor_with_tolerations():
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    flavor = kueue.make_resource_flavor("h100", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, [toleration])
+    assert flavor == {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "h100", "labels": LABELS},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "tolerations": [toleration]}}
+    assert errors(flavor) == []
+
+
+def test_render_takes_node_labels_tolerations_and_resource_from_danlu_yaml(tmp_path):
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    data = {"gpus": {"declared": [
+        {"count": 2, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+         "tolerations": [toleration]},
+        {"count": 2, "flavor": "mi300", "resource": "amd.com/gpu"}]}}
+    settings, inventory = _load(_write(tmp_path, data))
+    objects = kueue.render(settings, inventory)
+    flavors = _by_kind(objects, "ResourceFlavor")
+    assert flavors["h100"]["spec"] == {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                                       "tolerations": [toleration]}
+    assert flavors["mi300"]["spec"] == {}
+    groups = _by_kind(objects, "ClusterQueue")["default"]["spec"]["resourceGroups"]
+    assert [g["coveredResources"] for g in groups] == [["nvidia.com/gpu"], ["amd.com/gpu"], ["cpu", "memory"]]
+    assert groups[1]["flavors"] == [{"name": "mi300", "resources": [{"name": "amd.com/gpu", "nominalQuota": "2"}]}]
+    for obj in objects:
+        assert errors(obj) == [], obj["metadata"]["name"]
+        if obj["kind"] == "ClusterQueue":
+            assert webhook_errors(obj) == []
 
 
 def test_make_cluster_queue_in_a_cohort():

@@ -53,3 +53,18 @@ def owner_label(username: str) -> str:
 def trainjob_name(job_id: str, attempt: int) -> str:
     """A TrainJob's name: a DNS label that starts with a letter (Danlu job ids may start with a digit)."""
     return f"danlu-{job_id}-{attempt}"
+
+
+# objects danlu render k8s writes (docs/kubernetes.md, "What danlu render k8s writes")
+CONFIG_MAP = "danlu-config"  # danlu.yaml and profiles.yaml, mounted at CONFIG_DIR in the hub and MLflow
+CONFIG_DIR = "/etc/danlu"
+SECRET = "danlu-secrets"  # created by the admin: SECRET_POSTGRES_PASSWORD, SECRET_MLFLOW_AUTH
+SECRET_POSTGRES_PASSWORD = "postgres-password"
+SECRET_MLFLOW_AUTH = "mlflow-auth-secret"
+MLFLOW_SERVICE = "danlu-mlflow"
+MLFLOW_PORT = 5000
+POSTGRES_SERVICE = "danlu-postgres"
+POSTGRES_PORT = 5432
+#: the hub-managed services' ports in the hub pod (the chart's hub Service gets them as extraPorts)
+JOBS_SERVICE_PORT = 10101
+GATEWAY_SERVICE_PORT = 10102

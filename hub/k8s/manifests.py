@@ -1,0 +1,280 @@
+"""The Kubernetes objects Danlu adds beside the Zero to JupyterHub chart, built by pure functions.
+
+One function per object (``make_*(...) -> dict``), tested by comparing whole dicts
+(``tests/test_k8s_render.py``) and validated against the official schemas, the way
+``kubespawner/objects.py`` builds pods. Nothing here reads files or talks to a cluster;
+:mod:`danlu.hub.k8s.render` decides the values and writes the files.
+
+What is here: the ``danlu-torch`` ClusterTrainingRuntime every job runs on (Kubeflow Trainer
+v2.3.0, modelled on upstream's ``torch-distributed`` runtime), the MLflow tracking server and
+its PostgreSQL, their NetworkPolicies, the ConfigMap that carries danlu.yaml and profiles.yaml,
+and the Kueue manager Configuration Danlu needs (``config.kueue.x-k8s.io/v1beta2``, the
+Configuration API of Kueue v0.19).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import yaml
+
+from danlu import env
+from danlu.hub.k8s import names
+
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
+#: jovyan, the user of the Jupyter Docker Stacks images (and of the chart's singleuser default)
+USER_ID, GROUP_ID = 1000, 100
+#: the chart's own pod labels (Zero to JupyterHub 4.4.0)
+HUB_POD = {"app": "jupyterhub", "component": "hub"}
+PROXY_POD = {"app": "jupyterhub", "component": "proxy"}
+NOTEBOOK_POD = {"app": "jupyterhub", "component": "singleuser-server"}
+JOB_POD = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: names.JOB}
+MLFLOW_POD = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: names.MLFLOW}
+POSTGRES_POD = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: names.DATABASE}
+POSTGRES_USER = "danlu"
+#: databases in Danlu's PostgreSQL: the jobs service's, MLflow's tracking store and its auth store
+DATABASES = ("danlu", "mlflow", "mlflow_auth")
+ARTIFACTS_DIR = "/mlartifacts"
+
+
+def labels(component: str | None = None) -> dict:
+    out = {names.MANAGED_BY: names.MANAGER}
+    if component:
+        out[names.COMPONENT] = component
+    return out
+
+
+def metadata(name: str, namespace: str | None = None, component: str | None = None) -> dict:
+    meta: dict = {"name": name, "labels": labels(component)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return meta
+
+
+def secret_env(name: str, key: str) -> dict:
+    """An environment variable read from the Secret the admin creates (never a value in the output)."""
+    return {"name": str(name), "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": key}}}
+
+
+def restricted_security_context(user: int = USER_ID) -> dict:
+    """A container that passes the ``restricted`` Pod Security Standard."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+            "runAsUser": user, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+# --- the training runtime -----------------------------------------------------------------
+
+
+def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) -> dict:
+    """The ClusterTrainingRuntime every Danlu job runs on: one replicated job ``node`` whose
+    container ``node`` runs ``python -m danlu.runner --kubernetes``.
+
+    Each TrainJob sets image, env, resources, numNodes, numProcPerNode and a runtime patch
+    adding its owner's home, nodeSelector and tolerations; this is only the shape they share.
+    ``backoffLimit: 0``: Danlu retries a failed attempt itself, as a new TrainJob. Trainer v2.3.0's
+    torch policy has no ``numProcPerNode`` (upstream's later ``torch-distributed`` sets ``auto``
+    there); a TrainJob gives it in ``spec.trainer.numProcPerNode``, whose default is ``auto``.
+    """
+    pod_spec = {
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": GROUP_ID,
+                            "fsGroup": GROUP_ID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": names.TRAINER_CONTAINER,
+            "image": image,
+            "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"},
+                             {"name": "job", "mountPath": names.JOB_DIR}],
+        }],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+                    {"name": "job", "emptyDir": {}}],
+    }
+    replicated_job = {
+        "name": "node",
+        "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {"backoffLimit": 0,
+                     "template": {"metadata": {"labels": dict(JOB_POD)}, "spec": pod_spec}},
+        },
+    }
+    return {
+        "apiVersion": TRAINER_API, "kind": "ClusterTrainingRuntime", "metadata": metadata(name, component=names.JOB),
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}},
+                 "template": {"spec": {"replicatedJobs": [replicated_job]}}},
+    }
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+def make_config_map(namespace: str, danlu_yaml: str, profiles_yaml: str) -> dict:
+    """danlu.yaml and profiles.yaml for the hub and MLflow, mounted at ``/etc/danlu``."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(names.CONFIG_MAP, namespace, names.HUB),
+            "data": {"danlu.yaml": danlu_yaml, "profiles.yaml": profiles_yaml}}
+
+
+def make_kueue_configuration(namespace: str) -> dict:
+    """Kueue's manager Configuration: upstream's defaults plus what Danlu needs.
+
+    TrainJobs (``trainer.kubeflow.org/trainjob``) and notebook pods (``pod``) are the two
+    integrations; v1beta2 has no ``integrations.podOptions`` any more, so the pod integration
+    is limited to the Danlu namespace by ``managedJobsNamespaceSelector`` (for pod-based
+    integrations a strong exemption: pods elsewhere are never managed, labelled or not).
+    Jobs without a queue label are left alone (``manageJobsWithoutQueueName: false``).
+    """
+    return {
+        "apiVersion": KUEUE_CONFIG_API, "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "controller": {"groupKindConcurrency": {
+            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
+            "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1}},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "manageJobsWithoutQueueName": False,
+        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob", "pod"]},
+    }
+
+
+def make_kueue_config_map(namespace: str, kueue_namespace: str = "kueue-system") -> dict:
+    """The ``kueue-manager-config`` ConfigMap of a Kueue install from its release manifests."""
+    text = yaml.safe_dump(make_kueue_configuration(namespace), sort_keys=False, default_flow_style=False)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata("kueue-manager-config", kueue_namespace),
+            "data": {"controller_manager_config.yaml": text}}
+
+
+def make_namespace(namespace: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata(namespace)}
+
+
+# --- MLflow and PostgreSQL ----------------------------------------------------------------
+
+
+def make_mlflow_deployment(namespace: str, image: str, *, artifacts_claim: str | None) -> dict:
+    """The MLflow tracking server: ``python -m danlu.hub.k8s.mlflowserver`` starts ``mlflow server``
+    with the arguments and the basic-auth configuration ``danlu up`` uses on one machine."""
+    mounts = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
+              {"name": "tmp", "mountPath": "/tmp"}]
+    volumes = [{"name": "config", "configMap": {"name": names.CONFIG_MAP}}, {"name": "tmp", "emptyDir": {}}]
+    if artifacts_claim:
+        mounts.append({"name": "artifacts", "mountPath": ARTIFACTS_DIR})
+        volumes.append({"name": "artifacts", "persistentVolumeClaim": {"claimName": artifacts_claim}})
+    # the Host header MLflow's --allowed-hosts accepts (the kubelet would send the pod's IP)
+    health = {"httpGet": {"path": "/services/mlflow/health", "port": "http",
+                          "httpHeaders": [{"name": "Host", "value": f"localhost:{names.MLFLOW_PORT}"}]}}
+    container = {
+        "name": "mlflow",
+        "image": image,
+        "command": ["python", "-m", "danlu.hub.k8s.mlflowserver"],
+        "env": [{"name": str(env.CONFIG), "value": f"{names.CONFIG_DIR}/danlu.yaml"},
+                secret_env(env.MLFLOW_AUTH_SECRET, names.SECRET_MLFLOW_AUTH),
+                secret_env("PGPASSWORD", names.SECRET_POSTGRES_PASSWORD)],
+        "ports": [{"name": "http", "containerPort": names.MLFLOW_PORT}],
+        "readinessProbe": {**health, "periodSeconds": 10},
+        "livenessProbe": {**health, "initialDelaySeconds": 60, "periodSeconds": 30},
+        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": restricted_security_context(),
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": metadata(names.MLFLOW_SERVICE, namespace, names.MLFLOW),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # a ReadWriteOnce artifact volume has one user at a time
+            "selector": {"matchLabels": dict(MLFLOW_POD)},
+            "template": {"metadata": {"labels": dict(MLFLOW_POD)},
+                         "spec": {"securityContext": {"fsGroup": GROUP_ID}, "containers": [container],
+                                  "volumes": volumes}},
+        },
+    }
+
+
+def make_service(name: str, namespace: str, component: str, selector: Mapping[str, str], port: int,
+                 *, headless: bool = False) -> dict:
+    spec: dict = {"selector": dict(selector), "ports": [{"name": "tcp", "port": port, "targetPort": port}]}
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name, namespace, component), "spec": spec}
+
+
+def make_pvc(name: str, namespace: str, component: str, size: str, storage_class: str | None = None) -> dict:
+    spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata(name, namespace, component),
+            "spec": spec}
+
+
+def make_postgres_init(namespace: str) -> dict:
+    """The databases besides the first (``POSTGRES_DB``), created on the volume's first start."""
+    sql = "".join(f"CREATE DATABASE {db} OWNER {POSTGRES_USER};\n" for db in DATABASES[1:])
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(f"{names.POSTGRES_SERVICE}-init", namespace, names.DATABASE),
+            "data": {"10-danlu.sql": sql}}
+
+
+def make_postgres(namespace: str, image: str, size: str, storage_class: str | None = None) -> dict:
+    """One PostgreSQL for the jobs service and MLflow (StatefulSet; its volume from a claim template)."""
+    claim: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    ready = {"exec": {"command": ["pg_isready", "-U", POSTGRES_USER, "-d", DATABASES[0]]}}
+    container = {
+        "name": "postgres",
+        "image": image,
+        "env": [{"name": "POSTGRES_USER", "value": POSTGRES_USER},
+                {"name": "POSTGRES_DB", "value": DATABASES[0]},
+                secret_env("POSTGRES_PASSWORD", names.SECRET_POSTGRES_PASSWORD),
+                {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
+        "ports": [{"name": "postgres", "containerPort": names.POSTGRES_PORT}],
+        "readinessProbe": {**ready, "periodSeconds": 10},
+        "livenessProbe": {**ready, "initialDelaySeconds": 30, "periodSeconds": 30},
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": restricted_security_context(999),  # the image's postgres user
+        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"},
+                         {"name": "init", "mountPath": "/docker-entrypoint-initdb.d", "readOnly": True},
+                         {"name": "run", "mountPath": "/var/run/postgresql"}],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": metadata(names.POSTGRES_SERVICE, namespace, names.DATABASE),
+        "spec": {
+            "serviceName": names.POSTGRES_SERVICE,
+            "replicas": 1,
+            "selector": {"matchLabels": dict(POSTGRES_POD)},
+            "template": {"metadata": {"labels": dict(POSTGRES_POD)},
+                         "spec": {"securityContext": {"fsGroup": 999}, "containers": [container],
+                                  "volumes": [{"name": "init",
+                                               "configMap": {"name": f"{names.POSTGRES_SERVICE}-init"}},
+                                              {"name": "run", "emptyDir": {}}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data", "labels": labels(names.DATABASE)},
+                                      "spec": claim}],
+        },
+    }
+
+
+def make_ingress_policy(name: str, namespace: str, component: str, pod: Mapping[str, str], port: int,
+                        sources: list[Mapping[str, str]]) -> dict:
+    """A NetworkPolicy: pods ``pod`` accept connections on ``port`` only from pods matching ``sources``."""
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(name, namespace, component),
+        "spec": {"podSelector": {"matchLabels": dict(pod)}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": dict(s)}} for s in sources],
+                              "ports": [{"protocol": "TCP", "port": port}]}]},
+    }
+
+
+def make_mlflow_policies(namespace: str) -> list[dict]:
+    """MLflow is reached only from the hub (its gateway) and job pods; PostgreSQL only from MLflow and
+    the hub (the jobs service)."""
+    return [
+        make_ingress_policy(names.MLFLOW_SERVICE, namespace, names.MLFLOW, MLFLOW_POD, names.MLFLOW_PORT,
+                            [HUB_POD, JOB_POD]),
+        make_ingress_policy(names.POSTGRES_SERVICE, namespace, names.DATABASE, POSTGRES_POD, names.POSTGRES_PORT,
+                            [MLFLOW_POD, HUB_POD]),
+    ]

@@ -1,0 +1,55 @@
+"""``python -m danlu.hub.k8s.mlflowserver``: the MLflow tracking server of a cluster deployment.
+
+The MLflow Deployment that ``danlu render k8s`` writes runs this. It does on a cluster what
+:meth:`danlu.hub.app.Workbench.start_mlflow` does on one machine: write the basic-auth app's
+ini (:func:`danlu.hub.mlflow_auth.write_auth_config`, its admin password derived from the
+workbench secret, which comes from the ``danlu-secrets`` Secret) into a private temporary
+folder, then replace itself with ``mlflow server --app-name basic-auth`` on ``0.0.0.0``. Its
+stores come from the danlu.yaml in the ``danlu-config`` ConfigMap (the renderer points them at
+Danlu's PostgreSQL and the artifact volume or object store). PostgreSQL's password is
+``$PGPASSWORD``, which libpq reads, so no URL carries it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from danlu import env
+from danlu.errors import ConfigError
+from danlu.hub import mlflow_auth
+from danlu.hub.config import Settings, load_settings
+from danlu.hub.k8s import names
+
+
+def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[str]:
+    """``mlflow server`` with the stores danlu.yaml names (the renderer always sets both)."""
+    mlflow = settings.mlflow
+    for key in ("backend_store_uri", "artifacts_destination"):
+        if not mlflow.get(key):
+            raise ConfigError(f"{settings.where('mlflow')}: mlflow.{key} is not set",
+                              fix="render the ConfigMap with danlu render k8s, which sets it")
+    return [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
+            "--backend-store-uri", mlflow["backend_store_uri"],
+            "--artifacts-destination", mlflow["artifacts_destination"],
+            "--host", "0.0.0.0", "--port", str(port), "--static-prefix", "/services/mlflow",
+            "--workers", str(mlflow.get("workers", 1)),
+            "--allowed-hosts", f"{names.MLFLOW_SERVICE}:{port},localhost:{port}"]
+
+
+def main() -> None:
+    settings = load_settings()
+    secret = env.MLFLOW_AUTH_SECRET.get()
+    if not secret:
+        raise SystemExit(f"{env.MLFLOW_AUTH_SECRET} is not set: create the {names.SECRET} Secret "
+                         f"(key {names.SECRET_MLFLOW_AUTH}); see docs/kubernetes.md")
+    folder = Path(tempfile.mkdtemp(prefix="mlflow-auth-"))
+    config = mlflow_auth.write_auth_config(folder, settings, secret)
+    command = server_command(settings)
+    os.execve(command[0], command, {**os.environ, **mlflow_auth.server_environment(config, secret)})
+
+
+if __name__ == "__main__":
+    main()
