@@ -65,12 +65,13 @@ class LoopThread:
 class RunnerAPIService:
     """A JobManager on a real backend, its admission loop, and its runner API on ``127.0.0.1:<port>``."""
 
-    def __init__(self, state_dir: Path, backend_factory: BackendFactory, **jobs):
+    def __init__(self, state_dir: Path, backend_factory: BackendFactory, *, profiles=None, settings=None, **jobs):
         self.state_dir = state_dir
         self.factory = backend_factory
-        self.settings = make_settings(state_dir, jobs={"warm_runners": 1, "grace_period_seconds": 3,
-                                                       "preemption_grace_seconds": 3,
-                                                       "retry_backoff_seconds": 0.2, **jobs})
+        self.profiles = profiles
+        self.settings = settings or make_settings(state_dir, jobs={"warm_runners": 1, "grace_period_seconds": 3,
+                                                                   "preemption_grace_seconds": 3,
+                                                                   "retry_backoff_seconds": 0.2, **jobs})
         self.loop = LoopThread()
         self.sockets = bind_sockets(0, "127.0.0.1")  # kept across restarts: runners know this address
         self.port = self.sockets[0].getsockname()[1]
@@ -92,7 +93,8 @@ class RunnerAPIService:
 
     async def _start(self) -> None:
         backend = self.factory(self.settings)
-        self.manager = manager = make_manager(backend, self.state_dir, settings=self.settings, service_api=self.api)
+        self.manager = manager = make_manager(backend, self.state_dir, settings=self.settings, service_api=self.api,
+                                              profiles=self.profiles)
         await manager.recover()  # before runners are answered, as app.py does
         self._server = HTTPServer(web.Application(runner_handlers.routes(PREFIX), danlu_jobs=manager))
         self._server.add_sockets(self.sockets)

@@ -1,0 +1,227 @@
+"""The Kubernetes backend's whole lifecycle against an HTTP-level fake API server (no cluster runs here).
+
+One jobs service for the module (:class:`~.servicekit.RunnerAPIService`: the manager as app.py wires it and
+the runner API on loopback) with the Kubernetes backend, talking through ``kubernetes_asyncio`` -- never
+patched -- to :class:`~.k8sfake.FakeCluster`, which stores and validates objects against the official CRDs,
+admits with a small Kueue (the objects ``danlu kueue render`` writes for these teams), unsuspends TrainJobs
+like Trainer, and runs each pod's ``python -m danlu.runner --kubernetes`` as a local process with its home
+volume mapped to the owner's folder. The scenarios: a job waits with Kueue's reason and then runs; a
+``high`` job evicts a borrowing one, which is requeued and runs again as a new attempt; cancel deletes
+(queued or running); a restarted service finds its running job again; a transient API error is retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from danlu.hub import gpus, kueue
+from danlu.hub.backends.kubernetes import KubernetesBackend
+from danlu.hub.k8s import manifests, names
+from danlu.hub.profiles import ProfileSet, builtin_profiles
+
+from .fakes import admin, final, make_settings, notebook, until, user
+from .k8sfake import FakeCluster
+from .servicekit import RunnerAPIService
+
+pytestmark = pytest.mark.service
+
+NS = "danlu"
+ALICE = user("alice", "research")
+BOB = user("bob", "other")
+ADMIN = admin()
+PATIENCE = 180.0  # bounds a hang on a busy machine; nothing here measures time
+IMAGE = "registry.example/danlu/python@sha256:" + "1" * 64
+TEAMS = {
+    "research": {"cohort": "shared", "quota": {"gpus": {"sim": 1}}, "borrowing_limit": {"gpus": {"sim": 1}}},
+    "other": {"cohort": "shared", "quota": {"gpus": {"sim": 1}}, "borrowing_limit": {"gpus": {"sim": 1}}},
+}
+
+
+def waiting(name: str) -> str:
+    """A cell that says it runs, waits (five minutes at most) for ``$HOME/go-<name>``, then says it is done."""
+    return f"""import os, pathlib, time
+go = pathlib.Path(os.environ["HOME"]) / "go-{name}"
+print("{name} is running", flush=True)
+for _ in range(3000):
+    if go.exists():
+        break
+    time.sleep(0.1)
+print("{name} is done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    fake = FakeCluster(namespaces=("default", NS)).start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+    assert fake.errors == [], fake.errors
+
+
+@pytest.fixture(scope="module")
+def service(cluster, tmp_path_factory):
+    state = tmp_path_factory.mktemp("k8s-service")
+    settings = make_settings(state, teams=TEAMS, groups={"research": ["alice"], "other": ["bob"]},
+                             jobs={"grace_period_seconds": 2, "preemption_grace_seconds": 2,
+                                   "retry_backoff_seconds": 0.2, "backend": "kubernetes"})
+    for obj in kueue.render(settings, gpus.inventory(settings.gpus), namespace=NS):
+        cluster.create(obj)
+    cluster.create(manifests.make_training_runtime(IMAGE, "1Gi"))
+    homes = {}
+    for who in ("alice", "bob"):
+        homes[who] = state / "homes" / who
+        homes[who].mkdir(parents=True)
+        cluster.volumes[f"claim-{who}"] = str(homes[who])
+    kubeconfig = cluster.write_kubeconfig(state / "kubeconfig")
+    builtin = builtin_profiles().default
+    profiles = ProfileSet((dataclasses.replace(builtin, environment={"current": True, "image": IMAGE},
+                                               gpu_choices=(0, 1, 2)),), source="(test)")
+
+    def backend(s):
+        return KubernetesBackend(settings=s, profiles=profiles, namespace=NS, kubeconfig=str(kubeconfig),
+                                 poll_interval=0.3, logs_dir=str(state / "job-logs"))
+
+    svc = RunnerAPIService(state, backend, profiles=profiles, settings=settings).open()
+    svc.homes = homes
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+def submit(svc, who, *sources: str, **fields) -> str:
+    status, body = svc.run(svc.manager.submit(who, {"notebook": notebook(*sources), **fields}))
+    assert status == 201, body
+    return body["id"]
+
+
+def job(svc, job_id: str) -> dict:
+    return svc.run(svc.manager.job_dict(job_id))
+
+
+def wait_for(svc, job_id: str, what: str, check) -> dict:
+    async def seen():
+        return check(await svc.manager.job_dict(job_id))
+
+    svc.run(until(seen, f"job {job_id}: {what}", PATIENCE, 0.2))
+    return job(svc, job_id)
+
+
+def log(svc, job_id: str) -> str:
+    async def read():
+        data, _ = await svc.manager.read_log(await svc.manager.get(ADMIN, job_id), 0, 1 << 20)
+        return data.decode("utf-8", "replace")
+
+    return svc.run(read())
+
+
+def wait_log(svc, job_id: str, text: str) -> None:
+    async def seen():
+        data, _ = await svc.manager.read_log(await svc.manager.get(ADMIN, job_id), 0, 1 << 20)
+        return text.encode() in data
+
+    svc.run(until(seen, f"'{text}' in the log of job {job_id}", PATIENCE, 0.3))
+
+
+def go(svc, who: str, name: str) -> None:
+    (svc.homes[who] / f"go-{name}").touch()
+
+
+def wait_final(svc, job_id: str) -> dict:
+    return svc.run(final(svc.manager, job_id, patience=PATIENCE, every=0.3))
+
+
+def trainjobs(cluster, job_id: str) -> list[str]:
+    return [o["metadata"]["name"] for o in cluster.objects("TrainJob", NS, f"{names.JOB_ID}={job_id}")]
+
+
+# the lifecycle ---------------------------------------------------------------------------------------------
+def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster):
+    first = submit(service, ALICE, waiting("first"), gpus=2)  # its own GPU and one borrowed
+    wait_log(service, first, "first is running")
+    second = submit(service, ALICE, "print('second ran')", gpus=1)
+    queued = wait_for(service, second, "waits with Kueue's reason",
+                      lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue:"))
+    tj = cluster.get("TrainJob", NS, names.trainjob_name(second, 1))
+    go(service, "alice", "first")
+    done_first, done_second = wait_final(service, first), wait_final(service, second)
+
+    assert "insufficient unused quota" in queued["reason"], queued["reason"]
+    assert tj["spec"]["suspend"] is True and tj["metadata"]["labels"][names.QUEUE_NAME] == "research"
+    assert done_first["state"] == "succeeded", done_first["reason"]
+    assert done_second["state"] == "succeeded", done_second["reason"]
+    assert [a["state"] for a in done_second["attempts"]] == ["succeeded"]
+    assert "second ran" in log(service, second) and "first is done" in log(service, first)
+    assert trainjobs(cluster, first) == [] and trainjobs(cluster, second) == []  # deleted once ended
+
+
+def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, cluster):
+    borrower = submit(service, ALICE, waiting("borrower"), gpus=2)
+    wait_log(service, borrower, "borrower is running")
+    urgent = submit(service, BOB, waiting("urgent"), gpus=1, priority="urgent")
+    evicted = wait_for(service, borrower, "evicted and back in the queue",
+                       lambda j: j["state"] == "queued" and len(j["attempts"]) >= 1
+                       and j["attempts"][0]["state"] == "preempted")
+    wait_log(service, urgent, "urgent is running")
+    go(service, "bob", "urgent")
+    assert wait_final(service, urgent)["state"] == "succeeded"
+    go(service, "alice", "borrower")
+    done = wait_final(service, borrower)
+
+    assert "evicted by Kueue" in evicted["attempts"][0]["reason"], evicted["attempts"][0]
+    assert done["state"] == "succeeded", done["reason"]
+    assert [a["state"] for a in done["attempts"]] == ["preempted", "succeeded"]
+    assert trainjobs(cluster, borrower) == []
+
+
+def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
+    running = submit(service, ALICE, waiting("cancelled-running"), gpus=2)
+    wait_log(service, running, "cancelled-running is running")
+    queued = submit(service, ALICE, "print('never')", gpus=2)
+    wait_for(service, queued, "handed to Kueue", lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue"))
+    c1 = service.run(service.manager.cancel(ALICE, queued))
+    c2 = service.run(service.manager.cancel(ALICE, running))
+
+    assert (c1["state"], c2["state"]) == ("cancelled", "cancelled")
+    assert trainjobs(cluster, running) == [] and trainjobs(cluster, queued) == []
+    assert cluster.objects("Pod", NS, f"{names.JOB_ID}={running}") == []
+
+
+def test_a_restarted_service_finds_its_running_job(service, cluster):
+    job_id = submit(service, ALICE, waiting("restart"), gpus=1)
+    wait_log(service, job_id, "restart is running")
+    before = job(service, job_id)
+    service.restart()
+    after = job(service, job_id)
+    go(service, "alice", "restart")
+    done = wait_final(service, job_id)
+
+    assert before["state"] == after["state"] == "running"
+    assert done["state"] == "succeeded", done["reason"]
+    assert len(done["attempts"]) == 1
+
+
+def test_a_transient_api_error_is_retried(service, cluster):
+    cluster.fail_next("create", "TrainJob", status=503)
+    job_id = submit(service, ALICE, "print('despite a 503')")
+    done = wait_final(service, job_id)
+
+    assert done["state"] == "succeeded", done["reason"]
+    assert "despite a 503" in log(service, job_id)
+
+
+def test_the_users_folder_is_where_the_job_runs(service):
+    (service.homes["alice"] / "data.txt").write_text("from alice's home")
+    job_id = submit(service, ALICE, "print(open('data.txt').read())")
+    done = wait_final(service, job_id)
+    assert done["state"] == "succeeded", done["reason"]
+    assert "from alice's home" in log(service, job_id)
+
+
+def test_home_is_named_in_the_pod_not_the_services_folder(service, cluster):
+    assert Path(service.manager.backend.user_home("alice")) == Path(names.HOME)
