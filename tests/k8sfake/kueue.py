@@ -108,9 +108,11 @@ def needs(workload: dict) -> dict[str, Fraction]:
     return {r: v for r, v in out.items() if v}
 
 
-def queue_order(store: Store):
-    """BestEffortFIFO: higher priority first, then older."""
-    return lambda w: (-w["spec"].get("priority", 0), store.created.get(w["metadata"]["uid"], 0))
+def queue_order(store: Store, requeued: dict[str, int]):
+    """BestEffortFIFO: higher priority first, then older; an evicted workload's age counts from its eviction
+    (Kueue's default ``requeuingTimestamp: Eviction``)."""
+    return lambda w: (-w["spec"].get("priority", 0),
+                      requeued.get(w["metadata"]["uid"]) or store.created.get(w["metadata"]["uid"], 0))
 
 
 class Cluster:
@@ -203,6 +205,7 @@ class Kueue:
     def __init__(self, store: Store):
         self.store = store
         self.admitted_at: dict[str, int] = {}  # workload uid -> admission order
+        self.requeued: dict[str, int] = {}  # evicted workload uid -> the resourceVersion of its eviction
         self.seq = 0
 
     def reconcile(self) -> None:
@@ -228,7 +231,8 @@ class Kueue:
         workloads = store.list("Workload")
         live = [w for w in workloads if not is_true(w, "Finished")]
         admitted = [w for w in live if w.get("status", {}).get("admission")]
-        pending = sorted((w for w in live if not w.get("status", {}).get("admission")), key=queue_order(store))
+        pending = sorted((w for w in live if not w.get("status", {}).get("admission")),
+                         key=queue_order(store, self.requeued))
         queues = store.list("ClusterQueue")
         view = Cluster(queues, admitted)
         local = {(q["metadata"]["namespace"], q["metadata"]["name"]): q["spec"]["clusterQueue"]
@@ -309,7 +313,7 @@ class Kueue:
         self.admitted_at[wl["metadata"]["uid"]] = self.seq
 
         def update(w):
-            w["status"]["admission"] = {"clusterQueue": cq, "podSetAssignments": [{
+            w.setdefault("status", {})["admission"] = {"clusterQueue": cq, "podSetAssignments": [{
                 "name": POD_SET, "flavors": assignment, "count": count,
                 "resourceUsage": {r: show(v) for r, v in need.items()}}]}
             set_condition(w, "QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq}")
@@ -332,9 +336,14 @@ class Kueue:
             set_condition(w, "QuotaReserved", False, "Pending", message)
             set_condition(w, "Admitted", False, "NoReservation", "The workload has no reservation")
         self.store.mutate("Workload", victim["metadata"]["namespace"], victim["metadata"]["name"], update)
+        self.requeued[victim["metadata"]["uid"]] = self.store.rv
 
 
-def pending_summary(store: Store, namespace: str, local_queue: str) -> dict:
+    def pending_summary(self, namespace: str, local_queue: str) -> dict:
+        return pending_summary(self.store, namespace, local_queue, self.requeued)
+
+
+def pending_summary(store: Store, namespace: str, local_queue: str, requeued: dict[str, int]) -> dict:
     """Kueue's visibility API (v1beta1) answer for one LocalQueue: its pending workloads, 0-based positions."""
     lq = store.find("LocalQueue", namespace, local_queue)
     if lq is None:
@@ -345,7 +354,7 @@ def pending_summary(store: Store, namespace: str, local_queue: str) -> dict:
     in_cq = sorted((w for w in store.list("Workload") if not w.get("status", {}).get("admission")
                     and not is_true(w, "Finished")
                     and queues.get((w["metadata"]["namespace"], w["spec"].get("queueName"))) == cq),
-                   key=queue_order(store))
+                   key=queue_order(store, requeued))
     items, position = [], 0
     for index, wl in enumerate(in_cq):
         meta = wl["metadata"]

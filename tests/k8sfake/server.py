@@ -103,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
             if method == "GET" and len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "localqueues" \
                     and rest[4] == "pendingworkloads":
                 cluster.check_failure("get", "PendingWorkloadsSummary")
-                return self._send(200, kueue.pending_summary(cluster.store, rest[1], rest[3]))
+                return self._send(200, cluster.kueue.pending_summary(rest[1], rest[3]))
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if parts[:1] == ["api"] and len(parts) >= 2:
             group, version, rest = "", parts[1], parts[2:]
@@ -127,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
         if method == "GET" and name is None:
-            verb = "watch" if query.get("watch") in ("true", "1") else "list"
+            verb = "watch" if (query.get("watch") or "").lower() in ("true", "1") else "list"
         else:
             verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
         if method == "POST" and name is not None:
@@ -161,13 +161,21 @@ class Handler(BaseHTTPRequestHandler):
             if content_type == "application/json-patch+json":
                 new = json_patch(current, body or [])
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-                new = merge_patch(current, body or {})
+                if not isinstance(body, dict):  # e.g. a JSON patch sent without its content type
+                    raise ApiError(400, "BadRequest", "error decoding patch: json: cannot unmarshal "
+                                   f"{type(body).__name__} into Go value of type map[string]interface {{}}")
+                new = merge_patch(current, body)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the fake does not support {content_type!r} patches")
-            new["metadata"]["resourceVersion"] = (body or {}).get("metadata", {}).get("resourceVersion") \
-                if isinstance(body, dict) else None
+            new["metadata"]["resourceVersion"] = \
+                body.get("metadata", {}).get("resourceVersion") if isinstance(body, dict) else None
         else:
             new = self._checked(body, kind, namespace, name)
+        if sub == "status":  # the subresource changes status only, the main resource everything else
+            new = {**current, "status": new.get("status"),
+                   "metadata": {**current["metadata"], "resourceVersion": new["metadata"].get("resourceVersion")}}
+        elif "status" in current:
+            new["status"] = current["status"]
         new = self._checked(new, kind, namespace, name)
         self._send(200, store.replace(new, status=sub == "status"))
 

@@ -274,6 +274,8 @@ class Store:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
             self.created[meta["uid"]] = self.rv + 1
             meta.pop("deletionTimestamp", None)
+            if kind == "Pod":
+                obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
             if kind == "Secret" and "stringData" in obj:
                 import base64
                 obj.setdefault("data", {}).update(
