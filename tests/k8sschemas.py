@@ -90,6 +90,31 @@ CEL_RULES = {
                        and any("dependsOn" in j for j in s.get("replicatedJobs", []))),
     "!has(self.topologyName) || self.nodeLabels.size() >= 1":
         lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
+    # Kueue v0.19.2 Workload (the rules of the fields a Workload of a TrainJob has)
+    "has(self.status) && has(self.status.conditions) && self.status.conditions.exists(c, c.type == 'QuotaReserved' "
+    "&& c.status == 'True') && has(self.status.admission) ? size(self.spec.podSets) == "
+    "size(self.status.admission.podSetAssignments) : true":
+        lambda w: not (any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
+                           for c in (w.get("status") or {}).get("conditions") or [])
+                       and "admission" in (w.get("status") or {}))
+        or len(w["spec"]["podSets"]) == len(w["status"]["admission"].get("podSetAssignments") or []),
+    "!has(self.priorityClassRef) || has(self.priority)": lambda s: "priorityClassRef" not in s or "priority" in s,
+    "has(self.minCount) ? self.minCount <= self.count : true":
+        lambda p: "minCount" not in p or p["minCount"] <= p.get("count", 1),
+    "(self.group == 'scheduling.k8s.io') ? self.kind == 'PriorityClass' : true":
+        lambda r: r.get("group") != "scheduling.k8s.io" or r.get("kind") == "PriorityClass",
+    "(self.group == 'kueue.x-k8s.io') ? self.kind == 'WorkloadPriorityClass' : true":
+        lambda r: r.get("group") != "kueue.x-k8s.io" or r.get("kind") == "WorkloadPriorityClass",
+    "!has(self.clusterName) || (!has(self.nominatedClusterNames) || (has(self.nominatedClusterNames) && "
+    "size(self.nominatedClusterNames) == 0))":
+        lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
+    # Kubeflow Trainer v2.3.0 (Cluster)TrainingRuntime: at most one ML policy; InOrder startup without dependsOn
+    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1":
+        lambda p: sum(k in p for k in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1,
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))":
+        lambda s: not ((s.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
+                       and any("dependsOn" in j for j in s.get("replicatedJobs") or [])),
 }
 
 
