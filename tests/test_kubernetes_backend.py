@@ -142,9 +142,9 @@ def trainjobs(cluster, job_id: str) -> list[str]:
 
 # the lifecycle ---------------------------------------------------------------------------------------------
 def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster):
-    first = submit(service, ALICE, waiting("first"), gpus=2)  # its own GPU and one borrowed
+    first = submit(service, ALICE, waiting("first"), resources={"gpus": 2})  # its own GPU and one borrowed
     wait_log(service, first, "first is running")
-    second = submit(service, ALICE, "print('second ran')", gpus=1)
+    second = submit(service, ALICE, "print('second ran')", resources={"gpus": 1})
     queued = wait_for(service, second, "waits with Kueue's reason",
                       lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue:"))
     tj = cluster.get("TrainJob", NS, names.trainjob_name(second, 1))
@@ -161,9 +161,9 @@ def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster)
 
 
 def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, cluster):
-    borrower = submit(service, ALICE, waiting("borrower"), gpus=2)
+    borrower = submit(service, ALICE, waiting("borrower"), resources={"gpus": 2})
     wait_log(service, borrower, "borrower is running")
-    urgent = submit(service, BOB, waiting("urgent"), gpus=1, priority="urgent")
+    urgent = submit(service, BOB, waiting("urgent"), resources={"gpus": 1}, priority="urgent")
     evicted = wait_for(service, borrower, "evicted and back in the queue",
                        lambda j: j["state"] == "queued" and len(j["attempts"]) >= 1
                        and j["attempts"][0]["state"] == "preempted")
@@ -180,9 +180,9 @@ def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, c
 
 
 def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
-    running = submit(service, ALICE, waiting("cancelled-running"), gpus=2)
+    running = submit(service, ALICE, waiting("cancelled-running"), resources={"gpus": 2})
     wait_log(service, running, "cancelled-running is running")
-    queued = submit(service, ALICE, "print('never')", gpus=2)
+    queued = submit(service, ALICE, "print('never')", resources={"gpus": 2})
     wait_for(service, queued, "handed to Kueue", lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue"))
     c1 = service.run(service.manager.cancel(ALICE, queued))
     c2 = service.run(service.manager.cancel(ALICE, running))
@@ -193,7 +193,7 @@ def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
 
 
 def test_a_restarted_service_finds_its_running_job(service, cluster):
-    job_id = submit(service, ALICE, waiting("restart"), gpus=1)
+    job_id = submit(service, ALICE, waiting("restart"), resources={"gpus": 1})
     wait_log(service, job_id, "restart is running")
     before = job(service, job_id)
     service.restart()
