@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import kueue, trainer
 from .kubelet import Kubelet
-from .store import KINDS, RESOURCES, ApiError, Store, api_version, json_patch, merge_patch, now
+from .store import KINDS, RESOURCES, ApiError, Store, api_version, json_patch, label_matcher, merge_patch, now
 
 TICK = 0.2
 TOKEN = "danlu-fake-token"
@@ -206,8 +206,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _watch(self, kind, namespace, query):
         store, cluster = self.server.cluster.store, self.server.cluster
-        from .store import label_matcher
-
         labels = label_matcher(query.get("labelSelector"))
         deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         self.send_response(200)
