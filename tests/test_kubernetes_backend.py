@@ -22,7 +22,7 @@ from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.k8s import manifests, names
 from danlu.hub.profiles import ProfileSet, builtin_profiles
 
-from .fakes import admin, final, make_settings, notebook, until, user
+from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user
 from .k8sfake import FakeCluster
 from .servicekit import RunnerAPIService
 
@@ -86,7 +86,8 @@ def service(cluster, tmp_path_factory):
         return KubernetesBackend(settings=s, profiles=profiles, namespace=NS, kubeconfig=str(kubeconfig),
                                  poll_interval=0.3, logs_dir=str(state / "job-logs"))
 
-    svc = RunnerAPIService(state, backend, profiles=profiles, settings=settings).open()
+    svc = RunnerAPIService(state, backend, profiles=profiles, settings=settings,
+                           groups=FakeGroups({"alice": ["research"], "bob": ["other"], "admin": []})).open()
     svc.homes = homes
     try:
         yield svc
@@ -187,9 +188,12 @@ def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
     c1 = service.run(service.manager.cancel(ALICE, queued))
     c2 = service.run(service.manager.cancel(ALICE, running))
 
+    gone = service.run(until(lambda: not trainjobs(cluster, running) and not trainjobs(cluster, queued) and not
+                             cluster.objects("Pod", NS, f"{names.JOB_ID}={running}"),
+                             "a foreground delete to take the TrainJobs and their pods", PATIENCE, 0.2))
+
     assert (c1["state"], c2["state"]) == ("cancelled", "cancelled")
-    assert trainjobs(cluster, running) == [] and trainjobs(cluster, queued) == []
-    assert cluster.objects("Pod", NS, f"{names.JOB_ID}={running}") == []
+    assert gone
 
 
 def test_a_restarted_service_finds_its_running_job(service, cluster):

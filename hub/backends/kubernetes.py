@@ -16,7 +16,8 @@ name and label (``danlu.io/job-id``). Logs are the pods' logs, kept by the
 service when the attempt ends; the executed notebooks are in the MLflow run.
 
 Only the API errors understood here are handled: 404 on delete and read
-(gone), 409 on create (the same attempt created by an earlier try);
+(gone), 409 on create (the same attempt created by an earlier try), 400 on
+a pod's log (its container has not started);
 429/5xx and connection errors are retried with backoff; anything else is
 raised with a message that names the object.
 """
@@ -90,7 +91,7 @@ class KubernetesBackend(Backend):
         return self._client
 
     async def _call(self, what: str, method: str, *args, missing_ok: bool = False, conflict_ok: bool = False,
-                    **kwargs):
+                    not_yet_ok: bool = False, **kwargs):
         """One API call with the errors this backend understands handled (see the module's docs)."""
         import aiohttp
         from kubernetes_asyncio import client
@@ -111,7 +112,7 @@ class KubernetesBackend(Backend):
             try:
                 return await call()
             except ApiException as e:
-                if e.status == 404 and missing_ok:
+                if (e.status == 404 and missing_ok) or (e.status == 400 and not_yet_ok):
                     return None
                 if e.status == 409 and conflict_ok:
                     return "exists"
@@ -315,7 +316,8 @@ class KubernetesBackend(Backend):
         name = pods[0]["metadata"]["name"]
         text = await self._call(f"reading the log of pod {self.namespace}/{name}",
                                 "CoreV1Api.read_namespaced_pod_log", name, self.namespace,
-                                container=names.TRAINER_CONTAINER, limit_bytes=limit, missing_ok=True)
+                                container=names.TRAINER_CONTAINER, limit_bytes=limit, missing_ok=True,
+                                not_yet_ok=True)  # 400: its container has not started yet
         data = (text or "").encode() if isinstance(text, str) else (text or b"")
         return data[:limit], len(data)
 
