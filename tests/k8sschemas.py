@@ -108,13 +108,6 @@ CEL_RULES = {
     "!has(self.clusterName) || (!has(self.nominatedClusterNames) || (has(self.nominatedClusterNames) && "
     "size(self.nominatedClusterNames) == 0))":
         lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
-    # Kubeflow Trainer v2.3.0 (Cluster)TrainingRuntime: at most one ML policy; InOrder startup without dependsOn
-    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1":
-        lambda p: sum(k in p for k in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1,
-    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
-    "self.replicatedJobs.exists(x, has(x.dependsOn)))":
-        lambda s: not ((s.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
-                       and any("dependsOn" in j for j in s.get("replicatedJobs") or [])),
 }
 
 

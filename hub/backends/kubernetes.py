@@ -100,8 +100,8 @@ class KubernetesBackend(Backend):
         api_client = await self._api()
         if method == "GET":  # a path no generated API has (Kueue's visibility API)
             def call():
-                return api_client.call_api(args[0], "GET", response_types_map={200: "object"}, auth_settings=["BearerToken"],
-                                           _return_http_data_only=True)
+                return api_client.call_api(args[0], "GET", response_types_map={200: "object"},
+                                           auth_settings=["BearerToken"], _return_http_data_only=True)
         else:
             api_name, _, verb = method.partition(".")
             bound = getattr(getattr(client, api_name)(api_client), verb)
