@@ -261,3 +261,19 @@ def test_kueue_render_still_works(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     assert cli.main(["kueue", "render", "--config", str(EXAMPLES["shared-workstation"])]) == 0
     assert "kind: ClusterQueue" in capsys.readouterr().out
+
+
+def test_the_jobs_service_may_do_exactly_what_the_kubernetes_backend_does_and_no_more():
+    role, binding = manifests.make_jobs_rbac("danlu")
+    assert role["rules"] == [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+         "verbs": ["create", "get", "list", "watch", "delete"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "update", "delete"]},
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "danlu"}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "danlu-jobs"}
+    assert errors(role) == [] and errors(binding) == []

@@ -278,3 +278,27 @@ def make_mlflow_policies(namespace: str) -> list[dict]:
         make_ingress_policy(names.POSTGRES_SERVICE, namespace, names.DATABASE, POSTGRES_POD, names.POSTGRES_PORT,
                             [MLFLOW_POD, HUB_POD]),
     ]
+
+
+#: what the jobs service (in the hub pod, as the chart's ``hub`` service account) does with jobs
+JOBS_RULES = [
+    {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+     "verbs": ["create", "get", "list", "watch", "delete"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "update", "delete"]},
+]
+
+
+def make_jobs_rbac(namespace: str, service_account: str = "hub") -> list[dict]:
+    """A Role for what the jobs service does with TrainJobs, Kueue workloads, pods and token Secrets in the
+    Danlu namespace, bound to the hub's service account (the chart's own Role covers notebook pods only)."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": metadata("danlu-jobs", namespace, names.HUB), "rules": JOBS_RULES}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": metadata("danlu-jobs", namespace, names.HUB),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "danlu-jobs"},
+               "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]}
+    return [role, binding]

@@ -25,6 +25,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 | `kueue-config.yaml` | Kueue's manager Configuration (TrainJob and pod integrations, pods managed only in `{ns}`) |
 | `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes["runtime"]}` every job runs on |
 | `mlflow.yaml` | the `{names.CONFIG_MAP}` ConfigMap, PostgreSQL, MLflow, their NetworkPolicies |
+| `rbac.yaml` | a Role (and its binding to the hub's service account) for what the jobs service does with TrainJobs, workloads, pods and token Secrets |
 | `values.yaml` | Zero to JupyterHub chart {CHART_VERSION} values |
 
 Images still on a placeholder (an all-zero digest: replace with the digest you pushed/pulled):
@@ -47,7 +48,7 @@ kubectl -n {ns} create secret generic {names.SECRET} \\
   --from-literal={names.SECRET_MLFLOW_AUTH}="$(openssl rand -hex 32)"
 
 # 3. Danlu's objects
-kubectl apply -f kueue.yaml -f trainer.yaml -f mlflow.yaml
+kubectl apply -f kueue.yaml -f trainer.yaml -f mlflow.yaml -f rbac.yaml
 
 # 4. the hub
 helm repo add jupyterhub https://hub.jupyter.org/helm-chart/ && helm repo update

@@ -38,7 +38,7 @@ STATE_DIR = "/srv/jupyterhub/danlu"  # on the hub's own volume (the chart's sqli
 #: danlu.yaml keys that hold secrets: they never go into a ConfigMap
 SECRET_KEYS = (("auth", "client_secret"), ("auth", "user_password"), ("auth", "admin_password"))
 FILES = ("README.md", "namespace.yaml", "kueue.yaml", "kueue-config.yaml", "trainer.yaml", "mlflow.yaml",
-         "values.yaml")
+         "rbac.yaml", "values.yaml")
 
 
 def placeholder(name: str) -> str:
@@ -181,6 +181,7 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
         "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube["shm_size"]),
                                                          kube["runtime"])],
         "mlflow.yaml": mlflow_objects,
+        "rbac.yaml": manifests.make_jobs_rbac(ns),
     }
 
 

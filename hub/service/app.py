@@ -101,7 +101,10 @@ class JobsServiceApp(Application):
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         inventory = gpu_inventory.inventory(settings.gpus)
-        db.check(settings.jobs_database_url)  # danlu up upgrades it; the service never runs on an unknown schema
+        if settings.jobs["backend"] == "kubernetes":  # no danlu up runs on a cluster: the hub pod's service does
+            db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
+        else:
+            db.check(settings.jobs_database_url)  # danlu up upgrades it; the service never runs on an unknown schema
         sessions = make_sessionmaker(settings.jobs_database_url)
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self._lock = hold_lock(settings.state_dir / "jobs-service.lock")
