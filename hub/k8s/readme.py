@@ -25,7 +25,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 | `kueue-config.yaml` | Kueue's manager Configuration (TrainJob and pod integrations, pods managed only in `{ns}`) |
 | `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes["runtime"]}` every job runs on |
 | `mlflow.yaml` | the `{names.CONFIG_MAP}` ConfigMap, PostgreSQL, MLflow, their NetworkPolicies |
-| `rbac.yaml` | a Role (and its binding to the hub's service account) for what the jobs service does with TrainJobs, workloads, pods and token Secrets |
+| `rbac.yaml` | the jobs service's Role (TrainJobs, workloads, pods, token Secrets), bound to `hub` |
 | `values.yaml` | Zero to JupyterHub chart {CHART_VERSION} values |
 
 Images still on a placeholder (an all-zero digest: replace with the digest you pushed/pulled):
