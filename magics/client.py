@@ -90,12 +90,13 @@ class DanluClient:
             self.session.headers["Authorization"] = f"{scheme} {self.token}"
 
     def request(self, method: str, path: str, *, json=None, params=None, stream: bool = False,
-                timeout: float | tuple | None = None) -> requests.Response:
+                timeout: float | tuple | None = None, data: bytes | None = None) -> requests.Response:
         if not self.token:
             raise UsageError(f"no API token: set JUPYTERHUB_API_TOKEN (inside a Danlu server it is set) or {env.TOKEN}")
         try:
             response = self.session.request(method, f"{self.api}{path}", json=json, params=params, stream=stream,
-                                            timeout=timeout or self.timeout)
+                                            timeout=timeout or self.timeout, data=data,
+                                            headers={"Content-Type": "application/json"} if data is not None else None)
         except requests.ConnectionError:
             raise Unreachable(f"cannot reach the Danlu jobs service at {self.url}",
                               fix=f"is 'danlu up' running there? set {env.URL} to the workbench's address") from None

@@ -121,6 +121,15 @@ def log(svc, job_id: str) -> str:
     return svc.run(read())
 
 
+def output(svc, job_id: str) -> str:
+    """The executed notebook the job's runner handed to the service, as text."""
+    async def read():
+        got = await svc.manager.read_output(await svc.manager.get(ADMIN, job_id), 0, 0, 16 << 20)
+        return got[0].decode() if got else ""
+
+    return svc.run(read())
+
+
 def wait_log(svc, job_id: str, text: str) -> None:
     async def seen():
         data, _ = await svc.manager.read_log(await svc.manager.get(ADMIN, job_id), 0, 1 << 20)
@@ -158,6 +167,7 @@ def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster)
     assert done_second["state"] == "succeeded", done_second["reason"]
     assert [a["state"] for a in done_second["attempts"]] == ["succeeded"]
     assert "second ran" in log(service, second) and "first is done" in log(service, first)
+    assert "second ran" in output(service, second)  # handed over through the runner API, not a shared folder
     assert trainjobs(cluster, first) == [] and trainjobs(cluster, second) == []  # deleted once ended
 
 
@@ -229,3 +239,30 @@ def test_the_users_folder_is_where_the_job_runs(service):
 
 def test_home_is_named_in_the_pod_not_the_services_folder(service, cluster):
     assert Path(service.manager.backend.user_home("alice")) == Path(names.HOME)
+
+
+def test_a_job_can_hand_over_only_a_notebook_of_its_own_ranks(service, cluster):
+    import base64
+
+    import requests
+
+    job_id = submit(service, ALICE, waiting("handover"))
+    wait_log(service, job_id, "handover is running")
+    secret = cluster.get("Secret", NS, f"{names.trainjob_name(job_id, 1)}-token")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    url = f"{service.api}/runner/jobs/{job_id}/attempts/1/outputs"
+
+    def put(rank, body, who=token):
+        return requests.put(f"{url}/{rank}", data=body, headers={"Authorization": f"Bearer {who}"}, timeout=30)
+
+    not_a_notebook, no_such_rank, bad_rank = put(0, b"[1, 2]"), put(3, b'{"cells": []}'), put("x", b"{}")
+    nested = put(0, b"[" * 100_000)
+    stranger = put(0, b'{"cells": []}', who="y" * 43)
+    go(service, "alice", "handover")
+    done = wait_final(service, job_id)
+
+    assert not_a_notebook.status_code == 422 and "not a notebook" in not_a_notebook.json()["message"]
+    assert no_such_rank.status_code == 422 and no_such_rank.json()["reason"] == "no_such_rank"
+    assert bad_rank.status_code == 400 and nested.status_code in (400, 422)
+    assert stranger.status_code == 403
+    assert done["state"] == "succeeded" and "handover is done" in output(service, job_id)

@@ -18,7 +18,7 @@ import os
 from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
-from danlu.hub.service import audit, usage
+from danlu.hub.service import audit, outputs, usage
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
 from danlu.hub.service.queues import ADMIN_FIX, Queues, require_admin
@@ -133,7 +133,10 @@ class JobManager:
     async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
         if rank >= job.nproc:
             raise NotFound(f"job {job.id} has ranks 0-{job.nproc - 1}", field="rank", reason="no_such_rank")
-        return await self.core.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
+        answer = await self.core.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
+        if answer is None:  # a runner whose folder the service cannot read handed it over (a pod)
+            answer = await asyncio.to_thread(outputs.read, self.core.settings.state_dir, job.id, rank, offset, limit)
+        return answer
 
     def ended(self, job_id: str) -> asyncio.Event:
         return self.core.ended(job_id)

@@ -12,6 +12,7 @@ says so, unless a valid report follows.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -19,11 +20,12 @@ import re
 from pathlib import Path
 
 from danlu.errors import DanluError, Forbidden, ValidationError
-from danlu.hub.service import validation
+from danlu.hub.service import outputs, validation
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import Job, JobInput
 from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
 
+MAX_OUTPUT = 64 * 2**20  # an executed notebook a runner hands over (the same bound as a submitted one)
 TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 REFUSED = "this token does not belong to a running attempt of this job"
 TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <its attempt's job token>'"
@@ -50,6 +52,17 @@ class Reports:
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
         reason, grace = await self.core.read(_stop, job_id, attempt, _hash(token))
         return {"reason": reason or None, "grace": grace}
+
+    async def output(self, job_id: str, attempt: int, token: str, rank: int, body: bytes) -> dict:
+        """Keep rank ``rank``'s executed notebook, from a runner whose folder the service cannot read (a pod)."""
+        nproc = await self.core.read(_nproc, job_id, attempt, _hash(token))
+        if rank >= nproc:
+            raise ValidationError(f"job {job_id} has ranks 0-{nproc - 1}", field="rank", reason="no_such_rank")
+        notebook = await asyncio.to_thread(validation.parse_json, body, max_bytes=MAX_OUTPUT)
+        if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+            raise ValidationError("the output is not a notebook (a JSON object with a list of cells)", field="body")
+        await asyncio.to_thread(outputs.keep, self.core.settings.state_dir, job_id, rank, body)
+        return {"kept": len(body)}
 
     async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
         digest = _hash(token)
@@ -84,6 +97,11 @@ def _attempt(s, job_id: str, number: int, digest: str):
 
 def _check(s, job_id: str, number: int, digest: str) -> None:
     _attempt(s, job_id, number, digest)
+
+
+def _nproc(s, job_id: str, number: int, digest: str) -> int:
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    return int(job.nproc)
 
 
 def _spec(s, job_id: str, number: int, digest: str) -> dict:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 
+from danlu.hub.service.reports import MAX_OUTPUT
 from danlu.hub.service.web import BaseHandler
 
 ATTEMPT = re.compile(r"^[1-9][0-9]{0,5}$")
+RANK = re.compile(r"^(0|[1-9][0-9]{0,4})$")
 
 
 class RunnerHandler(BaseHandler):
@@ -39,6 +41,15 @@ class RunnerStopHandler(RunnerHandler):
         self.write_json(await self.jobs.reports.stop(job_id, number, self.token()))
 
 
+class RunnerOutputHandler(RunnerHandler):
+    max_body = MAX_OUTPUT
+
+    async def put(self, job_id, attempt, rank):
+        job_id, number = self.ids(job_id, attempt)
+        rank = int(self.path_arg(rank, "rank", RANK, "a rank number"))
+        self.write_json(await self.jobs.reports.output(job_id, number, self.token(), rank, self.request.body))
+
+
 class RunnerEventsHandler(RunnerHandler):
     async def post(self, job_id, attempt):
         job_id, number = self.ids(job_id, attempt)
@@ -53,4 +64,5 @@ def routes(api: str) -> list:
         (f"{base}/spec", RunnerSpecHandler),
         (f"{base}/stop", RunnerStopHandler),
         (f"{base}/events", RunnerEventsHandler),
+        (f"{base}/outputs/(?P<rank>[^/]+)", RunnerOutputHandler),
     ]

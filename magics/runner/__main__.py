@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         spec["kernel_name"] = "python3"  # the image is the profile's environment: its own Python kernel
     mlflow_environ(spec)
     write_json_atomic(jd.input_notebook, spec["notebook"])
-    return runner_for(spec)(link, spec, jd, km=km).run()
+    runner = runner_for(spec)(link, spec, jd, km=km)
+    runner.upload_outputs = args.kubernetes
+    return runner.run()
 
 
 if __name__ == "__main__":

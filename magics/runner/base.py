@@ -55,8 +55,15 @@ def describe_error(error: BaseException) -> tuple[str, bool]:
     return f"{name}: {error}"[:500], True
 
 
+#: the largest executed notebook a runner hands to the service (the service's body limit)
+MAX_OUTPUT = 64 * 2**20
+
+
 class JobRunner:
     """Runs one attempt. Subclasses implement :meth:`execute` only."""
+
+    #: hand the executed notebooks to the service at the end (a pod: nobody reads its folder)
+    upload_outputs = False
 
     def __init__(self, link: ServiceLink, spec: dict, jd: JobDir, km=None):
         self.link = link
@@ -139,8 +146,20 @@ class JobRunner:
             self.tracking.finish(self.state)
             tracking = self.tracking.health()
         print(f"danlu: job {self.state}" + (f": {self.reason}" if self.reason else ""), file=sys.stderr, flush=True)
+        if self.upload_outputs:
+            self._upload_outputs()
         self.link.report({"event": "finished", "state": self.state, "reason": self.reason[:2000],
                           "exit_code": self.exit_code, "infrastructure": self.infrastructure, "tracking": tracking})
+
+    def _upload_outputs(self) -> None:
+        outputs = [(0, self.jd.output_notebook)]
+        ranks = self.jd.path / "ranks"
+        if ranks.is_dir():
+            outputs += [(int(p.stem.rpartition("-")[2]), p) for p in sorted(ranks.glob("rank-*.ipynb"))
+                        if p.stem.rpartition("-")[2].isdigit()]
+        for rank, path in outputs:
+            if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_OUTPUT:
+                self.link.upload_output(rank, path.read_bytes())
 
     def _digest_datasets(self) -> list:
         from danlu import datasets

@@ -95,6 +95,16 @@ class ServiceLink:
             return None
         return str(data["reason"]), float(data.get("grace") or 0.0)
 
+    def upload_output(self, rank: int, data: bytes, patience: float = 120.0) -> bool:
+        """Hand rank ``rank``'s executed notebook to the service (a job pod keeps no folder it could read)."""
+        try:
+            self._retrying("PUT", f"/outputs/{rank}", data=data, patience=patience, timeout=120)
+            return True
+        except DanluError as e:
+            print(f"danlu: could not hand rank {rank}'s notebook to the jobs service: {e}", file=sys.stderr,
+                  flush=True)
+            return False
+
     def report(self, event: dict, patience: float = 600.0) -> bool:
         """Send a report; True once the service has it. A 4xx (the attempt is over) gives up at once."""
         try:
