@@ -515,7 +515,7 @@ def gpu_profiles() -> ProfileSet:
 
 def make_manager(backend: Backend, state_dir: Path, *, settings: Settings | None = None,
                  profiles: ProfileSet | None = None, service_api: str = UNUSED_API,
-                 groups: FakeGroups | None = None) -> JobManager:
+                 groups: FakeGroups | None = None, mlflow=None) -> JobManager:
     """A JobManager as hub/service/app.py wires one, on the database in ``state_dir`` (created if new)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     settings = settings or make_settings(state_dir)
@@ -523,7 +523,7 @@ def make_manager(backend: Backend, state_dir: Path, *, settings: Settings | None
     manager = JobManager(settings=settings, profiles=profiles or gpu_profiles(),
                          inventory=gpus.inventory(settings.gpus),
                          sessions=sessions, backend=backend, groups=groups or FakeGroups(), service_api=service_api,
-                         mlflow=None)
+                         mlflow=mlflow)
     if isinstance(backend, FakeBackend):
         backend.machine.attach(manager.reports)
     return manager

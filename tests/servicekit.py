@@ -66,9 +66,10 @@ class RunnerAPIService:
     """A JobManager on a real backend, its admission loop, and its runner API on ``127.0.0.1:<port>``."""
 
     def __init__(self, state_dir: Path, backend_factory: BackendFactory, *, profiles=None, settings=None,
-                 groups=None, **jobs):
+                 groups=None, mlflow=None, **jobs):
         self.state_dir = state_dir
         self.groups = groups
+        self.mlflow = mlflow
         self.factory = backend_factory
         self.profiles = profiles
         self.settings = settings or make_settings(state_dir, jobs={"warm_runners": 1, "grace_period_seconds": 3,
@@ -96,7 +97,7 @@ class RunnerAPIService:
     async def _start(self) -> None:
         backend = self.factory(self.settings)
         self.manager = manager = make_manager(backend, self.state_dir, settings=self.settings, service_api=self.api,
-                                              profiles=self.profiles, groups=self.groups)
+                                              profiles=self.profiles, groups=self.groups, mlflow=self.mlflow)
         await manager.recover()  # before runners are answered, as app.py does
         self._server = HTTPServer(web.Application(runner_handlers.routes(PREFIX), danlu_jobs=manager))
         self._server.add_sockets(self.sockets)

@@ -12,15 +12,24 @@ volume mapped to the owner's folder. The scenarios: a job waits with Kueue's rea
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import requests
 
+from danlu import tags as danlu_tags
 from danlu.hub import gpus, kueue
 from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.k8s import manifests, names
 from danlu.hub.profiles import ProfileSet, builtin_profiles
+from danlu.hub.service.mlflow_access import MlflowAccess
+from danlu.hub.testing import free_port
 
 from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user
 from .k8sfake import FakeCluster
@@ -64,7 +73,33 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service(cluster, tmp_path_factory):
+def mlflow(tmp_path_factory):
+    """A real MLflow tracking server on loopback (no permissions: those are tested with danlu up)."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--serve-artifacts",
+                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=open(folder / "mlflow.log", "wb"),
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy():
+        try:
+            return requests.get(f"{url}/health", timeout=2).ok
+        except requests.RequestException:
+            return proc.poll() is not None and pytest.fail((folder / "mlflow.log").read_text()[-2000:])
+
+    asyncio.run(until(healthy, "MLflow to answer", PATIENCE, 0.5))
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def service(cluster, mlflow, tmp_path_factory):
     state = tmp_path_factory.mktemp("k8s-service")
     settings = make_settings(state, teams=TEAMS, groups={"research": ["alice"], "other": ["bob"]},
                              jobs={"grace_period_seconds": 2, "preemption_grace_seconds": 2,
@@ -87,7 +122,9 @@ def service(cluster, tmp_path_factory):
                                  poll_interval=0.3, logs_dir=str(state / "job-logs"))
 
     svc = RunnerAPIService(state, backend, profiles=profiles, settings=settings,
-                           groups=FakeGroups({"alice": ["research"], "bob": ["other"], "admin": []})).open()
+                           groups=FakeGroups({"alice": ["research"], "bob": ["other"], "admin": []}),
+                           mlflow=MlflowAccess(mlflow)).open()
+    svc.mlflow_url = mlflow
     svc.homes = homes
     try:
         yield svc
@@ -168,6 +205,10 @@ def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster)
     assert [a["state"] for a in done_second["attempts"]] == ["succeeded"]
     assert "second ran" in log(service, second) and "first is done" in log(service, first)
     assert "second ran" in output(service, second)  # handed over through the runner API, not a shared folder
+    run = requests.get(f"{service.mlflow_url}/api/2.0/mlflow/runs/get", params={"run_id": done_second["mlflow_run_id"]},
+                       timeout=30).json()["run"]
+    tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+    assert run["info"]["status"] == "FINISHED" and tags[danlu_tags.JOB_ID] == second
     assert trainjobs(cluster, first) == [] and trainjobs(cluster, second) == []  # deleted once ended
 
 
@@ -243,8 +284,6 @@ def test_home_is_named_in_the_pod_not_the_services_folder(service, cluster):
 
 def test_a_job_can_hand_over_only_a_notebook_of_its_own_ranks(service, cluster):
     import base64
-
-    import requests
 
     job_id = submit(service, ALICE, waiting("handover"))
     wait_log(service, job_id, "handover is running")
