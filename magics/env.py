@@ -84,6 +84,9 @@ TEST_UNIX_PYTHON = Var("DANLU_TEST_UNIX_PYTHON", "Tests: a Python with Danlu ins
                                                  "run, for the unix-accounts tier (.ci/run builds one in /opt).")
 TEST_REQUIRE_UNIX = Var("DANLU_TEST_REQUIRE_UNIX", "Tests: 1 makes the unix-accounts tier fail instead of skip "
                                                    "when it cannot run (CI sets it).")
+TEST_CLUSTER_URL = Var("DANLU_TEST_CLUSTER_URL", "Tests: the public URL of Danlu deployed on a real cluster (with "
+                       "KUBECONFIG); the cluster tier skips without it.")
+TEST_CLUSTER_TOKEN = Var("DANLU_TEST_CLUSTER_TOKEN", "Tests: a hub API token of a user in a team there.")
 UI_CHROMIUM = Var("DANLU_UI_CHROMIUM", "Browser tests: the Chromium binary Playwright drives.")
 UI_HUB_URL = Var("DANLU_UI_HUB_URL", "Browser tests: the workbench under test.")
 UI_USER = Var("DANLU_UI_USER", "Browser tests: the user who logs in.")
