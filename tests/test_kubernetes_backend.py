@@ -305,3 +305,11 @@ def test_a_job_can_hand_over_only_a_notebook_of_its_own_ranks(service, cluster):
     assert bad_rank.status_code == 400 and nested.status_code in (400, 422)
     assert stranger.status_code == 403
     assert done["state"] == "succeeded" and "handover is done" in output(service, job_id)
+
+
+def test_queue_changes_say_that_kueue_holds_the_queues(service):
+    from danlu.errors import Conflict
+
+    with pytest.raises(Conflict) as held:
+        service.run(service.manager.queues.hold(ADMIN, "research", True))
+    assert held.value.reason == "kueue_owns_queues" and "kubectl apply -f kueue.yaml" in held.value.fix

@@ -65,9 +65,17 @@ class Queues:
     async def _one(self, name: str) -> dict:
         return next(q for q in await self.list() if q["name"] == name)
 
+    def _danlu_admits(self, what: str) -> None:
+        """Queue changes act on Danlu's own admission model; a backend that queues itself has its own."""
+        if self.core.backend.queues:
+            raise Conflict(f"{what} is Kueue's on this workbench (jobs run on Kubernetes)", reason="kueue_owns_queues",
+                           fix="edit the teams in danlu.yaml, then danlu render k8s and kubectl apply -f kueue.yaml "
+                               "(or edit the ClusterQueue: spec.stopPolicy Hold holds it)")
+
     async def change(self, principal, name: str, changes) -> dict:
         """Change a team's quota or limits live (validated against the schema of danlu.yaml's teams)."""
         require_admin(principal)
+        self._danlu_admits(f"queue {name}'s quota")
         self._team(name)
         core = self.core
         if not core.settings.teams:
@@ -83,6 +91,7 @@ class Queues:
     async def reset(self, principal, name: str) -> dict:
         """Drop an admin's live changes to a queue: danlu.yaml's values apply again."""
         require_admin(principal)
+        self._danlu_admits(f"queue {name}'s quota")
         self._team(name)
         async with self.core.lock:
             await self.core.db(_reset, self.core.settings, principal.name, name)
@@ -92,6 +101,7 @@ class Queues:
 
     async def hold(self, principal, name: str, held: bool) -> dict:
         require_admin(principal)
+        self._danlu_admits(f"holding queue {name}")
         team = self._team(name)
         async with self.core.lock:
             await self.core.db(_hold, principal.name, name, held)
@@ -110,6 +120,7 @@ class Queues:
 
     async def reprioritize(self, principal, job: Job, priority: str) -> None:
         require_admin(principal)
+        self._danlu_admits("a submitted job's priority")
         if JobState(job.state) in FINAL:
             raise Conflict(f"job {job.id} already ended ({job.state})", reason="already_final")
         core = self.core
