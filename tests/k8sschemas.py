@@ -14,6 +14,8 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from decimal import Decimal
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 
@@ -283,3 +285,24 @@ def with_chart_defaults(values: dict) -> dict:
 def values_errors(values: dict) -> list[str]:
     """What the Zero to JupyterHub 4.4.0 chart's values schema refuses in ``values``."""
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in z2jh_validator().iter_errors(values)]
+
+
+# --- quantities ---------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
+           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(value) -> Fraction:
+    """A Kubernetes quantity as an exact number: ``"500m"`` -> 1/2, ``"64Gi"`` -> 64 * 2**30."""
+    if isinstance(value, int | float):
+        return Fraction(value)
+    match = _QUANTITY.match(str(value))
+    if not match:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = match.group(1), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Fraction(Decimal(number)) * Fraction(10) ** int(suffix[1:])
+    return Fraction(Decimal(number)) * _SUFFIX[suffix]

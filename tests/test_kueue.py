@@ -12,8 +12,6 @@ without a valid name, and the CEL rules (``x-kubernetes-validations``) this test
 from __future__ import annotations
 
 import copy
-import re
-from decimal import Decimal
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -29,7 +27,7 @@ from danlu.hub.service.admission import gpu_key
 from danlu.hub.service.quotas import build_teams
 
 from . import k8sschemas
-from .k8sschemas import KubernetesValidator, crd_schema, load_crd_of, raw_schema, validator_for
+from .k8sschemas import KubernetesValidator, crd_schema, load_crd_of, parse_quantity, raw_schema, validator_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "config" / "shared-workstation.yaml"
@@ -56,25 +54,6 @@ def errors(obj: dict) -> list[str]:
 
 
 # --- Kueue's ClusterQueue webhook --------------------------------------------------------------
-
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def parse_quantity(value) -> Fraction:
-    """A Kubernetes quantity as an exact number: ``"500m"`` -> 1/2, ``"64Gi"`` -> 64 * 2**30."""
-    if isinstance(value, int):
-        return Fraction(value)
-    match = _QUANTITY.match(value)
-    if not match:
-        raise ValueError(f"not a quantity: {value!r}")
-    number, suffix = match.group(1), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return Fraction(Decimal(number)) * Fraction(10) ** int(suffix[1:])
-    return Fraction(Decimal(number)) * _SUFFIX[suffix]
-
 
 def webhook_errors(cq: dict) -> list[str]:
     """What Kueue v0.19's validating webhook refuses in a v1beta2 ClusterQueue (beyond the CRD schema)."""

@@ -88,8 +88,11 @@ def read_job_file(root: Path, job_id: str, relpath: str, *, uid: int | None, off
                   limit: int) -> tuple[bytes, int] | None:
     """Up to ``limit`` bytes at ``offset`` and the file's size; None when it does not exist (yet)."""
     fd = open_job_file(root, job_id, relpath, uid=uid)
-    if fd is None:
-        return None
+    return None if fd is None else read_chunk(fd, offset, limit)
+
+
+def read_chunk(fd: int, offset: int, limit: int) -> tuple[bytes, int]:
+    """Up to ``limit`` bytes at ``offset`` of an open file and its size; closes ``fd``."""
     try:
         size = os.fstat(fd).st_size
         if offset >= size or limit <= 0:

@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from danlu.hub.backends.files import read_chunk
+
 
 def _path(state_dir: Path, job_id: str, rank: int) -> Path:
     return Path(state_dir) / "outputs" / job_id / f"rank-{int(rank)}.ipynb"
@@ -35,10 +37,4 @@ def read(state_dir: Path, job_id: str, rank: int, offset: int, limit: int) -> tu
         fd = os.open(_path(state_dir, job_id, rank), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    try:
-        size = os.fstat(fd).st_size
-        if offset >= size or limit <= 0:
-            return b"", size
-        return os.pread(fd, min(limit, size - offset), offset), size
-    finally:
-        os.close(fd)
+    return read_chunk(fd, offset, limit)

@@ -13,34 +13,15 @@ and messages follow Kueue v0.19's wording. Nothing here runs pods: :mod:`.traine
 from __future__ import annotations
 
 import hashlib
-import re
-from decimal import Decimal
 from fractions import Fraction
 
+from ..k8sschemas import parse_quantity as quantity
 from .store import Store, not_found, now
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 POD_SET = "node"
-
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def quantity(value) -> Fraction:
-    if isinstance(value, int | float):
-        return Fraction(value)
-    match = _QUANTITY.match(str(value))
-    if not match:
-        raise ValueError(f"not a quantity: {value!r}")
-    number, suffix = match.group(1), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return Fraction(Decimal(number)) * Fraction(10) ** int(suffix[1:])
-    return Fraction(Decimal(number)) * _SUFFIX[suffix]
-
 
 def show(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{round(value * 1000)}m"
