@@ -6,12 +6,15 @@ notebook through ``python -m danlu.runner``, papermill and a real kernel: succes
 code, an infrastructure failure and its retry, a cancel, a restart of the service, a runner that dies
 (its kernel goes with it), and a hostile job that turns its log into a link and its output into a FIFO.
 The service only ever sees what the runner reports through the runner API and what the backend serves of
-the job's folder. Adding a backend is one line in :data:`BACKENDS`.
+the job's folder. Adding a backend is one line in :data:`BACKENDS`. The Kubernetes backend runs on the fake API
+server (tests/k8sfake) and takes the scenarios that are not about local processes or a job folder; its own
+(eviction, cancel deletes, a restart finds its TrainJob) are in tests/test_kubernetes_backend.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -25,9 +28,10 @@ from danlu import env
 from danlu.hub.backends.base import Backend, FileRefused
 from danlu.hub.backends.local import LocalBackend
 from danlu.hub.config import Settings
+from danlu.hub.profiles import ProfileSet
 from danlu.jobdir import JobDir
 
-from .fakes import admin, final, notebook, until, user
+from .fakes import admin, final, gpu_profiles, notebook, until, user
 from .servicekit import BackendFactory, RunnerAPIService, jupyter_path_of
 
 pytestmark = pytest.mark.service
@@ -43,21 +47,64 @@ def local_backend(settings: Settings) -> Backend:
                         runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
 
 
+CLUSTERS: dict[Path, object] = {}  # state folder -> the fake cluster of its service (kept across restarts)
+IMAGE = "registry.example/danlu/python@sha256:" + "1" * 64
+
+
+def kubernetes_backend(settings: Settings) -> Backend:
+    """The Kubernetes backend on the fake API server (tests/k8sfake): Kueue objects as danlu renders them for
+    these settings, the danlu-torch runtime, alice's home claim mapped to her folder."""
+    from danlu.hub import gpus, kueue
+    from danlu.hub.backends.kubernetes import KubernetesBackend
+    from danlu.hub.k8s import manifests
+
+    from .k8sfake import FakeCluster
+
+    cluster = CLUSTERS.get(settings.state_dir)
+    if cluster is None:
+        cluster = CLUSTERS[settings.state_dir] = FakeCluster(namespaces=("default", "danlu")).start()
+        for obj in kueue.render(settings, gpus.inventory(settings.gpus), namespace="danlu"):
+            cluster.create(obj)
+        cluster.create(manifests.make_training_runtime(IMAGE, "1Gi"))
+        home = settings.user_home(ALICE.name)
+        home.mkdir(parents=True, exist_ok=True)
+        cluster.volumes[f"claim-{ALICE.name}"] = str(home)
+    profiles = gpu_profiles()
+    profiles = ProfileSet(tuple(dataclasses.replace(p, environment={"current": True, "image": IMAGE})
+                                for p in profiles), source=profiles.source)
+    return KubernetesBackend(settings=settings, profiles=profiles, namespace="danlu", poll_interval=0.3,
+                             kubeconfig=cluster.write_kubeconfig(settings.state_dir / "kubeconfig"),
+                             logs_dir=str(settings.state_dir / "job-logs"))
+
+
 #: every backend the suite runs against: name -> factory (settings -> backend)
 BACKENDS: dict[str, BackendFactory] = {
     "local": local_backend,
+    "kubernetes": kubernetes_backend,
 }
 
 
 @pytest.fixture(scope="module", params=sorted(BACKENDS))
 def service(request, tmp_path_factory):
     svc = RunnerAPIService(tmp_path_factory.mktemp(f"conformance-{request.param}"), BACKENDS[request.param]).open()
+    svc.backend_name = request.param
     try:
         yield svc
     finally:
         svc.close()
+        cluster = CLUSTERS.pop(svc.settings.state_dir, None)
+        if cluster is not None:
+            cluster.stop()
+            assert cluster.errors == [], cluster.errors
     left = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in svc.processes()]
     assert left == [], f"processes of the service's runners left after it stopped: {left}"
+
+
+def local_only(svc: RunnerAPIService, why: str) -> None:
+    """Scenarios about processes and a job folder on this machine; Kubernetes has its own in
+    tests/test_kubernetes_backend.py (cancel deletes, a restart finds its TrainJob, eviction requeues)."""
+    if svc.backend_name != "local":
+        pytest.skip(f"{svc.backend_name}: {why}")
 
 
 # helpers ------------------------------------------------------------------------------------------------------
@@ -157,6 +204,7 @@ print("the second attempt ran")
 
 
 def test_an_infrastructure_failure_is_retried(service):
+    local_only(service, "kills its runner's local process; a pod's checkpoint folder does not outlive it")
     job_id = submit(service, KILL_MY_RUNNER_ONCE, retries=1)
     done = wait_final(service, job_id)
 
@@ -169,6 +217,7 @@ def test_an_infrastructure_failure_is_retried(service):
 
 
 def test_cancel_ends_every_process_of_the_job(service):
+    local_only(service, 'looks for local processes by marker')
     job_id = submit(service, waiting(said="sleeping", then="woke up"))
     state = wait_log(service, job_id, "sleeping")
     assert service.processes(job_id, state["runner_id"]), "the job's processes carry its markers"
@@ -182,6 +231,7 @@ def test_cancel_ends_every_process_of_the_job(service):
 
 
 def test_a_restarted_service_picks_up_a_running_job(service):
+    local_only(service, "compares the runner's local pid")
     job_id = submit(service, waiting(said="before the restart", then="after the restart"))
     before = wait_log(service, job_id, "before the restart")
     service.restart()  # as a SIGKILLed service leaves things: the runner goes on
@@ -197,6 +247,7 @@ def test_a_restarted_service_picks_up_a_running_job(service):
 
 
 def test_a_runner_that_dies_takes_its_kernel_with_it(service):
+    local_only(service, 'kills a local runner process')
     job_id = submit(service, waiting(said="running", then="woke up"))
     state = wait_log(service, job_id, "running")
     kernels = [p for p in service.processes(job_id, state["runner_id"]) if p.pid != state["pid"]]
@@ -224,6 +275,7 @@ print("planted", flush=True)
 
 
 def test_a_hostile_job_cannot_make_the_service_read_a_link_or_block_on_a_fifo(service):
+    local_only(service, 'plants files in a job folder the service reads; a pod has none')
     job_id = submit(service, HOSTILE)
     folder = Path(service.settings.jobs_dir) / job_id
 
