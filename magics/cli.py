@@ -59,6 +59,8 @@ def cmd_submit(args) -> int:
         raise UsageError(f"{path}: not a notebook ({e})") from None
     params = dict(parse_param(f"{k}={v}") for k, v in args.param)
     resources = {"nproc": args.nproc, "gpus": args.gpus}
+    if args.nnodes != 1:
+        resources["nodes"] = args.nnodes
     resources.update({k: v for k, v in (("gpu_type", args.gpu_type), ("cpu", args.cpu), ("memory", args.memory))
                       if v is not None})
     body = {"notebook": json.loads(nbformat.writes(nb)), "parameters": params, "resources": resources,
@@ -262,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     jsub = jobs.add_subparsers(dest="action", metavar="ACTION")
     s = jsub.add_parser("submit", help="run a notebook as a job")
     s.add_argument("notebook")
-    s.add_argument("--nproc", type=int, default=1)
+    s.add_argument("--nproc", type=int, default=1, help="processes (torchrun ranks) per node")
+    s.add_argument("--nnodes", type=int, default=1, help="nodes (Kubernetes only)")
     s.add_argument("--gpus", type=int, default=0)
     s.add_argument("--profile")
     s.add_argument("--queue", help="a team's queue (default your first team's)")

@@ -145,10 +145,12 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
                 experiment: str | None = None, params: dict | None = None, datasets: list[str] | None = None,
                 priority: str | None = None, retries: int | None = None, timeout: int | None = None,
                 gpu_type: str | None = None, cpu: float | None = None, memory: str | None = None,
-                dry_run: bool = False) -> dict:
+                dry_run: bool = False, nodes: int = 1) -> dict:
     """Build the job notebook for a cell and submit it (or dry-run it); returns the API's answer."""
     if nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    if nodes < 1:
+        raise UsageError(f"--nnodes must be at least 1, got {nodes}")
     if gpus < 0:
         raise UsageError(f"--gpus must be 0 or more, got {gpus}")
     params = params or {}
@@ -156,6 +158,8 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
     kernel = f"danlu-{profile or env.PROFILE.get('python')}"  # the service sets the real one
     nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
     resources = {"nproc": nproc, "gpus": gpus}
+    if nodes != 1:
+        resources["nodes"] = nodes
     resources.update({k: v for k, v in (("gpu_type", gpu_type), ("cpu", cpu), ("memory", memory)) if v is not None})
     body = {
         "notebook": json.loads(nbformat.writes(nb)),
@@ -249,7 +253,8 @@ class TrainMagics(Magics):
         return None
 
     @magic_arguments()
-    @argument("--nproc", type=int, default=1, help="Processes (torchrun ranks on one machine); default 1.")
+    @argument("--nproc", type=int, default=1, help="Processes (torchrun ranks) per node; default 1.")
+    @argument("--nnodes", type=int, default=1, help="Nodes (Kubernetes only): --nnodes x --nproc ranks; default 1.")
     @argument("--gpus", type=int, default=0, help="GPUs for the whole job (exclusive devices); default 0.")
     @argument("--profile", help="Governed profile (environment) to run on; default: this server's profile.")
     @argument("--queue", help="A team's queue; default: your first team's.")
@@ -303,7 +308,8 @@ class TrainMagics(Magics):
                                  nproc=args.nproc, gpus=args.gpus, profile=args.profile, queue=args.queue,
                                  name=args.name, experiment=args.experiment, params=params, datasets=args.dataset,
                                  priority=args.priority, retries=args.retries, timeout=args.timeout,
-                                 gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run)
+                                 gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run,
+                                 nodes=args.nnodes)
             if args.dry_run:
                 show_dry_run(result)
                 return None

@@ -313,3 +313,37 @@ def test_queue_changes_say_that_kueue_holds_the_queues(service):
     with pytest.raises(Conflict) as held:
         service.run(service.manager.queues.hold(ADMIN, "research", True))
     assert held.value.reason == "kueue_owns_queues" and "kubectl apply -f kueue.yaml" in held.value.fix
+
+
+ALL_REDUCE = """import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(os.environ["RANK"]) + 1])
+dist.all_reduce(total)
+print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: sum {total.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_on_two_nodes_is_one_trainjob_of_two_pods_whose_ranks_meet(service, cluster):
+    job_id = submit(service, ALICE, ALL_REDUCE, resources={"nproc": 1, "nodes": 2, "gpus": 2})
+    wait_for(service, job_id, "admitted", lambda j: j["state"] != "queued")
+    tj = cluster.get("TrainJob", NS, names.trainjob_name(job_id, 1))
+    done = wait_final(service, job_id)
+    rank1 = service.run(service.manager.read_output(service.run(service.manager.get(ADMIN, job_id)), 1, 0, 1 << 20))
+
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["resources"]["nodes"] == 2
+    assert (tj["spec"]["trainer"]["numNodes"], tj["spec"]["trainer"]["numProcPerNode"]) == (2, 1)
+    assert tj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "rank 0 of 2: sum 3" in output(service, job_id)
+    assert rank1 is not None and "rank 1 of 2: sum 3" in rank1[0].decode()
+
+
+def test_more_nodes_than_one_machine_or_uneven_gpus_are_refused_with_the_fix(service):
+    from danlu.errors import ValidationError
+
+    with pytest.raises(ValidationError) as uneven:
+        service.run(service.manager.submit(ALICE, {"notebook": notebook("1"), "resources": {"nodes": 2, "gpus": 3}}))
+    assert uneven.value.field == "resources.gpus" and "multiple of 2" in uneven.value.fix

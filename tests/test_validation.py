@@ -730,3 +730,17 @@ def test_time_range_names_the_bad_parameter():
         time_range("2026-10-01", "soon", now=NOW)
 
     assert info.value.field == "to"
+
+
+def test_more_than_one_node_needs_a_backend_with_nodes_and_gpus_that_split_evenly():
+    from danlu.hub.service.validation import check_nodes
+
+    check_nodes({"nodes": 1, "gpus": 3}, multi_node=False)
+    check_nodes({"nodes": 2, "gpus": 4}, multi_node=True)
+    with pytest.raises(ValidationError) as one_machine:
+        check_nodes({"nodes": 2, "gpus": 0}, multi_node=False)
+    assert (one_machine.value.field, one_machine.value.reason) == ("resources.nodes", "one_machine")
+    assert "Kubernetes backend" in one_machine.value.fix
+    with pytest.raises(ValidationError) as uneven:
+        check_nodes({"nodes": 2, "gpus": 3}, multi_node=True)
+    assert (uneven.value.field, uneven.value.reason) == ("resources.gpus", "uneven_gpus")

@@ -62,7 +62,8 @@ class Launch:
     attempt: int
     owner: str
     kernel_name: str
-    nproc: int = 1
+    nproc: int = 1  # per node
+    nnodes: int = 1
     devices: tuple[int, ...] = ()
     #: the Unix account the attempt runs as (danlu.hub.accounts.Account), or None: the service's own
     run_as: Any = None

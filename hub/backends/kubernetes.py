@@ -204,7 +204,8 @@ class KubernetesBackend(Backend):
         return jobs.trainjob(
             job_id=launch.job_id, attempt=launch.attempt, owner=launch.owner, queue=launch.queue,
             priority_class=launch.priority_class, namespace=self.namespace, image=image, nproc=launch.nproc,
-            api_url=launch.api_url, gpus=launch.gpus, cpu=launch.cpu, memory=launch.memory,
+            api_url=launch.api_url, nnodes=launch.nnodes, gpus=launch.gpus // launch.nnodes,
+            cpu=launch.cpu / launch.nnodes, memory=launch.memory / launch.nnodes,
             timeout_seconds=launch.timeout_seconds, runtime=self.runtime,
             home_claim=self.home_claim.format(username=launch.owner) if self.home_claim else None,
             gpu_resource=flavor.get("resource", "nvidia.com/gpu"), node_labels=flavor.get("node_labels"),

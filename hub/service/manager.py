@@ -131,8 +131,9 @@ class JobManager:
         return await self.core.backend.read_log(job.id, self._files_state(job), offset, limit)
 
     async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
-        if rank >= job.nproc:
-            raise NotFound(f"job {job.id} has ranks 0-{job.nproc - 1}", field="rank", reason="no_such_rank")
+        ranks = job.nproc * (job.nnodes or 1)
+        if rank >= ranks:
+            raise NotFound(f"job {job.id} has ranks 0-{ranks - 1}", field="rank", reason="no_such_rank")
         answer = await self.core.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
         if answer is None:  # a runner whose folder the service cannot read handed it over (a pod)
             answer = await asyncio.to_thread(outputs.read, self.core.settings.state_dir, job.id, rank, offset, limit)

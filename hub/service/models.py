@@ -55,7 +55,8 @@ class Job(Base):
     queue: Mapped[str] = mapped_column(String(64), default="default", index=True)  # its team
     priority: Mapped[int] = mapped_column(Integer, default=0)
     priority_class: Mapped[str] = mapped_column(String(64), default="")
-    nproc: Mapped[int] = mapped_column(Integer, default=1)
+    nproc: Mapped[int] = mapped_column(Integer, default=1)  # processes per node
+    nnodes: Mapped[int] = mapped_column(Integer, default=1)  # nodes (more than one: a backend that has them)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
     gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
     cpu: Mapped[float] = mapped_column(Float, default=1.0)

@@ -100,8 +100,9 @@ def _check(s, job_id: str, number: int, digest: str) -> None:
 
 
 def _nproc(s, job_id: str, number: int, digest: str) -> int:
+    """The job's ranks (processes on every node)."""
     job, _attempt_row = _attempt(s, job_id, number, digest)
-    return int(job.nproc)
+    return int(job.nproc) * int(job.nnodes or 1)
 
 
 def _spec(s, job_id: str, number: int, digest: str) -> dict:
@@ -113,7 +114,8 @@ def _spec(s, job_id: str, number: int, digest: str) -> dict:
     tracking = job.tracking if isinstance(job.tracking, dict) else {}
     return {
         "job_id": job.id, "attempt": attempt.number, "name": job.name, "owner": job.owner, "profile": job.profile,
-        "nproc": job.nproc, "gpus": job.gpus, "devices": list(attempt.devices or []), "queue": job.queue,
+        "nproc": job.nproc, "nnodes": job.nnodes, "gpus": job.gpus // max(1, job.nnodes),  # per node
+        "devices": list(attempt.devices or []), "queue": job.queue,
         "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
         "datasets": list(job.datasets or []), "experiment": job.experiment, "source": job.source,
         "cell_sha256": job.cell_sha256,

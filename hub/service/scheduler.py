@@ -214,6 +214,7 @@ def _record_pass(s, decision: Decision, tokens: dict, now: float, core: Core):
 def _start_of(job: Job, attempt: Attempt, token: str, core: Core) -> dict:
     """What the supervisor needs to start an attempt (a Launch, less what only it knows)."""
     return {"id": job.id, "attempt": attempt.number, "devices": list(attempt.devices or []), "nproc": job.nproc,
+            "nnodes": job.nnodes,
             "owner": job.owner, "kernel_name": _kernel_name(core.profiles, job.profile), "token": token,
             "queue": job.queue, "priority_class": job.priority_class or "", "profile": job.profile,
             "gpus": job.gpus, "gpu_type": job.gpu_type, "cpu": job.cpu, "memory": job.memory,

@@ -65,7 +65,8 @@ class Submission:
         node = validation.check_notebook(nb)
         params = body.get("parameters", {})
         validation.check_parameters(params)
-        resources = {"nproc": 1, "gpus": 0, **body.get("resources", {})}
+        resources = {"nproc": 1, "gpus": 0, "nodes": 1, **body.get("resources", {})}
+        validation.check_nodes(resources, multi_node=core.backend.queues)
         if resources["nproc"] > jobs["max_nproc"]:
             raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
                                   field="resources.nproc", reason="too_many_processes",
@@ -99,7 +100,7 @@ class Submission:
                                           gpu_field="resources.gpus")
         queue = quotas.queue_for(settings, body.get("queue"), groups, admin=principal.admin)
         priority_class, priority = quotas.priority_of(settings, body.get("priority"))
-        request = quotas.request_for(resources, resources["nproc"], profile)
+        request = quotas.request_for(resources, resources["nproc"] * resources["nodes"], profile)
         probe = Workload("(new)", queue, priority, time.time(), request, owner)
         never = core.model.impossible(probe)
         if never:
@@ -129,7 +130,8 @@ class Submission:
 
         job = Job(id=uuid.uuid4().hex[:12], owner=owner, name=name, state=JobState.queued.value, reason="",
                   profile=profile.slug, queue=queue, priority=priority, priority_class=priority_class,
-                  nproc=resources["nproc"], gpus=request.gpus, gpu_type=request.gpu_flavor, cpu=request.cpu,
+                  nproc=resources["nproc"], nnodes=resources["nodes"], gpus=request.gpus, gpu_type=request.gpu_flavor,
+                  cpu=request.cpu,
                   memory=request.memory, retries=retries, timeout_seconds=timeout, parameters=params,
                   experiment=experiment, datasets=datasets, source=source, cwd=cwd, groups=list(groups),
                   cell_sha256=sha, created_at=utcnow())

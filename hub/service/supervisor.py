@@ -77,7 +77,8 @@ class Supervisor:
             if core.mlflow is not None:
                 await core.mlflow.ensure_user(start["owner"])
             launch = Launch(job_id=job_id, attempt=start["attempt"], owner=start["owner"],
-                            kernel_name=start["kernel_name"], nproc=start["nproc"], devices=tuple(start["devices"]),
+                            kernel_name=start["kernel_name"], nproc=start["nproc"], nnodes=start.get("nnodes", 1),
+                            devices=tuple(start["devices"]),
                             run_as=account, api_url=core.service_api, token=start["token"],
                             queue=start["queue"], priority_class=start["priority_class"], profile=start["profile"],
                             gpus=start["gpus"], gpu_type=start["gpu_type"], cpu=start["cpu"],

@@ -383,6 +383,19 @@ _SIZE_TEXT = re.compile(r"\s*(-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
+def check_nodes(resources: dict, *, multi_node: bool) -> None:
+    """``resources.nodes``: more than one only where the backend has nodes; the job's GPUs split evenly."""
+    nodes = resources["nodes"]
+    if nodes > 1 and not multi_node:
+        raise ValidationError(f"resources.nodes: this workbench runs jobs on one machine, {nodes} nodes asked",
+                              field="resources.nodes", reason="one_machine",
+                              fix="leave nodes out (or 1); more nodes need the Kubernetes backend")
+    if nodes > 1 and resources.get("gpus", 0) % nodes:
+        raise ValidationError(f"resources.gpus: {resources['gpus']} GPUs do not split evenly over {nodes} nodes",
+                              field="resources.gpus", reason="uneven_gpus",
+                              fix=f"ask for a multiple of {nodes} GPUs (the same on every node)")
+
+
 def check_size(value, field: str) -> float:
     """Bytes from a size (``512M``, ``8G``, ``1.5T``, ``8Gi``; binary units) or a number of bytes.
 

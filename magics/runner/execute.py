@@ -16,7 +16,7 @@ import sys
 
 from danlu.jobdir import read_json, write_json_atomic
 from danlu.runner.base import JobRunner, RankError, Signalled
-from danlu.runner.kernels import prime, start_kernel
+from danlu.runner.kernels import job_env, prime, start_kernel
 
 
 class KernelRunner(JobRunner):
@@ -53,7 +53,11 @@ class TorchrunRunner(JobRunner):
         # the ranks read the spec here (the job's own file: the service never reads it)
         write_json_atomic(self.jd.spec_file, {**{k: v for k, v in spec.items() if k != "notebook"},
                                               "tracking": {"run_id": self.tracking.run_id if self.tracking else None}})
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec['nproc']}",
+        nodes = int(spec.get("nnodes") or 1)
+        # one node: a rendezvous of its own; more (a TrainJob's pods): torchrun reads the node's rank and its
+        # master from the PET_* variables the Trainer sets in each pod
+        where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={spec['nproc']}",
                "--max-restarts=0", "--module", "danlu.runner.rank", str(self.jd.path)]
         env = {**os.environ, **self.env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.proc = subprocess.Popen(cmd, cwd=spec["cwd"], env=env, stdin=subprocess.DEVNULL)
@@ -69,7 +73,8 @@ class TorchrunRunner(JobRunner):
 
     def _raise_rank_error(self, code: int) -> None:
         errors = []
-        for rank in range(self.spec["nproc"]):
+        first = node_rank() * self.spec["nproc"]
+        for rank in range(first, first + self.spec["nproc"]):
             data = read_json(self.jd.rank_status(rank))
             if isinstance(data, dict) and isinstance(data.get("reason"), str) and data["reason"]:
                 errors.append((rank, data))
@@ -97,5 +102,40 @@ class TorchrunRunner(JobRunner):
                 pass
 
 
+class NodeRunner(TorchrunRunner):
+    """The ranks of one more node of a multi-node job (a TrainJob's pod other than the first).
+
+    The first node's runner owns the attempt: its MLflow run, its reports. This one runs its node's
+    ranks, hands their notebooks to the service, and ends with their exit code (the pod's outcome).
+    """
+
+    def prepare(self) -> None:
+        print(f"danlu: job {self.spec['job_id']} attempt {self.spec['attempt']}: node {node_rank()} of "
+              f"{self.spec['nnodes']}, {self.spec['nproc']} process(es)", file=sys.stderr, flush=True)
+        self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.env = job_env(self.jd, self.spec, None)
+
+    def finish(self) -> None:
+        self.stop_kernel()
+        print(f"danlu: node {node_rank()} {self.state}" + (f": {self.reason}" if self.reason else ""),
+              file=sys.stderr, flush=True)
+        if self.upload_outputs:
+            self._upload_outputs()
+
+    def run(self) -> int:
+        super().run()
+        return 0 if self.state == "succeeded" else 1
+
+
+def node_rank() -> int:
+    """This node's rank in a multi-node job (the Trainer's PET_NODE_RANK), 0 elsewhere."""
+    try:
+        return int(os.environ.get("PET_NODE_RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def runner_for(spec: dict) -> type[JobRunner]:
+    if int(spec.get("nnodes") or 1) > 1:
+        return TorchrunRunner if node_rank() == 0 else NodeRunner
     return TorchrunRunner if int(spec.get("nproc", 1)) > 1 else KernelRunner
