@@ -215,6 +215,11 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
 
 
 def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m danlu.hub.mlflow_gateway")
+    parser.add_argument("--ip", help="listen here instead of the host of JUPYTERHUB_SERVICE_URL (in a pod: 0.0.0.0)")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s mlflow-gateway] %(message)s")
     upstream = MLFLOW_URL.get()
     secret = MLFLOW_AUTH_SECRET.get()
@@ -235,7 +240,7 @@ def main(argv=None) -> int:
 
     async def run():
         server = HTTPServer(app, max_body_size=2**34, xheaders=True)
-        server.listen(url.port, url.hostname)
+        server.listen(url.port, args.ip or url.hostname)
         log.info("MLflow gateway on %s%s -> %s", url.geturl(), prefix, origin)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -251,17 +251,23 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     assert c.JupyterHub.load_groups == {"vision": {"users": ["ana"]}, "nlp": {"users": ["bo"]},
                                         "interns": {"users": ["cy"]}}
     services = {s["name"]: s for s in c.JupyterHub.services}
-    assert set(services) == {"jupyterhub-idle-culler", "danlu"}
-    danlu = services["danlu"]
+    assert set(services) == {"jupyterhub-idle-culler", "danlu", "mlflow"}
+    danlu, gateway = services["danlu"], services["mlflow"]
     assert danlu["url"] == "http://hub:10101"
     assert danlu["command"][1:] == ["-m", "danlu.hub.service", "--JobsServiceApp.backend=kubernetes",
                                     "--JobsServiceApp.ip=0.0.0.0"]
     assert danlu["environment"] == {names.CONFIG: str(config_dir / "danlu.yaml"),
                                     names.PROFILES_FILE: str(config_dir / "profiles.yaml"),
-                                    names.BASE_DIR: str(config_dir), names.STATE_DIR: "/srv/jupyterhub/danlu"}
+                                    names.BASE_DIR: str(config_dir), names.STATE_DIR: "/srv/jupyterhub/danlu",
+                                    names.MLFLOW_URL: "http://danlu-mlflow:5000"}
+    # users reach MLflow through the gateway (hub login); jobs reach it in the namespace
+    assert gateway["url"] == "http://hub:10102"
+    assert gateway["command"][1:] == ["-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"]
+    assert gateway["environment"] == {names.MLFLOW_URL: "http://danlu-mlflow:5000"}
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert set(roles) == {"jupyterhub-idle-culler", "user", "danlu-admin", "danlu-service"}
-    assert roles["user"]["scopes"] == ["self", "access:services!service=danlu", f"{WRITE}!user"]
+    assert roles["user"]["scopes"] == ["self", "access:services!service=danlu", "access:services!service=mlflow",
+                                       f"{WRITE}!user"]
     assert roles["danlu-admin"]["users"] == ["root-admin"]
     assert WRITE in c.JupyterHub.custom_scopes
     assert [p.slug for p in c.DanluKubeSpawner.profiles] == ["python", "cpu", "pytorch"]

@@ -26,13 +26,12 @@ from danlu import env as names
 from danlu.errors import ConfigError
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, roles
+from danlu.hub.k8s import names as k8s_names
 from danlu.hub.profiles import load_profiles
 from danlu.hub.scopes import CUSTOM_SCOPES
 
 #: the hub's volume in the chart (hub.db lives there): the jobs service's state, unless danlu.yaml says
 HUB_STATE_DIR = "/srv/jupyterhub/danlu"
-#: the port of the jobs service in the hub pod; the chart's hub Service must expose it (hub.service.extraPorts)
-SERVICE_PORT = 10101
 #: the chart's Services of the hub and of the public proxy
 HUB_SERVICE = "hub"
 PROXY_SERVICE = "proxy-public"
@@ -84,12 +83,18 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
         names.BASE_DIR: environ[names.BASE_DIR],
         names.STATE_DIR: str(state),
     }
-    if names.MLFLOW_URL.get(environ=environ):
-        service_env[names.MLFLOW_URL] = names.MLFLOW_URL.get(environ=environ)
-    service = jobs_service(f"http://{HUB_SERVICE}:{SERVICE_PORT}",
+    # MLflow in the namespace (mlflow.yaml); jobs reach it there, users through the gateway
+    mlflow_env = {names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ)
+                  or f"http://{k8s_names.MLFLOW_SERVICE}:{k8s_names.MLFLOW_PORT}"}
+    if names.MLFLOW_AUTH_SECRET.get(environ=environ):  # from the danlu-secrets Secret, in the hub's environment
+        mlflow_env[names.MLFLOW_AUTH_SECRET] = names.MLFLOW_AUTH_SECRET.get(environ=environ)
+    service = jobs_service(f"http://{HUB_SERVICE}:{k8s_names.JOBS_SERVICE_PORT}",
                            [sys.executable, "-m", "danlu.hub.service", "--JobsServiceApp.backend=kubernetes",
-                            "--JobsServiceApp.ip=0.0.0.0"], service_env)
-    c.JupyterHub.services = _by_name(_current(c.JupyterHub, "services", []), [service])
+                            "--JobsServiceApp.ip=0.0.0.0"], {**service_env, **mlflow_env})
+    gateway = {"name": "mlflow", "url": f"http://{HUB_SERVICE}:{k8s_names.GATEWAY_SERVICE_PORT}",
+               "command": [sys.executable, "-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"],
+               "environment": mlflow_env, "oauth_no_confirm": True}
+    c.JupyterHub.services = _by_name(_current(c.JupyterHub, "services", []), [service, gateway])
     c.JupyterHub.custom_scopes = {**_current(c.JupyterHub, "custom_scopes", {}), **CUSTOM_SCOPES}
     services = [s["name"] for s in c.JupyterHub.services]
     c.JupyterHub.load_roles = _by_name(_current(c.JupyterHub, "load_roles", []), roles(settings, services))
