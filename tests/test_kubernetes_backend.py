@@ -347,3 +347,41 @@ def test_more_nodes_than_one_machine_or_uneven_gpus_are_refused_with_the_fix(ser
     with pytest.raises(ValidationError) as uneven:
         service.run(service.manager.submit(ALICE, {"notebook": notebook("1"), "resources": {"nodes": 2, "gpus": 3}}))
     assert uneven.value.field == "resources.gpus" and "multiple of 2" in uneven.value.fix
+
+
+KILL_MY_RUNNER_ONCE = """import os, pathlib, signal, time
+import psutil
+mark = pathlib.Path(os.environ["HOME"]) / "runner-killed"
+if not mark.exists():
+    mark.write_text("once")
+    runner = next(p for p in psutil.Process().parents() if "danlu.runner" in " ".join(p.cmdline()))
+    os.kill(runner.pid, signal.SIGKILL)
+    time.sleep(120)
+print("the second attempt ran")
+"""
+
+
+def created_trainjobs(cluster) -> int:
+    return sum(1 for method, path in cluster.requests if method == "POST" and path.endswith("/trainjobs"))
+
+
+def test_an_infrastructure_failure_is_retried_as_a_new_trainjob(service, cluster):
+    before = created_trainjobs(cluster)
+    job_id = submit(service, ALICE, KILL_MY_RUNNER_ONCE, retries=1)
+    done = wait_final(service, job_id)
+
+    assert done["state"] == "succeeded", done["reason"]
+    first, second = done["attempts"]
+    assert (first["state"], first["failure"]) == ("failed", "infrastructure")
+    assert second["state"] == "succeeded" and "the second attempt ran" in output(service, job_id)
+    assert created_trainjobs(cluster) - before == 2  # one TrainJob per attempt (danlu-<id>-1, danlu-<id>-2)
+
+
+def test_timeout_is_the_trainjobs_active_deadline(service, cluster):
+    job_id = submit(service, ALICE, "import time; time.sleep(120)", timeout_seconds=3)
+    wait_for(service, job_id, "running", lambda j: j["state"] == "running")
+    deadline = cluster.get("TrainJob", NS, names.trainjob_name(job_id, 1))["spec"]["activeDeadlineSeconds"]
+    done = wait_final(service, job_id)
+
+    assert deadline == 3
+    assert done["state"] == "timed_out", done["reason"]
