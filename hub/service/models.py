@@ -1,4 +1,4 @@
-"""The jobs service's database: jobs, attempts, the GPU ledger, queue changes, audit and usage.
+"""The jobs service's database: jobs, attempts, the GPU ledger, queue changes, audit, usage and datasets.
 
 SQLAlchemy 2 declarative models that run on SQLite (the default, a file in the
 state dir) and PostgreSQL. Notebooks, logs and outputs are files in the job's
@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -200,6 +201,43 @@ class GpuSample(Base):
     device: Mapped[int] = mapped_column(Integer, index=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
     utilization: Mapped[float] = mapped_column(Float)
+
+
+class Dataset(Base):
+    """A named dataset of the catalog and who may read it and add versions to it (empty: everyone)."""
+
+    __tablename__ = "datasets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    read_groups: Mapped[list[Any]] = mapped_column(default=list)
+    register_groups: Mapped[list[Any]] = mapped_column(default=list)
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class DatasetVersion(Base):
+    """One content of a dataset, numbered 1..n; never changed once written.
+
+    ``manifest`` is ``[relative path, size, sha256]`` of every file, ``digest`` the sha256 over it
+    (:func:`danlu.datasets.digest`); ``tables`` the columns and row counts of its tabular files.
+    """
+
+    __tablename__ = "dataset_versions"
+    __table_args__ = (UniqueConstraint("dataset", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    manifest: Mapped[list[Any]] = mapped_column(default=list)
+    files: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # more than 2 GiB on PostgreSQL
+    source: Mapped[str] = mapped_column(Text)  # PATH or ROOT:PATH, as given (normalized)
+    path: Mapped[str] = mapped_column(Text)  # the real path it resolved to
+    tables: Mapped[list[Any]] = mapped_column(default=list)
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
 def make_engine(url: str) -> Engine:
