@@ -70,23 +70,58 @@ def default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "danlu" / "dataset-digests.json"
 
 
-def digest(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None) -> DatasetDigest:
-    """The content digest of a file or folder (raises FileNotFoundError if missing)."""
+class TooManyFiles(ValueError):
+    """A folder holds more files than a caller's bound (the catalog's ``max_files``)."""
+
+
+class LinkOut(ValueError):
+    """A file of a confined folder is a symbolic link to somewhere outside it (``args[0]``: its relative path)."""
+
+
+def scan(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None,
+         max_files: int | None = None, confine: bool = False) -> tuple[DatasetDigest, list[list]]:
+    """The digest of a file or folder and its manifest, ``[relative path, size, sha256]`` per file.
+
+    With ``max_files``, a folder of more files raises :class:`TooManyFiles` as soon as the walk finds
+    one file too many, before anything is hashed. With ``confine``, a file whose real path (every
+    symbolic link followed) is outside the folder's raises :class:`LinkOut`, before anything is read.
+    """
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"dataset {path} does not exist")
     cache = _Cache(cache_file)
-    entries = []
+    if root.is_file():
+        files = [root]
+    else:
+        found = []
+        for p in root.rglob("*"):
+            if p.is_file():
+                found.append(p)
+                if max_files is not None and len(found) > max_files:
+                    raise TooManyFiles(f"{path} holds more than {max_files} files")
+        files = sorted(found)
+        if confine:
+            top = os.path.realpath(root).rstrip(os.sep) + os.sep
+            for file in files:
+                if not os.path.realpath(file).startswith(top):
+                    raise LinkOut(file.relative_to(root).as_posix())
+    manifest, entries = [], []
     total = 0
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     for file in files:
         st = file.stat()
         rel = file.name if file == root else file.relative_to(root).as_posix()
-        entries.append(f"{rel}\0{st.st_size}\0{cache.sha(file, st)}")
+        sha = cache.sha(file, st)
+        manifest.append([rel, st.st_size, sha])
+        entries.append(f"{rel}\0{st.st_size}\0{sha}")
         total += st.st_size
     cache.save()
     h = hashlib.sha256("\n".join(entries).encode()).hexdigest()
-    return DatasetDigest(name or root.name, str(root.resolve()), h, len(files), total)
+    return DatasetDigest(name or root.name, str(root.resolve()), h, len(files), total), manifest
+
+
+def digest(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None) -> DatasetDigest:
+    """The content digest of a file or folder (raises FileNotFoundError if missing)."""
+    return scan(path, name, cache_file)[0]
 
 
 def log_to_mlflow(client, run_id: str, ds: DatasetDigest, context: str = "training") -> None:
