@@ -264,6 +264,36 @@ class QueuesHandler(APIHandler):
                          "default_priority_class": settings.default_priority_class})
 
 
+class DatasetsHandler(APIHandler):
+    async def get(self):
+        self.write_json({"datasets": await self.jobs.catalog.list(self.principal())})
+
+    async def post(self):
+        who = self.principal()
+        status, body = await self.jobs.catalog.register(who, self.json_body())
+        self.write_json(body, status)
+
+
+class DatasetHandler(APIHandler):
+    def name_arg(self, value: str) -> str:
+        from danlu.hub.service.catalog import NAME
+
+        return self.path_arg(value, "name", NAME, "a dataset name")
+
+    async def get(self, name):
+        self.write_json(await self.jobs.catalog.show(self.principal(), self.name_arg(name)))
+
+
+class DatasetVersionHandler(DatasetHandler):
+    async def get(self, name, version):
+        from danlu.hub.service.catalog import VERSION
+
+        who = self.principal()
+        name = self.name_arg(name)
+        number = int(self.path_arg(version, "version", VERSION, "a version number (1, 2, ...)"))
+        self.write_json(await self.jobs.catalog.version(who, name, number))
+
+
 class UsageHandler(APIHandler):
     async def get(self):
         from danlu.hub.service import usage
@@ -292,6 +322,9 @@ def routes(prefix: str) -> list:
         (f"{api}{job}/(?P<which>output|input)", NotebookHandler),
         (f"{api}/queues", QueuesHandler),
         (f"{api}/usage", UsageHandler),
+        (f"{api}/datasets", DatasetsHandler),
+        (f"{api}/datasets/(?P<name>[^/]+)", DatasetHandler),
+        (f"{api}/datasets/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", DatasetVersionHandler),
         *admin_handlers.routes(api),
         *runner_handlers.routes(api),
         (f"{base}/metrics", admin_handlers.MetricsHandler),

@@ -3,7 +3,7 @@
 :class:`JobManager` builds the parts -- :class:`~.submission.Submission`,
 :class:`~.scheduler.Scheduler`, :class:`~.supervisor.Supervisor` (the
 execution manager), :class:`~.reports.Reports` (the runner API),
-:class:`~.queues.Queues`, :class:`~.servers.Servers` -- around one
+:class:`~.queues.Queues`, :class:`~.servers.Servers`, :class:`~.catalog.Catalog` (datasets) -- around one
 :class:`~.core.Core`, and answers for a caller: who may see or control which
 job (404, never 403, for someone else's), reading a job's log and notebooks
 through the backend, the audit log, usage, allocations. Authorization lives
@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, outputs, usage
+from danlu.hub.service.catalog import Catalog
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
 from danlu.hub.service.queues import ADMIN_FIX, Queues, require_admin
@@ -40,6 +41,7 @@ class JobManager:
         self.reports = Reports(core, self.supervisor)
         self.queues = Queues(core, self.scheduler)
         self.servers = Servers(core, self.scheduler)
+        self.catalog = Catalog(core)
 
     # shortcuts the app and the handlers use ------------------------------------------------------
     @property
