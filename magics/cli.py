@@ -1,4 +1,4 @@
-"""The ``danlu`` command's client side: jobs, queues, audit, usage, profiles.
+"""The ``danlu`` command's client side: jobs, queues, audit, usage, profiles, datasets.
 
 Each command only translates arguments into one call of the jobs service's
 REST API (through :class:`~danlu.client.DanluClient`, with ``$DANLU_URL`` and
@@ -251,6 +251,86 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _tables(version: dict) -> None:
+    for t in version.get("tables") or []:
+        columns = ", ".join(t["columns"]) if t.get("columns") is not None else "-"
+        rows = f"{t['rows']} rows" if t.get("rows") is not None else ""
+        note = f" ({t['note']})" if t.get("note") else ""
+        print(f"{'':>12}  {t['path']} [{t['format']}] {rows} columns: {columns}{note}")
+
+
+def cmd_datasets_register(args) -> int:
+    body = {"name": args.name, "path": args.path}
+    if args.description is not None:
+        body["description"] = args.description
+    if args.read_group:
+        body["read_groups"] = args.read_group
+    if args.register_group:
+        body["register_groups"] = args.register_group
+    created, version = _client(args).register_dataset(body)
+    if args.json:
+        print(json.dumps(version, indent=1))
+        return 0
+    what = "registered" if created else "unchanged: already registered as"
+    print(f"{what} {version['ref']}  {version['files']} files, {_size(version['bytes'])}, "
+          f"digest {version['digest'][:16]}")
+    return 0
+
+
+def cmd_datasets_list(args) -> int:
+    datasets = _client(args).datasets()
+    if args.json:
+        print(json.dumps(datasets, indent=1))
+        return 0
+    if not datasets:
+        print("no datasets")
+        return 0
+    print(f"{'name':<24} {'latest':>6} {'files':>8} {'size':>10} {'digest':<16}  description")
+    for ds in datasets:
+        v = ds.get("latest") or {}
+        print(f"{ds['name']:<24} {v.get('version', '-'):>6} {v.get('files', '-'):>8} "
+              f"{_size(v['bytes']) if v else '-':>10} {v.get('digest', '-')[:16]:<16}  {ds['description'][:40]}")
+    return 0
+
+
+def cmd_datasets_show(args) -> int:
+    client = _client(args)
+    name, sep, number = args.ref.partition("@")
+    if sep and not number.isdigit():
+        raise UsageError(f"{args.ref!r}: write NAME or NAME@VERSION, e.g. {name}@1")
+    data = client.dataset_version(name, int(number)) if sep else client.dataset(name)
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    if sep:
+        for key in ("ref", "digest", "files", "bytes", "source", "path", "created_by", "created_at"):
+            print(f"{key:>12}: {_size(data[key]) if key == 'bytes' else data[key]}")
+        _tables(data)
+        manifest = data.get("manifest") or []
+        for rel, size, sha in manifest[:20]:
+            print(f"{'':>12}  {sha[:12]} {_size(size):>10}  {rel}")
+        if len(manifest) > 20:
+            print(f"{'':>12}  ... {len(manifest) - 20} more files (--json lists them all)")
+        return 0
+    for key in ("name", "description", "created_by", "created_at"):
+        print(f"{key:>15}: {data[key]}")
+    print(f"{'read groups':>15}: {', '.join(data['read_groups']) or 'everyone'}")
+    print(f"{'register groups':>15}: {', '.join(data['register_groups']) or 'everyone'}")
+    print(f"{'version':>7} {'files':>8} {'size':>10} {'digest':<16}  {'created':<19} {'by':<12} source")
+    for v in data.get("versions") or []:
+        print(f"{v['version']:>7} {v['files']:>8} {_size(v['bytes']):>10} {v['digest'][:16]:<16}  "
+              f"{v['created_at'][:19]:<19} {v['created_by'][:12]:<12} {v['source']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="danlu", description="Danlu research workbench.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -336,6 +416,25 @@ def build_parser() -> argparse.ArgumentParser:
     us.add_argument("--json", action="store_true")
     us.set_defaults(func=cmd_usage)
     for p in (qs, dr, au, us):
+        client_args(p)
+    ds = sub.add_parser("datasets", help="the dataset catalog: register, list, show versions")
+    dsub = ds.add_subparsers(dest="action", metavar="ACTION")
+    rg = dsub.add_parser("register", help="register a file or folder as a version of a dataset")
+    rg.add_argument("name", help="the dataset's name (lowercase letters, digits, - _ .)")
+    rg.add_argument("path", help="PATH relative to your home, or ROOT:PATH under a dataset root")
+    rg.add_argument("--description")
+    rg.add_argument("--read-group", action="append", default=[], metavar="GROUP",
+                    help="who may read it (first registration; default everyone)")
+    rg.add_argument("--register-group", action="append", default=[], metavar="GROUP",
+                    help="who may add versions (first registration; default everyone)")
+    rg.set_defaults(func=cmd_datasets_register)
+    dl = dsub.add_parser("list", help="the datasets you may read")
+    dl.set_defaults(func=cmd_datasets_list)
+    dw = dsub.add_parser("show", help="a dataset and its versions, or one version (NAME@VERSION)")
+    dw.add_argument("ref", metavar="NAME[@VERSION]")
+    dw.set_defaults(func=cmd_datasets_show)
+    for p in (rg, dl, dw):
+        p.add_argument("--json", action="store_true")
         client_args(p)
     pr = sub.add_parser("profiles", help="profiles you may use")
     client_args(pr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import requests
 
@@ -171,3 +172,18 @@ class DanluClient:
               user: str | None = None) -> dict:
         params = {k: v for k, v in {"from": start, "to": end, "by": by, "user": user}.items() if v}
         return self.request("GET", "/usage", params=params).json()
+
+    def register_dataset(self, body: dict) -> tuple[bool, dict]:
+        """``(created, version)``: created is False when the dataset had this content already."""
+        # the service hashes every file before it answers: a large dataset takes a while
+        response = self.request("POST", "/datasets", json=body, timeout=(self.timeout, 3600))
+        return response.status_code == 201, response.json()
+
+    def datasets(self) -> list[dict]:
+        return self.request("GET", "/datasets").json()["datasets"]
+
+    def dataset(self, name: str) -> dict:
+        return self.request("GET", f"/datasets/{quote(name, safe='')}").json()
+
+    def dataset_version(self, name: str, version: int) -> dict:
+        return self.request("GET", f"/datasets/{quote(name, safe='')}/versions/{version}").json()

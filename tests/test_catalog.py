@@ -1,0 +1,268 @@
+"""The dataset catalog, in process, through the manager on a fake backend (tests/fakes.py): no hub, no HTTP.
+
+Registering the same content twice answers the same version; a changed file is a new version with a
+new digest; groups hide a dataset (404) or refuse a registrant (403 with the fix); paths that leave
+their root, directly or through a symbolic link, are refused; CSV and Parquet files get their columns
+and row counts; a folder over the file bound is refused before it is hashed. Then the CLI's
+``datasets`` commands, on a client that answers what the manager answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from danlu import cli
+from danlu.datasets import digest
+from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
+from danlu.hub.service import catalog
+
+from .fakes import FakeBackend, admin, make_manager, make_settings, serving, user
+
+ALICE = user("alice", "research")  # FakeGroups: alice in research, bob in none, carol in vision
+BOB = user("bob")
+CAROL = user("carol", "vision")
+ADMIN = admin()
+
+
+def in_loop(test):
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+@contextlib.asynccontextmanager
+async def service(tmp_path: Path):
+    """A manager whose danlu.yaml has one dataset root, ``shared``, and users' homes under the state folder."""
+    state = tmp_path / "state"
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    for name in ("alice", "bob", "carol"):
+        (state / "users" / name).mkdir(parents=True, exist_ok=True)
+    settings = make_settings(state, datasets={"roots": {"shared": str(shared)}})
+    manager = make_manager(FakeBackend(), state, settings=settings)
+    async with serving(manager):
+        yield manager
+
+
+def home(tmp_path: Path, name: str = "alice") -> Path:
+    return tmp_path / "state" / "users" / name
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+async def register(manager, who=ALICE, **body) -> tuple[int, dict]:
+    return await manager.catalog.register(who, body)
+
+
+@in_loop
+async def test_same_content_is_the_same_version_and_a_changed_file_a_new_one(tmp_path):
+    data = write(home(tmp_path) / "mnist", {"train.csv": "x,y\n1,2\n", "labels/a.txt": "a"})
+    async with service(tmp_path) as manager:
+        first = await register(manager, name="mnist", path="mnist", description="digits")
+        again = await register(manager, name="mnist", path="./mnist/")
+        (data / "labels" / "a.txt").write_text("b")
+        changed = await register(manager, name="mnist", path="mnist")
+        shown = await manager.catalog.show(ALICE, "mnist")
+        v1 = await manager.catalog.version(ALICE, "mnist", 1)
+        with pytest.raises(NotFound) as missing:
+            await manager.catalog.version(ALICE, "mnist", 3)
+        records = await manager.audit_records(ADMIN, limit=10, action="register_dataset", target=None)
+
+    assert first[0] == 201 and first[1]["version"] == 1 and first[1]["ref"] == "mnist@1"
+    assert again == (200, first[1])
+    assert changed[0] == 201 and changed[1]["version"] == 2 and changed[1]["digest"] != first[1]["digest"]
+    assert [v["version"] for v in shown["versions"]] == [1, 2] and shown["latest"]["version"] == 2
+    assert shown["description"] == "digits" and shown["read_groups"] == [] and shown["created_by"] == "alice"
+    assert v1["files"] == 2 and v1["bytes"] == len("x,y\n1,2\n") + 1 and v1["source"] == "mnist"
+    assert [row[:2] for row in v1["manifest"]] == [["labels/a.txt", 1], ["train.csv", 8]]
+    assert v1["path"] == os.path.realpath(data)
+    assert missing.value.reason == "no_such_version"
+    assert [r["target"] for r in records] == ["mnist@2", "mnist@1"]  # the unchanged registration wrote nothing
+
+
+@in_loop
+async def test_the_digest_is_the_one_jobs_log(tmp_path):
+    data = write(home(tmp_path) / "d", {"a.txt": "a", "b/c.txt": "c"})
+    expected = digest(data).digest  # before anything could change it
+    async with service(tmp_path) as manager:
+        _, version = await register(manager, name="d", path="d")
+    assert version["digest"] == expected
+
+
+@in_loop
+async def test_read_groups_hide_a_dataset_and_register_groups_refuse_with_the_fix(tmp_path):
+    write(home(tmp_path), {"faces/a.txt": "a"})
+    write(home(tmp_path, "carol"), {"faces/a.txt": "other"})
+    async with service(tmp_path) as manager:
+        await register(manager, name="faces", path="faces", read_groups=["research", "vision"],
+                       register_groups=["research"])
+        with pytest.raises(NotFound) as hidden:
+            await manager.catalog.show(BOB, "faces")
+        with pytest.raises(NotFound):
+            await manager.catalog.version(BOB, "faces", 1)
+        bobs_list = await manager.catalog.list(BOB)
+        with pytest.raises(Conflict) as taken:
+            await register(manager, BOB, name="faces", path=".")
+        carols = await manager.catalog.show(CAROL, "faces")
+        with pytest.raises(Forbidden) as refused:
+            await register(manager, CAROL, name="faces", path="faces")
+        with pytest.raises(ValidationError) as fixed:
+            await register(manager, name="faces", path="faces", read_groups=["research"])
+        by_admin = await register(manager, ADMIN, name="faces", path="shared:.")
+        listed = await manager.catalog.list(CAROL)
+
+    assert hidden.value.status == 404 and hidden.value.reason == "no_such_dataset"
+    assert bobs_list == []
+    assert taken.value.status == 409 and taken.value.reason == "name_taken"
+    assert carols["name"] == "faces"
+    assert refused.value.status == 403 and refused.value.reason == "not_a_registrant"
+    assert "research" in refused.value.fix and refused.value.field == "name"
+    assert fixed.value.field == "read_groups" and fixed.value.reason == "groups_fixed"
+    assert by_admin[0] == 201 and by_admin[1]["version"] == 2 and by_admin[1]["source"] == "shared:."
+    assert [(d["name"], d["latest"]["version"]) for d in listed] == [("faces", 2)]
+
+
+@in_loop
+async def test_paths_that_leave_their_root_are_refused(tmp_path):
+    outside = write(tmp_path / "outside", {"secret.txt": "s"})
+    write(home(tmp_path), {"data/ok.txt": "ok"})
+    os.symlink(outside, home(tmp_path) / "link")
+    os.symlink(outside / "secret.txt", home(tmp_path) / "data" / "sneaky.txt")
+    (tmp_path / "shared" / "inner").mkdir(parents=True)
+    os.symlink(outside, tmp_path / "shared" / "inner" / "out")
+    cases = {"../bob": "path_traversal", "/etc": "absolute_path", str(outside): "absolute_path",
+             "shared:../outside": "path_traversal", "nowhere:x": "unknown_dataset_root", "link": "escapes_root",
+             "shared:inner/out": "escapes_root", "data": "escapes_root", "%2e%2e/bob": "path_traversal",
+             "missing": "no_dataset"}
+    async with service(tmp_path) as manager:
+        reasons = {}
+        for path, _ in cases.items():
+            with pytest.raises(ValidationError) as refused:
+                await register(manager, name="x", path=path)
+            assert refused.value.field == "path" and refused.value.fix
+            reasons[path] = refused.value.reason
+        assert await manager.catalog.list(ADMIN) == []
+    assert reasons == cases
+
+
+@in_loop
+async def test_csv_and_parquet_files_get_columns_and_row_counts(tmp_path, monkeypatch):
+    folder = write(home(tmp_path) / "tab", {"people.csv": 'name,age,note\nann,3,"two\nlines"\nbo,4,x\n\n',
+                                            "empty.csv": "", "readme.txt": "hi"})
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        pq = None
+    else:
+        pq.write_table(pa.table({"a": [1, 2, 3], "b": ["x", "y", "z"]}), folder / "t.parquet")
+    async with service(tmp_path) as manager:
+        _, version = await register(manager, name="tab", path="tab")
+        real_import = builtins.__import__
+
+        def no_pyarrow(name, *args, **kwargs):
+            if name.startswith("pyarrow"):
+                raise ImportError(name)
+            return real_import(name, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+        (folder / "t.parquet").write_bytes(b"PAR1")
+        _, without = await register(manager, name="tab", path="tab")
+        monkeypatch.undo()
+    tables = {t["path"]: t for t in version["tables"]}
+    assert tables["people.csv"] == {"path": "people.csv", "format": "csv", "columns": ["name", "age", "note"],
+                                    "rows": 2}
+    assert tables["empty.csv"]["columns"] == [] and tables["empty.csv"]["rows"] == 0
+    if pq is not None:
+        assert tables["t.parquet"]["columns"] == ["a", "b"] and tables["t.parquet"]["rows"] == 3
+    parquet = next(t for t in without["tables"] if t["path"] == "t.parquet")
+    assert parquet["note"] == "schema not read: pyarrow is not installed" and parquet["rows"] is None
+
+
+@in_loop
+async def test_a_folder_over_the_file_bound_is_refused_before_it_is_hashed(tmp_path, monkeypatch):
+    write(home(tmp_path) / "many", {f"f{i}.txt": str(i) for i in range(4)})
+    monkeypatch.setattr(catalog, "MAX_FILES", 3)
+    hashed = []
+    monkeypatch.setattr("danlu.datasets._file_sha256", lambda p: hashed.append(p) or "0" * 64)
+    async with service(tmp_path) as manager:
+        with pytest.raises(ValidationError) as refused:
+            await register(manager, name="many", path="many")
+    assert refused.value.reason == "too_many_files" and "more than 3 files" in str(refused.value)
+    assert refused.value.fix and hashed == []
+
+
+@in_loop
+async def test_a_bad_name_or_a_service_token_is_refused(tmp_path):
+    write(home(tmp_path), {"d/a.txt": "a"})
+    async with service(tmp_path) as manager:
+        with pytest.raises(ValidationError) as bad:
+            await register(manager, name="Bad Name", path="d")
+        with pytest.raises(NotFound):
+            await manager.catalog.show(ALICE, "nothing")
+    assert bad.value.field == "name" and bad.value.reason == "invalid_field"
+
+
+# the CLI ------------------------------------------------------------------------------------------------
+class AnsweringClient:
+    """What DanluClient would return, from answers the manager gave."""
+
+    def __init__(self, answers: dict):
+        self.answers = answers
+        self.bodies = []
+
+    def register_dataset(self, body):
+        self.bodies.append(body)
+        return True, self.answers["register"]
+
+    def datasets(self):
+        return self.answers["list"]
+
+    def dataset(self, name):
+        return self.answers["show"]
+
+    def dataset_version(self, name, version):
+        return self.answers["version"]
+
+
+def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypatch, capsys):
+    write(home(tmp_path) / "tab", {"a.csv": "x\n1\n"})
+
+    async def answers():
+        async with service(tmp_path) as manager:
+            _, registered = await register(manager, name="tab", path="tab", description="a table")
+            return {"register": registered, "list": await manager.catalog.list(ALICE),
+                    "show": await manager.catalog.show(ALICE, "tab"),
+                    "version": await manager.catalog.version(ALICE, "tab", 1)}
+
+    client = AnsweringClient(asyncio.run(answers()))
+    monkeypatch.setattr(cli, "_client", lambda args: client)
+    for argv, key in ((["register", "tab", "tab"], "register"), (["list"], "list"), (["show", "tab"], "show"),
+                      (["show", "tab@1"], "version")):
+        assert cli.main(["datasets", *argv, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == client.answers[key]
+        assert cli.main(["datasets", *argv]) == 0
+        text = capsys.readouterr().out
+        assert client.answers["register"]["digest"][:16] in text and "tab" in text
+    assert cli.main(["datasets", "register", "t", "shared:x", "--read-group", "a", "--read-group", "b",
+                     "--register-group", "a", "--description", "d"]) == 0
+    assert client.bodies[-1] == {"name": "t", "path": "shared:x", "description": "d", "read_groups": ["a", "b"],
+                                 "register_groups": ["a"]}
+    capsys.readouterr()
+    assert cli.main(["datasets", "show", "tab@latest"]) == 2
+    assert "NAME@VERSION" in capsys.readouterr().err
