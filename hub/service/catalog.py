@@ -135,6 +135,14 @@ def check_registrant(principal, groups: set[str], ds: Dataset) -> None:
                             "or register the data under a new name")
 
 
+def check_groups(body: dict, ds: Dataset) -> None:
+    """Refuse groups that differ from the dataset's: only its first registration sets them."""
+    for key in ("read_groups", "register_groups"):
+        if key in body and sorted(set(body[key])) != sorted(set(getattr(ds, key) or [])):
+            raise ValidationError(f"{key}: the groups of {ds.name} were set when it was created", field=key,
+                                  reason="groups_fixed", fix=f"leave {key} out when adding a version")
+
+
 class Catalog:
     def __init__(self, core: Core):
         self.core = core
@@ -168,10 +176,7 @@ class Catalog:
         ds = await core.read(lambda s: s.get(Dataset, name))
         if ds is not None:
             check_registrant(principal, groups, ds)
-            for key in ("read_groups", "register_groups"):
-                if key in body and sorted(set(body[key])) != sorted(set(getattr(ds, key) or [])):
-                    raise ValidationError(f"{key}: the groups of {name} were set when it was created", field=key,
-                                          reason="groups_fixed", fix=f"leave {key} out when adding a version")
+            check_groups(body, ds)
         home = settings.user_home(principal.name)
         cache = settings.state_dir / "dataset-digests.json"
         async with self._hashing:
@@ -251,6 +256,7 @@ def _record(s, principal, groups: set[str], body: dict, source: str, real: str, 
         s.flush()
     else:  # it may have been created while this registration hashed
         check_registrant(principal, groups, ds)
+        check_groups(body, ds)
         if "description" in body:
             ds.description = body["description"]
     same = s.scalars(select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(
