@@ -4,7 +4,9 @@ A dataset is a file or a folder. Its digest is the sha256 of the sorted list of
 ``(relative path, size, sha256 of the content)`` of every file in it, so the
 same bytes give the same digest wherever they are and any change to any file
 changes it. Content hashes are cached by ``(path, size, mtime, inode)`` in a
-small JSON file so a large dataset is hashed once, not once per job.
+small JSON file so a large dataset is hashed once, not once per job. A version
+of the catalog is checked with :func:`verify`, which names the files that
+changed since it was registered.
 """
 
 from __future__ import annotations
@@ -122,6 +124,31 @@ def scan(path: str | os.PathLike, name: str | None = None, cache_file: Path | No
 def digest(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None) -> DatasetDigest:
     """The content digest of a file or folder (raises FileNotFoundError if missing)."""
     return scan(path, name, cache_file)[0]
+
+
+class DatasetChanged(ValueError):
+    """A catalog version's files are no longer what was registered; the message names them."""
+
+
+def changes(registered: list[list], found: list[list], limit: int = 10) -> list[str]:
+    """What differs between two manifests, as ``"a.csv changed"``, ``"b.csv removed"``, ``"c.csv added"``."""
+    before = {rel: (size, sha) for rel, size, sha in registered}
+    after = {rel: (size, sha) for rel, size, sha in found}
+    out = [f"{rel} changed" for rel in sorted(before.keys() & after.keys()) if before[rel] != after[rel]]
+    out += [f"{rel} removed" for rel in sorted(before.keys() - after.keys())]
+    out += [f"{rel} added" for rel in sorted(after.keys() - before.keys())]
+    return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def verify(path: str | os.PathLike, name: str, expected: str, manifest: list[list],
+           cache_file: Path | None = None) -> DatasetDigest:
+    """The digest of a registered version's files, or :class:`DatasetChanged` naming what changed."""
+    found, now = scan(path, name, cache_file)
+    if found.digest != expected:
+        what = changes(manifest, now) or ["its digest differs"]
+        raise DatasetChanged(f"dataset {name} changed since it was registered: {', '.join(what)}; register the "
+                             "data again for a new version, or restore it")
+    return found
 
 
 def log_to_mlflow(client, run_id: str, ds: DatasetDigest, context: str = "training") -> None:

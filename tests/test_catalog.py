@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from danlu import cli
-from danlu.datasets import digest
+from danlu.datasets import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import catalog
+from danlu.runner.base import describe_error
 
-from .fakes import FakeBackend, admin, make_manager, make_settings, serving, user
+from .fakes import FakeBackend, SlowBackend, admin, final, make_manager, make_settings, notebook, serving, until, user
 
 ALICE = user("alice", "research")  # FakeGroups: alice in research, bob in none, carol in vision
 BOB = user("bob")
@@ -41,7 +42,7 @@ def in_loop(test):
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path: Path):
+async def service(tmp_path: Path, backend: FakeBackend | None = None):
     """A manager whose danlu.yaml has one dataset root, ``shared``, and users' homes under the state folder."""
     state = tmp_path / "state"
     shared = tmp_path / "shared"
@@ -49,7 +50,7 @@ async def service(tmp_path: Path):
     for name in ("alice", "bob", "carol"):
         (state / "users" / name).mkdir(parents=True, exist_ok=True)
     settings = make_settings(state, datasets={"roots": {"shared": str(shared)}})
-    manager = make_manager(FakeBackend(), state, settings=settings)
+    manager = make_manager(backend or FakeBackend(), state, settings=settings)
     async with serving(manager):
         yield manager
 
@@ -216,6 +217,51 @@ async def test_a_bad_name_or_a_service_token_is_refused(tmp_path):
         with pytest.raises(NotFound):
             await manager.catalog.show(ALICE, "nothing")
     assert bad.value.field == "name" and bad.value.reason == "invalid_field"
+
+
+# jobs that name a version ----------------------------------------------------------------------------------
+@in_loop
+async def test_a_job_names_a_version_and_its_runner_gets_the_digest_and_manifest(tmp_path):
+    data = write(home(tmp_path) / "mnist", {"a.txt": "a"})
+    backend = SlowBackend()
+    async with service(tmp_path, backend) as manager:
+        _, v1 = await register(manager, name="mnist", path="mnist", read_groups=["research"])
+        (data / "a.txt").write_text("changed")
+        _, v2 = await register(manager, name="mnist", path="mnist")
+        status, job = await manager.submit(ALICE, {"notebook": notebook("pass"),
+                                                   "datasets": ["mnist@1", "mnist@latest"]})
+        assert status == 201, job
+        await until(lambda: backend.launches, "the job to start")
+        spec = await manager.reports.spec(job["id"], 1, backend.launches[0].token)
+        backend.finish(job["id"])
+        await final(manager, job["id"])
+        with pytest.raises(NotFound) as hidden:
+            await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mnist@1"]})
+        with pytest.raises(NotFound) as missing:
+            await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist", "mnist@7"]})
+    assert job["datasets"] == ["mnist@1", "mnist@2"]
+    first, latest = spec["datasets"]
+    assert first == {"name": "mnist@1", "path": v1["path"], "dataset": "mnist", "version": 1, "digest": v1["digest"],
+                     "manifest": [["a.txt", 1, first["manifest"][0][2]]]}
+    assert latest["digest"] == v2["digest"] and latest["manifest"][0][:2] == ["a.txt", 7]
+    assert hidden.value.field == "datasets[0]" and hidden.value.reason == "no_such_dataset"
+    assert missing.value.field == "datasets[1]" and missing.value.reason == "no_such_version"
+
+
+def test_a_version_whose_files_changed_fails_the_job_naming_them(tmp_path):
+    data = write(tmp_path / "d", {"keep.txt": "k", "edit.txt": "1", "gone.txt": "g"})
+    registered, manifest = scan(data)
+    assert verify(data, "d@1", registered.digest, manifest).digest == registered.digest
+    (data / "edit.txt").write_text("2")
+    (data / "gone.txt").unlink()
+    (data / "new.txt").write_text("n")
+    with pytest.raises(DatasetChanged) as changed:
+        verify(data, "d@1", registered.digest, manifest)
+    assert "dataset d@1 changed since it was registered: edit.txt changed, gone.txt removed, new.txt added" in str(
+        changed.value)
+    assert describe_error(changed.value) == (str(changed.value), False)  # the user's to fix: no retry
+    many = changes([[f"f{i}", 1, "a"] for i in range(12)], [])
+    assert len(many) == 11 and many[-1] == "and 2 more"
 
 
 # the CLI ------------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ and row count of its CSV (and, with pyarrow, Parquet) files. Registering content
 has a version of answers that version (200); new content is version n+1 (201). A version never
 changes: the catalog does not copy the data (datasets can be far larger than the state folder is
 sized for); instead a job that uses a version re-verifies its digest when it starts and fails, naming
-the changed files, on a mismatch (that check comes with ``--dataset NAME@VERSION``). Hashing runs on a
-thread, one registration at a time, and refuses a folder of more than :data:`MAX_FILES` files before
-reading any; a file that is a symbolic link out of the dataset's folder is refused the same way.
+the changed files, on a mismatch (:meth:`Catalog.resolve` for submission, ``danlu.datasets.verify`` in
+the runner). Hashing runs on a thread, one registration at a time, and refuses a folder of more than
+:data:`MAX_FILES` files before reading any; a file that is a symbolic link out of the dataset's folder
+is refused the same way.
 
 Groups: ``read_groups`` and ``register_groups`` (empty: everyone) are set by the first registration;
 admins may do anything. Someone outside ``read_groups`` gets a 404 for the dataset, never a 403, as
@@ -44,6 +45,8 @@ HEAD_BYTES = 64 * 1024
 MAX_COUNT_BYTES = 256 * 1024 * 1024
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,62}[a-z0-9])?$")
 VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
+#: how a job names a catalog version: ``NAME@VERSION`` or ``NAME@latest``
+REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)@([1-9][0-9]{0,8}|latest)$")
 FIND_FIX = "see the datasets you may read with 'danlu datasets list' or GET /datasets"
 
 
@@ -219,6 +222,37 @@ class Catalog:
             raise NotFound(f"dataset {name} has no version {version}", reason="no_such_version", field="version",
                            fix=f"see its versions with 'danlu datasets show {name}'")
         return version_to_dict(row, manifest=True)
+
+
+    async def resolve(self, principal, ref: str, field: str) -> dict:
+        """A job's dataset entry for ``NAME@VERSION`` (or ``NAME@latest``): the version's real path and digest."""
+        name, version = REF.match(ref).groups()
+        groups = await self._groups(principal)
+
+        def query(s):
+            ds = s.get(Dataset, name)
+            if ds is None or not member(principal, groups, ds.read_groups):
+                return None, None
+            q = select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(DatasetVersion.dataset == name)
+            q = q.order_by(DatasetVersion.version.desc()) if version == "latest" else \
+                q.where(DatasetVersion.version == int(version))
+            return ds, s.scalars(q.limit(1)).first()
+
+        ds, row = await self.core.read(query)
+        if ds is None:
+            raise NotFound(f"{field}: dataset {name} not found", reason="no_such_dataset", field=field, fix=FIND_FIX)
+        if row is None:
+            raise NotFound(f"{field}: dataset {name} has no version {version}", reason="no_such_version",
+                           field=field, fix=f"see its versions with 'danlu datasets show {name}'")
+        return {"name": f"{name}@{row.version}", "path": row.path, "dataset": name, "version": row.version,
+                "digest": row.digest}
+
+
+def manifest_of(s, dataset: str, version: int) -> list:
+    """The manifest of a version (for a job's spec: the runner names the files that changed)."""
+    row = s.scalars(select(DatasetVersion).where(DatasetVersion.dataset == dataset,
+                                                 DatasetVersion.version == version)).first()
+    return list(row.manifest or []) if row is not None else []
 
 
 def _hash(value: str, home: Path, roots: dict, cache: Path):

@@ -37,11 +37,11 @@ class JobManager:
         self.core = core = Core(**kwargs)
         self.supervisor = Supervisor(core)
         self.scheduler = Scheduler(core, self.supervisor)
-        self.submission = Submission(core, self.scheduler)
+        self.catalog = Catalog(core)
+        self.submission = Submission(core, self.scheduler, self.catalog)
         self.reports = Reports(core, self.supervisor)
         self.queues = Queues(core, self.scheduler)
         self.servers = Servers(core, self.scheduler)
-        self.catalog = Catalog(core)
 
     # shortcuts the app and the handlers use ------------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from danlu.errors import DanluError, Forbidden, ValidationError
 from danlu.hub.service import outputs, validation
+from danlu.hub.service.catalog import manifest_of
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import Job, JobInput
 from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
@@ -117,7 +118,8 @@ def _spec(s, job_id: str, number: int, digest: str) -> dict:
         "nproc": job.nproc, "nnodes": job.nnodes, "gpus": job.gpus // max(1, job.nnodes),  # per node
         "devices": list(attempt.devices or []), "queue": job.queue,
         "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
-        "datasets": list(job.datasets or []), "experiment": job.experiment, "source": job.source,
+        "datasets": [{**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("digest") else d
+                     for d in job.datasets or []], "experiment": job.experiment, "source": job.source,
         "cell_sha256": job.cell_sha256,
         "tracking": {"run_id": tracking.get("run_id") or job.mlflow_run_id,
                      "experiment_id": tracking.get("experiment_id")},

@@ -4,9 +4,10 @@
 notebook, the parameters, the profile policy of the owner's groups, the
 queue, the priority class, limits, whether the job could ever start here, the
 working folder and the datasets (confined to their roots on their real
-paths), the MLflow experiment -- before anything is written. Then the job's
-row (identity, profile, resources, parameters, datasets with their resolved
-paths, the cell's sha256) and its notebook (a row of its own) are committed
+paths, or catalog versions ``NAME@VERSION`` the owner may read), the MLflow
+experiment -- before anything is written. Then the job's row (identity,
+profile, resources, parameters, datasets with their resolved paths and, for
+catalog versions, digests, the cell's sha256) and its notebook (a row of its own) are committed
 in state ``queued`` with a ``submit`` audit record. That row is the job's
 spec: what runs, and as whom, comes from here at every start, never from a
 file the job could write. A dry run answers with the same checks and one
@@ -26,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from danlu.errors import Forbidden, PolicyError, ValidationError
 from danlu.hub.service import audit, quotas, validation
 from danlu.hub.service.admission import Workload
+from danlu.hub.service.catalog import REF
 from danlu.hub.service.core import Core, workload_of
 from danlu.hub.service.models import Job, JobInput, utcnow
 from danlu.hub.service.scheduler import DRAINING, Scheduler
@@ -34,9 +36,10 @@ from danlu.hub.service.views import cell_sha256
 
 
 class Submission:
-    def __init__(self, core: Core, scheduler: Scheduler):
+    def __init__(self, core: Core, scheduler: Scheduler, catalog=None):
         self.core = core
         self.scheduler = scheduler
+        self.catalog = catalog
 
     def _workdir(self, home: Path, cwd: str) -> Path:
         workdir = home / cwd
@@ -89,8 +92,10 @@ class Submission:
                                   "max runtime)", field="timeout_seconds",
                                   fix="ask for less, or leave it out for the workbench's maximum")
         cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
+        refs = {i: ds for i, ds in enumerate(body.get("datasets", [])) if self.catalog and REF.match(ds)}
         for i, ds in enumerate(body.get("datasets", [])):
-            validation.check_dataset(ds, f"datasets[{i}]", settings.dataset_roots)
+            if i not in refs:
+                validation.check_dataset(ds, f"datasets[{i}]", settings.dataset_roots)
         source = dict(body.get("source", {}))
         if source.get("notebook_path"):
             source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
@@ -111,6 +116,9 @@ class Submission:
         workdir = self._workdir(home, cwd)
         datasets = []
         for i, ds in enumerate(body.get("datasets", [])):
+            if i in refs:  # a catalog version: its files are re-verified against its digest when the job starts
+                datasets.append(await self.catalog.resolve(principal, ds, f"datasets[{i}]"))
+                continue
             name, path = validation.resolve_dataset(ds, workdir=workdir, home=home, roots=settings.dataset_roots,
                                                     field=f"datasets[{i}]")
             datasets.append({"name": name, "path": str(path)})

@@ -48,8 +48,8 @@ def describe_error(error: BaseException) -> tuple[str, bool]:
         return "the kernel died (killed, or out of memory)", True
     if name == "CellTimeoutError":
         return "a cell timed out", False
-    if isinstance(error, FileNotFoundError):
-        return str(error), False  # a dataset that vanished: retrying will not bring it back
+    if isinstance(error, FileNotFoundError) or name == "DatasetChanged":
+        return str(error), False  # a dataset that vanished or changed: retrying will not bring it back
     if isinstance(error, subprocess.CalledProcessError):
         return f"{error.cmd[0]} exited with {error.returncode}", True
     return f"{name}: {error}"[:500], True
@@ -167,7 +167,11 @@ class JobRunner:
         digests = []
         for ds in self.spec.get("datasets", []):
             try:
-                digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
+                if ds.get("digest"):  # a catalog version: the files must still be what was registered
+                    digest = datasets.verify(ds["path"], ds["name"], ds["digest"], ds.get("manifest") or [],
+                                             cache_file=datasets.default_cache())
+                else:
+                    digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
             except FileNotFoundError:
                 raise FileNotFoundError(f"dataset {ds['name']} is gone (it was at {ds['path']})") from None
             print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
