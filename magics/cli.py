@@ -357,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory", help="memory, e.g. 16G")
     s.add_argument("--name")
     s.add_argument("--experiment")
-    s.add_argument("--dataset", action="append", default=[])
+    s.add_argument("--dataset", action="append", default=[],
+                   help="PATH (relative to --cwd), ROOT:PATH, or a catalog version NAME@VERSION or NAME@latest")
     s.add_argument("--cwd", help="working directory relative to your home")
     s.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"))
     s.add_argument("--wait", action="store_true", help="stream the log until the job ends")

@@ -269,8 +269,9 @@ class TrainMagics(Magics):
     @argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
               help="A parameter, injected by papermill (repeatable).")
     @argument("--dataset", action="append", default=[], metavar="PATH",
-              help="A dataset (path relative to the notebook's folder, or <root>:<path>) recorded with its "
-                   "content digest (repeatable).")
+              help="A dataset (path relative to the notebook's folder, <root>:<path>, or a catalog version "
+                   "NAME@VERSION or NAME@latest, re-verified at start) recorded with its content digest "
+                   "(repeatable).")
     @argument("--wait", dest="wait", action="store_true", default=False,
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
