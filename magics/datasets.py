@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +33,20 @@ class DatasetDigest:
         return {"name": self.name, "path": self.path, "digest": self.digest, "files": self.files, "bytes": self.bytes}
 
 
+def open_regular(path: Path):
+    """A file opened for reading only if it is a regular file when opened (never blocking on a FIFO or a
+    device swapped in after the walk saw a file); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while block := f.read(CHUNK):
             h.update(block)
     return h.hexdigest()

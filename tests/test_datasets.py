@@ -141,3 +141,14 @@ def test_corrupt_cache_file_is_ignored(tmp_path, hash_calls):
     assert len(hash_calls) == 3
     assert result.digest == datasets.digest(folder).digest
     assert len(json.loads(cache.read_text())) == 3
+
+
+def test_a_fifo_swapped_in_for_a_file_is_refused_without_blocking(tmp_path):
+    import os
+
+    from danlu.datasets import open_regular
+
+    fifo = tmp_path / "data.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        open_regular(fifo)  # a plain open() would wait here for a writer forever

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import io
 import os
 import re
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
-from danlu.datasets import LinkOut, TooManyFiles, scan
+from danlu.datasets import LinkOut, TooManyFiles, open_regular, scan
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, validation
 from danlu.hub.service.core import Core
@@ -53,7 +54,7 @@ FIND_FIX = "see the datasets you may read with 'danlu datasets list' or GET /dat
 # tabular files ------------------------------------------------------------------------------------------
 def csv_table(path: Path) -> dict:
     """Columns (from the header in the first 64 KiB) and row count (records after the header) of a CSV file."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(HEAD_BYTES)
     lines = head.decode("utf-8-sig", "replace").splitlines()
     columns = next(csv.reader(lines[:1]), []) if lines else []
@@ -61,7 +62,7 @@ def csv_table(path: Path) -> dict:
     if size > MAX_COUNT_BYTES:
         return {"columns": columns, "rows": None,
                 "note": f"rows not counted: the file is over {MAX_COUNT_BYTES // 2**20} MiB"}
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+    with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as f:
         records = sum(1 for row in csv.reader(f) if row)
     return {"columns": columns, "rows": max(0, records - 1)}
 
@@ -71,7 +72,8 @@ def parquet_table(path: Path) -> dict:
         import pyarrow.parquet as pq
     except ImportError:
         return {"columns": None, "rows": None, "note": "schema not read: pyarrow is not installed"}
-    meta = pq.ParquetFile(path).metadata
+    with open_regular(path) as f:  # only the footer is read (pyarrow parses it: see docs/security.md)
+        meta = pq.ParquetFile(f).metadata
     return {"columns": list(meta.schema.to_arrow_schema().names), "rows": meta.num_rows}
 
 
