@@ -312,3 +312,25 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
     capsys.readouterr()
     assert cli.main(["datasets", "show", "tab@latest"]) == 2
     assert "NAME@VERSION" in capsys.readouterr().err
+
+
+def test_with_unix_accounts_the_files_are_read_in_a_child_process_as_the_user(tmp_path):
+    """The same answer as in-process, and the same refusals, from a process running as the account."""
+    import getpass
+    import os
+
+    from danlu.errors import ValidationError
+    from danlu.hub.accounts import Account
+    from danlu.hub.service import catalog
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "t.csv").write_text("a,b\n1,2\n3,4\n")
+    account = Account(getpass.getuser(), os.getuid(), os.getgid(), str(home))
+    here = catalog._hash("data", home, {}, None)
+    there = catalog._hash_as(account, "data", home, {})
+    assert there == here and there[3][0]["rows"] == 2
+    os.symlink("/etc/hostname", home / "data" / "out")
+    with pytest.raises(ValidationError) as escaped:
+        catalog._hash_as(account, "data", home, {})
+    assert escaped.value.reason == "escapes_root"

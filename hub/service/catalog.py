@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
-from danlu.datasets import LinkOut, TooManyFiles, open_regular, scan
+from danlu.datasets import DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, validation
 from danlu.hub.service.core import Core
@@ -183,10 +183,14 @@ class Catalog:
             check_registrant(principal, groups, ds)
             check_groups(body, ds)
         home = settings.user_home(principal.name)
-        cache = settings.state_dir / "dataset-digests.json"
+        account = settings.account(principal.name)
         async with self._hashing:
-            real, found, manifest, tables = await asyncio.to_thread(_hash, body["path"], home, settings.dataset_roots,
-                                                                    cache)
+            if account is None:  # one account for everything: this process reads, with a digest cache
+                real, found, manifest, tables = await asyncio.to_thread(
+                    _hash, body["path"], home, settings.dataset_roots, settings.state_dir / "dataset-digests.json")
+            else:  # as the user: the service never reads for them what they could not read themselves
+                real, found, manifest, tables = await asyncio.to_thread(
+                    _hash_as, account, body["path"], home, settings.dataset_roots)
         async with core.lock:  # the audit chain has one writer at a time
             status, row = await core.db(_record, principal, groups, body, source, str(real), found, manifest, tables)
         core.log.info("dataset %s@%s %s by %s (%s files, %s bytes)", name, row["version"],
@@ -257,7 +261,51 @@ def manifest_of(s, dataset: str, version: int) -> list:
     return list(row.manifest or []) if row is not None else []
 
 
-def _hash(value: str, home: Path, roots: dict, cache: Path):
+SCAN_TIMEOUT = 3600.0  # seconds a registration's scan may take as the user (a large dataset hashes for long)
+
+
+def _hash_as(account, value: str, home: Path, roots: dict):
+    """:func:`_hash` in a child process running as ``account`` (no digest cache: it is the service's)."""
+    import json
+    import subprocess
+    import sys
+
+    request = json.dumps({"value": value, "home": str(home), "roots": {k: str(v) for k, v in roots.items()}})
+    try:
+        done = subprocess.run([sys.executable, "-m", "danlu.hub.service.catalog"], input=request.encode(),
+                              capture_output=True, timeout=SCAN_TIMEOUT, user=account.uid, group=account.gid,
+                              extra_groups=os.getgrouplist(account.name, account.gid), cwd="/", env={
+                                  "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)})
+    except subprocess.TimeoutExpired:
+        raise ValidationError(f"path: reading {value[:200]} took over {SCAN_TIMEOUT:g} s", field="path",
+                              reason="too_slow", fix="register a smaller dataset, or parts of it") from None
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        raise RuntimeError(f"reading the dataset as {account.name} failed: {done.stderr[-500:]!r}") from None
+    if "error" in answer:
+        raise ValidationError(**answer["error"])
+    found = DatasetDigest(**answer["found"])
+    return Path(answer["real"]), found, answer["manifest"], answer["tables"]
+
+
+def _child_main() -> int:
+    """``python -m danlu.hub.service.catalog``: :func:`_hash` of the request on stdin, as JSON on stdout."""
+    import json
+    import sys
+
+    request = json.loads(sys.stdin.read(1 << 20))
+    try:
+        real, found, manifest, tables = _hash(request["value"], Path(request["home"]),
+                                              {k: Path(v) for k, v in request["roots"].items()}, None)
+    except ValidationError as e:
+        json.dump({"error": {"message": e.message, "field": e.field, "reason": e.reason, "fix": e.fix}}, sys.stdout)
+        return 0
+    json.dump({"real": str(real), "found": found.to_dict(), "manifest": manifest, "tables": tables}, sys.stdout)
+    return 0
+
+
+def _hash(value: str, home: Path, roots: dict, cache: Path | None):
     """On a thread: the real path (confined to its root), its digest and manifest, its tables."""
     _, real = validation.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
     try:
@@ -308,3 +356,7 @@ def _record(s, principal, groups: set[str], body: dict, source: str, real: str, 
     audit.append(s, principal.name, "register_dataset", f"{name}@{row.version}",
                  after={"digest": found.digest, "files": found.files, "bytes": found.bytes, "source": source})
     return 201, version_to_dict(row)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main())

@@ -438,3 +438,22 @@ print("RESULT " + json.dumps(results), flush=True)
                        "no credentials": 401, "alice's name": 401}
     run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=wb.tokens[ALICE]).json()["run"]
     assert run["info"]["lifecycle_stage"] == "active" and "bob" not in {t["key"] for t in run["data"]["tags"]}
+
+
+def test_registering_a_dataset_reads_it_as_bob_never_as_root(wb):
+    """The service runs as root; a registration must not tell bob what a file he cannot read holds."""
+    bob = wb.users[BOB]
+    folder = Path(bob.home) / "leak"
+    folder.mkdir(exist_ok=True)
+    os.chown(folder, bob.uid, bob.gid)
+    secret = folder / "secret.csv"
+    secret.write_text("root_only_column,another\n1,2\n")
+    os.chmod(secret, 0o600)  # root's, in bob's folder: bob cannot read it
+    refused_answer = wb.api("POST", "/datasets", token=wb.tokens[BOB], json={"name": "leak", "path": "leak"})
+    os.remove(secret)
+    (folder / "mine.csv").write_text("x\n1\n")
+    os.chown(folder / "mine.csv", bob.uid, bob.gid)
+    mine = wb.api("POST", "/datasets", token=wb.tokens[BOB], json={"name": "mine", "path": "leak"})
+
+    assert refused_answer.status_code == 422 and "root_only_column" not in refused_answer.text, refused_answer.text
+    assert mine.status_code == 201 and mine.json()["tables"][0]["columns"] == ["x"], mine.text
