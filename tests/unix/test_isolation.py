@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -445,14 +446,15 @@ def test_registering_a_dataset_reads_it_as_bob_never_as_root(wb):
     bob = wb.users[BOB]
     folder = Path(bob.home) / "leak"
     folder.mkdir(exist_ok=True)
-    os.chown(folder, bob.uid, bob.gid)
+    gid = pwd.getpwnam(bob.name).pw_gid
+    os.chown(folder, bob.uid, gid)
     secret = folder / "secret.csv"
     secret.write_text("root_only_column,another\n1,2\n")
     os.chmod(secret, 0o600)  # root's, in bob's folder: bob cannot read it
     refused_answer = wb.api("POST", "/datasets", token=wb.tokens[BOB], json={"name": "leak", "path": "leak"})
     os.remove(secret)
     (folder / "mine.csv").write_text("x\n1\n")
-    os.chown(folder / "mine.csv", bob.uid, bob.gid)
+    os.chown(folder / "mine.csv", bob.uid, gid)
     mine = wb.api("POST", "/datasets", token=wb.tokens[BOB], json={"name": "mine", "path": "leak"})
 
     assert refused_answer.status_code == 422 and "root_only_column" not in refused_answer.text, refused_answer.text
