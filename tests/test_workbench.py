@@ -75,7 +75,8 @@ def test_train_cell_job_succeeds(alice_job):
     job = alice_job["job"]
     check_schema("Job", job)  # the API answers what its OpenAPI document says
     assert job["state"] == "succeeded", job
-    assert job["resources"] == {"nproc": 2, "gpus": 0, "gpu_type": None, "cpu": 2.0, "memory": 0.0}
+    assert job["resources"] == {"nproc": 2, "nodes": 1, "gpus": 0, "gpu_type": None, "cpu": 2.0,
+                                "memory": 0.0}
     assert job["profile"] == "python"
     assert job["source"]["notebook_path"] == "work/mnist.ipynb"
     assert job["source"]["included_cells"] == ["setup-cell"]
