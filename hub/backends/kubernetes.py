@@ -338,9 +338,6 @@ class KubernetesBackend(Backend):
     def user_home(self, owner: str) -> str | None:
         return names.HOME
 
-    def get_state(self, job_id: str) -> dict:
-        return {}
-
     async def shutdown(self) -> None:
         if self._client is not None:
             await self._client.close()

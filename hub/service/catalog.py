@@ -285,8 +285,11 @@ def _hash_as(account, value: str, home: Path, roots: dict):
         raise RuntimeError(f"reading the dataset as {account.name} failed: {done.stderr[-500:]!r}") from None
     if "error" in answer:
         raise ValidationError(**answer["error"])
-    found = DatasetDigest(**answer["found"])
-    return Path(answer["real"]), found, answer["manifest"], answer["tables"]
+    # the child runs as the user, who could tamper with it: what it says is only about the user's own data,
+    # and where that data is comes from the service's own resolution, not from the child
+    _, real = validation.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
+    found = DatasetDigest(**{**answer["found"], "path": str(real)})
+    return real, found, answer["manifest"], answer["tables"]
 
 
 def _child_main() -> int:
