@@ -156,6 +156,43 @@ def server_environment(config: Path, secret: str) -> dict:
 
 
 # provisioning, as the workbench's MLflow admin ---------------------------------------------------
+
+#: the most bytes of one MLflow answer the workbench reads (a run with many metrics and tags fits)
+MAX_ANSWER = 16 * 2**20
+
+
+async def rest(url: str, headers: dict, method: str, path: str, *, params: dict | None = None,
+               body: dict | None = None, timeout: float = 30.0, max_body: int = MAX_ANSWER) -> tuple[int, dict]:
+    """``(status, JSON object)`` of one MLflow REST call, async, with a timeout and at most ``max_body``
+    bytes of answer (a non-object answer is ``{}``); Unreachable when MLflow does not answer or fails (5xx).
+    The one client of MLflow's REST API on the service side: users, the model registry, run metrics."""
+    from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+    target = f"{url}{path}" + (f"?{urlencode(params)}" if params else "")
+    request = HTTPRequest(target, method=method, headers=headers, request_timeout=timeout,
+                          body=json.dumps(body) if body is not None else None, allow_nonstandard_methods=True)
+    client = AsyncHTTPClient(force_instance=True, max_body_size=max_body)
+    try:
+        response = await client.fetch(request, raise_error=False)
+    except (HTTPClientError, OSError) as e:
+        raise Unreachable(f"MLflow is not answering: {e}", reason="mlflow_unreachable") from None
+    finally:
+        client.close()
+    if response.code == 599 or response.code >= 500:
+        raise Unreachable(f"MLflow answered {response.code} to {method} {path}", reason="mlflow_unreachable")
+    try:
+        data = json.loads(response.body or b"{}")
+    except ValueError:
+        data = {}
+    return response.code, data if isinstance(data, dict) else {}
+
+
+def refused(what: str, code: int, data: dict) -> DanluError:
+    """MLflow said no to something the workbench needed (a 502: the service's dependency failed)."""
+    return DanluError(f"MLflow refused to {what} ({code}): {str(data.get('message', ''))[:300]}",
+                      reason="mlflow_refused", status=502)
+
+
 class MlflowUsers:
     """Hub identities in MLflow's user store, and questions about who may write where.
 
@@ -173,27 +210,9 @@ class MlflowUsers:
         self._known: dict[str, bool | None] = {}  # user -> their admin flag in MLflow (None: unknown)
 
     async def _call(self, method: str, path: str, params: dict | None = None, body: dict | None = None):
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+        return await rest(self.url, self._headers, method, path, params=params, body=body, timeout=self.timeout)
 
-        url = f"{self.url}{path}" + (f"?{urlencode(params)}" if params else "")
-        request = HTTPRequest(url, method=method, headers=self._headers, request_timeout=self.timeout,
-                              body=json.dumps(body) if body is not None else None)
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except (HTTPClientError, OSError) as e:
-            raise Unreachable(f"MLflow is not answering: {e}", reason="mlflow_unreachable") from None
-        if response.code >= 500:
-            raise Unreachable(f"MLflow answered {response.code} to {method} {path}", reason="mlflow_unreachable")
-        try:
-            data = json.loads(response.body or b"{}")
-        except ValueError:
-            data = {}
-        return response.code, data if isinstance(data, dict) else {}
-
-    @staticmethod
-    def _refused(what: str, code: int, data: dict) -> DanluError:
-        return DanluError(f"MLflow refused to {what} ({code}): {data.get('message', '')}", reason="mlflow_refused",
-                          status=502)
+    _refused = staticmethod(refused)
 
     async def ensure_user(self, name: str, admin: bool | None = None) -> None:
         """Make ``name`` an MLflow user with its derived password; set its admin flag to ``admin``.

@@ -10,7 +10,8 @@ In a notebook of a Danlu server::
     %%train --nproc 2 --param lr=0.01 --wait
     ...  # runs as a job, tracked in MLflow
 
-Inside a job, :func:`log_dataset` records a dataset as an input of the job's
+:func:`dataset` hands code a catalog version's path, verified and recorded as
+an input of the run. Inside a job, :func:`log_dataset` records a dataset as an input of the job's
 MLflow run and :func:`checkpoint_dir` is where to save checkpoints. This
 package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
 (folder ``hub/``) runs beside JupyterHub.
@@ -59,3 +60,18 @@ def log_dataset(path, name: str | None = None, context: str = "training"):
 
         datasets.log_to_mlflow(MlflowClient(), run.info.run_id, digest, context=context)
     return digest
+
+
+def dataset(ref: str, context: str = "training") -> Path:
+    """The path of a catalog dataset version (``NAME@VERSION``, ``NAME@latest`` or ``NAME``), for reading.
+
+    Inside a job it is resolved by the jobs service as the job's owner, who must be in the dataset's read
+    groups (else :class:`~danlu.errors.NotFound`), and the use is recorded (``GET /jobs/{id}``'s ``inputs``);
+    outside one, with your hub token. Either way the files are verified against the version's digest
+    (:class:`~danlu.datasets.DatasetChanged` names the files that changed) and the version is logged as an
+    input of the MLflow run (the job's; outside a job, the active run if any) with ``context``
+    (``"training"`` or ``"evaluation"``).
+    """
+    from danlu import datasets
+
+    return datasets.use(ref, context)

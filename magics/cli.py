@@ -1,4 +1,4 @@
-"""The ``danlu`` command's client side: jobs, queues, audit, usage, profiles, datasets.
+"""The ``danlu`` command's client side: jobs, queues, audit, usage, profiles, datasets, reproduce.
 
 Each command only translates arguments into one call of the jobs service's
 REST API (through :class:`~danlu.client.DanluClient`, with ``$DANLU_URL`` and
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from danlu.errors import DanluError, UsageError
@@ -66,7 +67,8 @@ def cmd_submit(args) -> int:
     body = {"notebook": json.loads(nbformat.writes(nb)), "parameters": params, "resources": resources,
             "name": args.name or None, "profile": args.profile, "queue": args.queue, "priority": args.priority,
             "retries": args.retries, "timeout_seconds": args.timeout, "experiment": args.experiment,
-            "datasets": args.dataset or None, "cwd": args.cwd,
+            "datasets": (args.dataset + [{"ref": r, "context": "evaluation"} for r in args.eval_dataset]) or None,
+            "cwd": args.cwd,
             "source": {"notebook_path": str(path) if not path.is_absolute() else path.name}}
     body = {k: v for k, v in body.items() if v is not None}
     if args.dry_run:
@@ -88,14 +90,26 @@ def cmd_submit(args) -> int:
 
 
 def cmd_list(args) -> int:
-    jobs = _client(args).jobs(state=args.state, owner=args.owner, queue=args.queue)
-    if args.json:
-        print(json.dumps(jobs, indent=1))
-    elif not jobs:
-        print("no jobs")
-    else:
-        for job in jobs:
+    """Jobs newest first, page by page: printed as they come (``--json``: one array of the API's jobs), so
+    ``--all`` over any number of jobs holds one page at a time."""
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: give at least 1 (or --all)")
+    cursors: list = []
+    jobs = _client(args).iter_jobs(state=args.state, owner=args.owner, queue=args.queue, cursor=args.cursor,
+                                   limit=None if args.all else (args.limit or 200), pages=cursors)
+    count = 0
+    for job in jobs:
+        if args.json:
+            sys.stdout.write(("[\n" if count == 0 else ",\n") + textwrap.indent(json.dumps(job, indent=1), " "))
+        else:
             print(_row(job))
+        count += 1
+    if args.json:
+        print("\n]" if count else "[]")
+    elif not count:
+        print("no jobs")
+    if cursors and cursors[-1]:
+        print(f"more jobs: add --all, or --cursor {cursors[-1]} for the next ones", file=sys.stderr)
     return 0
 
 
@@ -106,7 +120,7 @@ def cmd_show(args) -> int:
         return 0
     for key in ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority", "queue_position",
                 "estimated_start", "retry_at", "created_at", "started_at", "finished_at", "elapsed_seconds",
-                "mlflow_run_url", "output_url"):
+                "mlflow_run_url", "output_url", "reproduces"):
         if job.get(key) not in (None, ""):
             print(f"{key:>15}: {job[key]}")
     print(f"{'resources':>15}: {job['resources']['nproc']} process(es), {job['resources']['gpus']} GPU(s)")
@@ -120,6 +134,8 @@ def cmd_show(args) -> int:
             print(f"{'':>15}  {note}")
     for attempt in job["attempts"]:
         print(f"{'attempt ' + str(attempt['number']):>15}: {attempt['state']} {attempt.get('reason') or ''}")
+    for i, used in enumerate(job.get("inputs") or []):
+        print(f"{'inputs' if i == 0 else '':>15}: {used['ref']:<28} {used['context']:<10} digest {used['digest'][:16]}")
     return 0
 
 
@@ -267,6 +283,17 @@ def _tables(version: dict) -> None:
         print(f"{'':>12}  {t['path']} [{t['format']}] {rows} columns: {columns}{note}")
 
 
+def _users(used_by: list[dict]) -> None:
+    """The jobs that used a version (the ones the caller may see, newest first)."""
+    if not used_by:
+        print(f"{'used by':>12}: no job you can see")
+        return
+    print(f"{'used by':>12}: {'job':<12} {'owner':<12} {'state':<10} {'context':<10} mlflow run")
+    for u in used_by:
+        print(f"{'':>12}  {u['job_id']:<12} {u['owner'][:12]:<12} {u['state']:<10} {u['context']:<10} "
+              f"{u.get('mlflow_run_id') or '-'}")
+
+
 def cmd_datasets_register(args) -> int:
     body = {"name": args.name, "path": args.path}
     if args.description is not None:
@@ -319,6 +346,7 @@ def cmd_datasets_show(args) -> int:
             print(f"{'':>12}  {sha[:12]} {_size(size):>10}  {rel}")
         if len(manifest) > 20:
             print(f"{'':>12}  ... {len(manifest) - 20} more files (--json lists them all)")
+        _users(data.get("used_by") or [])
         return 0
     for key in ("name", "description", "created_by", "created_at"):
         print(f"{key:>15}: {data[key]}")
@@ -328,6 +356,98 @@ def cmd_datasets_show(args) -> int:
     for v in data.get("versions") or []:
         print(f"{v['version']:>7} {v['files']:>8} {_size(v['bytes']):>10} {v['digest'][:16]:<16}  "
               f"{v['created_at'][:19]:<19} {v['created_by'][:12]:<12} {v['source']}")
+    return 0
+
+
+def _short(value, width: int = 30) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):  # a dataset: its ref and digest
+        value = f"{value.get('ref')} {(value.get('digest') or 'no digest')[:12]}"
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def print_comparison(data: dict) -> None:
+    """A comparison of two jobs as a table of what differs, then a line that sums each part up."""
+    rows = [(part, row["name"], _short(row["a"]), _short(row["b"]), "")
+            for part in ("parameters", "environment", "datasets") for row in data[part]]
+    diffs = {}
+    for row in data["source"]:
+        rows.append(("source", row["what"], _short(row["a"], 14), _short(row["b"], 14), ""))
+        diffs[len(rows) - 1] = (row.get("diff") or "").splitlines()[2:]  # past the ---/+++ header
+    for row in data["metrics"] if isinstance(data["metrics"], list) else []:
+        delta = f"{row['delta']:+.6g}" if isinstance(row.get("delta"), (int, float)) else ""
+        rows.append(("metrics", row["name"], _short(row["a"]), _short(row["b"]), delta))
+    print(f"{'':<12} {'':<24} {'a: ' + data['a']:<30} {'b: ' + data['b']:<30}".rstrip())
+    for i, (part, name, a, b, delta) in enumerate(rows):
+        print(f"{part:<12} {name[:24]:<24} {a:<30} {b:<30} {delta}".rstrip())
+        for line in diffs.get(i, []):
+            print(f"{'':<15}{line}".rstrip())
+    verdicts = {True: "identical", False: "differ", None: "unknown"}
+    print("; ".join(f"{part} {verdicts[data['identical'][part]]}"
+                    for part in ("parameters", "environment", "source", "datasets", "metrics")))
+
+
+def cmd_reproduce(args) -> int:
+    import time
+
+    from danlu.client import FINAL_STATES
+
+    client = _client(args)
+    job = client.reproduce(args.id)
+    if not args.wait:
+        if args.json:
+            print(json.dumps(job, indent=1))
+        else:
+            print(f"submitted {job['id']} ({job['state']}), reproducing {args.id}")
+        return 0
+    if not args.json:
+        print(f"submitted {job['id']} ({job['state']}), reproducing {args.id}; waiting for it to end")
+    while job["state"] not in FINAL_STATES:
+        time.sleep(2)
+        job = client.job(job["id"])
+    comparison = client.compare(args.id, job["id"])
+    if args.json:
+        print(json.dumps({"job": job, "compare": comparison}, indent=1))
+    else:
+        print(f"{job['id']} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
+        print_comparison(comparison)
+    return 0 if job["state"] == "succeeded" else 1
+
+
+def cmd_diff(args) -> int:
+    data = _client(args).compare(args.a, args.b)
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print_comparison(data)
+    return 0
+
+
+LINEAGE_ORDER = ("model_version", "approval", "evaluation", "run", "job", "notebook", "cell", "dataset_version",
+                 "environment")
+
+
+def cmd_lineage(args) -> int:
+    name, sep, number = args.ref.partition("@")
+    version = args.version if args.version is not None else (number if sep else None)
+    if not version or not str(version).isdigit():
+        raise UsageError(f"{args.ref!r}: name a model version, e.g. 'danlu lineage {name} 1' or {name}@1")
+    data = _client(args).lineage(name, int(version))
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    by_kind: dict[str, list[dict]] = {}
+    for node in data["nodes"]:
+        by_kind.setdefault(node["kind"], []).append(node)
+    for kind in LINEAGE_ORDER + tuple(k for k in by_kind if k not in LINEAGE_ORDER):
+        for node in by_kind.get(kind, []):
+            print(f"{kind.replace('_', ' '):>15}: {node['label']}")
+            for key, value in node["detail"].items():
+                print(f"{'':>15}  {key}: {value}")
+            if node.get("url"):
+                print(f"{'':>15}  {node['url']}")
     return 0
 
 
@@ -358,16 +478,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name")
     s.add_argument("--experiment")
     s.add_argument("--dataset", action="append", default=[],
-                   help="PATH (relative to --cwd), ROOT:PATH, or a catalog version NAME@VERSION or NAME@latest")
+                   help="PATH (relative to --cwd), ROOT:PATH, or a catalog version NAME@VERSION, NAME@latest or NAME")
+    s.add_argument("--eval-dataset", action="append", default=[], metavar="DATASET",
+                   help="like --dataset, recorded in MLflow with context evaluation")
     s.add_argument("--cwd", help="working directory relative to your home")
     s.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"))
     s.add_argument("--wait", action="store_true", help="stream the log until the job ends")
     s.add_argument("--dry-run", action="store_true")
     s.set_defaults(func=cmd_submit)
-    ls = jsub.add_parser("list", help="your jobs (admins: everyone's)")
-    ls.add_argument("--state")
-    ls.add_argument("--owner")
-    ls.add_argument("--json", action="store_true")
+    ls = jsub.add_parser("list", help="your jobs (admins: everyone's), newest first")
+    ls.add_argument("--state", help="only these states (comma-separated)")
+    ls.add_argument("--owner", help="admins: only this user's jobs")
+    ls.add_argument("--limit", type=int, help="at most this many jobs (default 200)")
+    ls.add_argument("--all", action="store_true", help="every job, reading page after page")
+    ls.add_argument("--cursor", help="start where an earlier listing stopped (the cursor it printed)")
+    ls.add_argument("--json", action="store_true", help="the API's jobs, as one JSON array")
     ls.set_defaults(func=cmd_list)
     sh = jsub.add_parser("show", help="one job")
     sh.add_argument("id")
@@ -385,7 +510,13 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("id")
     pp.add_argument("priority", help="a priority class")
     pp.set_defaults(func=cmd_priority)
-    for p in (s, ls, sh, lg, cc, pp):
+    df = jsub.add_parser("diff", help="what differs between two jobs (parameters, environment, source, data, "
+                                      "metrics)")
+    df.add_argument("a", metavar="A", help="a job id")
+    df.add_argument("b", metavar="B", help="another job id")
+    df.add_argument("--json", action="store_true")
+    df.set_defaults(func=cmd_diff)
+    for p in (s, ls, sh, lg, cc, pp, df):
         client_args(p)
     ls.add_argument("--queue", help="only this queue")
 
@@ -431,12 +562,30 @@ def build_parser() -> argparse.ArgumentParser:
     rg.set_defaults(func=cmd_datasets_register)
     dl = dsub.add_parser("list", help="the datasets you may read")
     dl.set_defaults(func=cmd_datasets_list)
-    dw = dsub.add_parser("show", help="a dataset and its versions, or one version (NAME@VERSION)")
+    dw = dsub.add_parser("show", help="a dataset and its versions, or one version and the jobs that used it "
+                                      "(NAME@VERSION)")
     dw.add_argument("ref", metavar="NAME[@VERSION]")
     dw.set_defaults(func=cmd_datasets_show)
     for p in (rg, dl, dw):
         p.add_argument("--json", action="store_true")
         client_args(p)
+    rp = sub.add_parser("reproduce", help="run a job again exactly (same notebook, parameters, profile, data) "
+                                          "and compare")
+    rp.add_argument("id", metavar="JOB", help="the job to run again")
+    rp.add_argument("--wait", action="store_true", help="wait for the new job, then print what differs")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(func=cmd_reproduce)
+    client_args(rp)
+    from danlu import models_cli
+
+    models_cli.add_parser(sub, client_args)
+    li = sub.add_parser("lineage", help="what made a model version: run, job, notebook and cell, datasets, "
+                                        "environment, evaluation, approvals")
+    li.add_argument("ref", metavar="NAME", help="the model (or NAME@VERSION)")
+    li.add_argument("version", nargs="?", help="the version number")
+    li.add_argument("--json", action="store_true", help="the API's answer: {model, nodes, edges}")
+    li.set_defaults(func=cmd_lineage)
+    client_args(li)
     pr = sub.add_parser("profiles", help="profiles you may use")
     client_args(pr)
     pr.set_defaults(func=cmd_profiles)

@@ -111,9 +111,35 @@ class DanluClient:
     def submit(self, body: dict) -> dict:
         return self.request("POST", "/jobs", json=body, timeout=120).json()
 
+    def jobs_page(self, state: str | None = None, owner: str | None = None, queue: str | None = None,
+                  limit: int | None = None, cursor: str | None = None) -> dict:
+        """One page of ``GET /jobs``: ``{"jobs": [...], "next_cursor": str | None}``, newest first."""
+        params = {k: v for k, v in {"state": state, "owner": owner, "queue": queue, "limit": limit,
+                                    "cursor": cursor}.items() if v}
+        return self.request("GET", "/jobs", params=params).json()
+
     def jobs(self, state: str | None = None, owner: str | None = None, queue: str | None = None) -> list[dict]:
-        params = {k: v for k, v in {"state": state, "owner": owner, "queue": queue}.items() if v}
-        return self.request("GET", "/jobs", params=params).json()["jobs"]
+        """The first page of jobs (the service's default size)."""
+        return self.jobs_page(state, owner, queue)["jobs"]
+
+    def iter_jobs(self, state: str | None = None, owner: str | None = None, queue: str | None = None, *,
+                  limit: int | None = None, cursor: str | None = None, page_size: int = 1000,
+                  pages: list | None = None) -> Iterator[dict]:
+        """Jobs newest first, following ``next_cursor`` page by page (one page in memory at a time), until
+        ``limit`` jobs (None: all of them). ``pages``, if given, gets the cursor after each page read
+        (None once the last page was read)."""
+        left = limit
+        while left is None or left > 0:
+            size = page_size if left is None else min(page_size, left)
+            data = self.jobs_page(state, owner, queue, limit=size, cursor=cursor)
+            cursor = data.get("next_cursor")
+            if pages is not None:
+                pages.append(cursor)
+            for job in data["jobs"][:size]:
+                yield job
+            left = None if left is None else left - len(data["jobs"][:size])
+            if not cursor or not data["jobs"]:
+                return
 
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/jobs/{job_id}").json()
@@ -166,7 +192,9 @@ class DanluClient:
         return self.request("GET", "/audit", params=params).json()["records"]
 
     def audit_verify(self) -> dict:
-        return self.request("GET", "/audit/verify").json()
+        # the service reads the whole chain before it answers (in batches: its memory stays flat), which takes a
+        # while for millions of records
+        return self.request("GET", "/audit/verify", timeout=(self.timeout, 3600)).json()
 
     def usage(self, start: str | None = None, end: str | None = None, by: str = "user",
               user: str | None = None) -> dict:
@@ -187,3 +215,38 @@ class DanluClient:
 
     def dataset_version(self, name: str, version: int) -> dict:
         return self.request("GET", f"/datasets/{quote(name, safe='')}/versions/{version}").json()
+
+    def reproduce(self, job_id: str) -> dict:
+        """Run a job again exactly, as a new job of the caller's; the new job."""
+        return self.request("POST", f"/jobs/{job_id}/reproduce", timeout=120).json()
+
+    def compare(self, job_id: str, other: str) -> dict:
+        """What differs between two jobs (parameters, environment, source, datasets, metrics)."""
+        return self.request("GET", f"/jobs/{job_id}/compare/{other}", timeout=60).json()
+    def register_model(self, body: dict) -> dict:
+        # the service reads the run from MLflow and may submit the evaluation job before it answers
+        return self.request("POST", "/models", json=body, timeout=(self.timeout, 300)).json()
+
+    def models(self) -> list[dict]:
+        return self.request("GET", "/models").json()["models"]
+
+    def model(self, name: str) -> dict:
+        return self.request("GET", f"/models/{quote(name, safe='')}").json()
+
+    def model_version(self, name: str, version: int) -> dict:
+        return self.request("GET", f"/models/{quote(name, safe='')}/versions/{version}").json()
+
+    def decide_model(self, name: str, version: int, decision: str, comment: str) -> dict:
+        return self.request("POST", f"/models/{quote(name, safe='')}/versions/{version}/decisions",
+                            json={"decision": decision, "comment": comment}).json()
+
+    def set_model_alias(self, name: str, alias: str, version: int) -> dict:
+        return self.request("PUT", f"/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}",
+                            json={"version": version}).json()
+
+    def delete_model_alias(self, name: str, alias: str) -> dict:
+        return self.request("DELETE", f"/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}").json()
+
+    def lineage(self, name: str, version: int) -> dict:
+        """What made a model version: ``{"model", "nodes", "edges"}``."""
+        return self.request("GET", f"/lineage/models/{quote(name, safe='')}/{version}").json()

@@ -14,7 +14,8 @@ Who sets what:
 - the spawner sets the user-server variables (``URL``, ``PUBLIC_URL``,
   ``PROFILE``);
 - the job runner sets the in-job variables in every kernel of a job
-  (``JOB_ID``, ``JOB_DIR``, ``CHECKPOINT_DIR``);
+  (``JOB_ID``, ``JOB_DIR``, ``CHECKPOINT_DIR``, and ``RUNNER_API``,
+  ``ATTEMPT``, ``JOB_TOKEN`` for ``danlu.dataset``);
 - users set the client variables (``URL``, ``TOKEN``) outside a server.
 """
 
@@ -71,9 +72,12 @@ PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (
 JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")
 RUNNER_ID = Var("DANLU_RUNNER_ID", "A marker every job runner and its kernels carry from their start, so a runner "
                                    "that dies takes its kernels and ranks with it.")
-ATTEMPT = Var("DANLU_ATTEMPT", "In a job pod: the attempt it runs (the launch message of a local runner says it).")
-RUNNER_API = Var("DANLU_RUNNER_API", "In a job pod: the service's runner API (.../api/v1) the runner reports to.")
-JOB_TOKEN = Var("DANLU_JOB_TOKEN", "In a job pod: the attempt's job token, from the attempt's Secret (never logged).")
+ATTEMPT = Var("DANLU_ATTEMPT", "In a job pod, and every kernel of a job: the attempt it runs (the launch message of a "
+                               "local runner says it).")
+RUNNER_API = Var("DANLU_RUNNER_API", "In a job pod, and every kernel of a job: the service's runner API (.../api/v1) "
+                                     "the runner reports to and danlu.dataset() asks.")
+JOB_TOKEN = Var("DANLU_JOB_TOKEN", "In a job pod (from the attempt's Secret), and every kernel of a job: the attempt's "
+                                   "job token (never logged).")
 JOB_DIR = Var("DANLU_JOB_DIR", "The job's folder: log, output notebooks, TensorBoard events.")
 CHECKPOINT_DIR = Var("DANLU_CHECKPOINT_DIR", "Where a job saves checkpoints; kept across its attempts.")
 
@@ -87,6 +91,8 @@ TEST_REQUIRE_UNIX = Var("DANLU_TEST_REQUIRE_UNIX", "Tests: 1 makes the unix-acco
 TEST_CLUSTER_URL = Var("DANLU_TEST_CLUSTER_URL", "Tests: the public URL of Danlu deployed on a real cluster (with "
                        "KUBECONFIG); the cluster tier skips without it.")
 TEST_CLUSTER_TOKEN = Var("DANLU_TEST_CLUSTER_TOKEN", "Tests: a hub API token of a user in a team there.")
+BENCH_POSTGRES_URL = Var("DANLU_BENCH_POSTGRES_URL", "Benchmarks: a PostgreSQL database benchmarks/history.py "
+                                                       "fills (in schemas of its own, dropped afterwards).")
 UI_CHROMIUM = Var("DANLU_UI_CHROMIUM", "Browser tests: the Chromium binary Playwright drives.")
 UI_HUB_URL = Var("DANLU_UI_HUB_URL", "Browser tests: the workbench under test.")
 UI_USER = Var("DANLU_UI_USER", "Browser tests: the user who logs in.")

@@ -2,7 +2,7 @@
 
 The runner and its ranks write here: ``input.ipynb`` (the notebook the
 service sent), ``job.json`` (the spec, for the ranks of a torchrun job),
-``job.log``, ``output.ipynb``, ``ranks/rank-N.ipynb`` and their status files,
+``job.log``, ``output.ipynb``, ``ranks/rank-N.ipynb`` and their status files, ``seed.json``,
 TensorBoard event files under ``tensorboard/``, checkpoints, and ``stop``
 (the runner telling its ranks why they got SIGTERM). All of it belongs to
 the job: the jobs service never reads any of it as truth. It learns what it
@@ -104,6 +104,11 @@ class JobDir:
     @property
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def seed_file(self) -> Path:
+        """The seed rank 0's code set, as :mod:`danlu.seeds` saw it (the runner reports it)."""
+        return self.path / "seed.json"
 
     # the stop marker (runner -> ranks) -----------------------------------------------
     def write_stop(self, reason: str, grace: float) -> None:

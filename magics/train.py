@@ -125,8 +125,18 @@ def _git_commit(folder: Path) -> str | None:
     return commit if out.returncode == 0 and re.match(r"^[0-9a-f]{7,64}$", commit) else None
 
 
+def _git_dirty(folder: Path) -> bool | None:
+    """Whether tracked files have uncommitted changes (None: not a git tree, or git did not answer)."""
+    try:
+        out = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def where_am_i() -> dict:
-    """Notebook path and working directory relative to $HOME, and the git commit, as far as known."""
+    """Notebook path and working directory relative to $HOME, and the git commit and state, as far as known."""
     home = Path(os.environ.get("HOME", os.getcwd())).resolve()
     cwd = Path.cwd().resolve()
     rel_cwd = os.path.relpath(cwd, home) if cwd.is_relative_to(home) else "."
@@ -136,13 +146,16 @@ def where_am_i() -> dict:
         path = Path(session)
         path = path if path.is_absolute() else home / path
         notebook = os.path.relpath(path.resolve(), home) if path.resolve().is_relative_to(home) else None
-    return {"cwd": rel_cwd, "notebook_path": notebook,
-            "git_commit": _git_commit(Path(session).parent if session and Path(session).is_absolute() else cwd)}
+    folder = Path(session).parent if session and Path(session).is_absolute() else cwd
+    commit = _git_commit(folder)
+    return {"cwd": rel_cwd, "notebook_path": notebook, "git_commit": commit,
+            "git_dirty": _git_dirty(folder) if commit else None}
 
 
 def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: str | None, nproc: int = 1,
                 gpus: int = 0, profile: str | None = None, queue: str | None = None, name: str | None = None,
                 experiment: str | None = None, params: dict | None = None, datasets: list[str] | None = None,
+                eval_datasets: list[str] | None = None,
                 priority: str | None = None, retries: int | None = None, timeout: int | None = None,
                 gpu_type: str | None = None, cpu: float | None = None, memory: str | None = None,
                 dry_run: bool = False, nodes: int = 1) -> dict:
@@ -168,15 +181,15 @@ def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: s
         "cwd": place["cwd"],
         "source": {k: v for k, v in {
             "notebook_path": place["notebook_path"], "cell_id": cell_id, "git_commit": place["git_commit"],
-            "included_cells": list(setup.cells)}.items() if v is not None},
+            "git_dirty": place.get("git_dirty"), "included_cells": list(setup.cells)}.items() if v is not None},
     }
     for key, value in (("profile", profile or env.PROFILE.get()), ("queue", queue), ("name", name),
                        ("experiment", experiment), ("priority", priority), ("retries", retries),
                        ("timeout_seconds", timeout)):
         if value is not None and value != "":
             body[key] = value
-    if datasets:
-        body["datasets"] = list(datasets)
+    if datasets or eval_datasets:
+        body["datasets"] = list(datasets or []) + [{"ref": ref, "context": "evaluation"} for ref in eval_datasets or []]
     if dry_run:
         body["dry_run"] = True
     return client.submit(body)
@@ -269,9 +282,11 @@ class TrainMagics(Magics):
     @argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
               help="A parameter, injected by papermill (repeatable).")
     @argument("--dataset", action="append", default=[], metavar="PATH",
-              help="A dataset (path relative to the notebook's folder, <root>:<path>, or a catalog version "
-                   "NAME@VERSION or NAME@latest, re-verified at start) recorded with its content digest "
-                   "(repeatable).")
+              help="A training dataset (path relative to the notebook's folder, <root>:<path>, or a catalog "
+                   "version NAME@VERSION, NAME@latest or NAME, re-verified at start) recorded with its content "
+                   "digest (repeatable).")
+    @argument("--eval-dataset", action="append", default=[], metavar="PATH",
+              help="Like --dataset, recorded in MLflow with context evaluation (repeatable).")
     @argument("--wait", dest="wait", action="store_true", default=False,
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
@@ -295,6 +310,7 @@ class TrainMagics(Magics):
 
             %%train --nproc 2 --param lr=0.01 --wait
             %%train --gpus 1 --profile pytorch --dataset data/mnist
+            %%train --dataset mnist@3 --eval-dataset mnist-test@1
             %%train --quiet --param lr=0.1
         """
         global _last_job_id
@@ -308,6 +324,7 @@ class TrainMagics(Magics):
             result = submit_cell(cell, client=client, setup=self.setup, cell_id=_cell_id(self.shell),
                                  nproc=args.nproc, gpus=args.gpus, profile=args.profile, queue=args.queue,
                                  name=args.name, experiment=args.experiment, params=params, datasets=args.dataset,
+                                 eval_datasets=args.eval_dataset,
                                  priority=args.priority, retries=args.retries, timeout=args.timeout,
                                  gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run,
                                  nodes=args.nnodes)

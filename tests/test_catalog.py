@@ -21,7 +21,7 @@ import pytest
 
 from danlu import cli
 from danlu.datasets import DatasetChanged, changes, digest, scan, verify
-from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
 from danlu.hub.service import catalog
 from danlu.runner.base import describe_error
 
@@ -238,11 +238,11 @@ async def test_a_job_names_a_version_and_its_runner_gets_the_digest_and_manifest
         with pytest.raises(NotFound) as hidden:
             await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mnist@1"]})
         with pytest.raises(NotFound) as missing:
-            await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist", "mnist@7"]})
+            await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["./mnist", "mnist@7"]})
     assert job["datasets"] == ["mnist@1", "mnist@2"]
     first, latest = spec["datasets"]
     assert first == {"name": "mnist@1", "path": v1["path"], "dataset": "mnist", "version": 1, "digest": v1["digest"],
-                     "manifest": [["a.txt", 1, first["manifest"][0][2]]]}
+                     "context": "training", "manifest": [["a.txt", 1, first["manifest"][0][2]]]}
     assert latest["digest"] == v2["digest"] and latest["manifest"][0][:2] == ["a.txt", 7]
     assert hidden.value.field == "datasets[0]" and hidden.value.reason == "no_such_dataset"
     assert missing.value.field == "datasets[1]" and missing.value.reason == "no_such_version"
@@ -262,6 +262,101 @@ def test_a_version_whose_files_changed_fails_the_job_naming_them(tmp_path):
     assert describe_error(changed.value) == (str(changed.value), False)  # the user's to fix: no retry
     many = changes([[f"f{i}", 1, "a"] for i in range(12)], [])
     assert len(many) == 11 and many[-1] == "and 2 more"
+
+
+# bare names, contexts, uses ------------------------------------------------------------------------------
+@in_loop
+async def test_a_bare_name_is_the_latest_readable_version_and_an_ambiguous_one_is_refused(tmp_path):
+    data = write(home(tmp_path) / "data" / "mnist", {"a.txt": "a"})
+    async with service(tmp_path) as manager:
+        await register(manager, name="mnist", path="data/mnist", read_groups=["research"])
+        _, first = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist"], "dry_run": True})
+        _, job1 = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist"]})
+        (data / "a.txt").write_text("changed")
+        await register(manager, name="mnist", path="data/mnist")
+        _, job2 = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist"]})
+        write(home(tmp_path), {"mnist/b.txt": "a folder of that name"})
+        with pytest.raises(UsageError) as ambiguous:
+            await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist"]})
+        _, by_path = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["./mnist"]})
+        _, by_ref = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["mnist@latest"]})
+        with pytest.raises(ValidationError) as bobs:  # not his to read: a path, and there is none
+            await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mnist"]})
+    assert first["dry_run"] is True
+    assert job1["datasets"] == ["mnist@1"] and job2["datasets"] == ["mnist@2"]
+    assert [i["ref"] for i in job2["inputs"]] == ["mnist@2"] and job2["inputs"][0]["context"] == "training"
+    assert ambiguous.value.status == 400 and ambiguous.value.reason == "ambiguous_dataset"
+    assert ambiguous.value.field == "datasets[0]"
+    assert "both a dataset of the catalog and a file or folder" in str(ambiguous.value)
+    assert "./mnist" in ambiguous.value.fix and "mnist@latest" in ambiguous.value.fix
+    assert by_path["datasets"] == ["mnist"] and by_path["inputs"] == []
+    assert by_ref["datasets"] == ["mnist@2"]
+    assert bobs.value.reason == "no_dataset" and "catalog" not in str(bobs.value)
+
+
+@in_loop
+async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_path):
+    write(home(tmp_path) / "faces", {"a.txt": "a"})
+    write(home(tmp_path, "bob"), {"mine.txt": "bob's"})
+    backend = SlowBackend()
+    async with service(tmp_path, backend) as manager:
+        _, v1 = await register(manager, name="faces", path="faces", read_groups=["research", "vision"])
+        _, job = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": [
+            "faces@1", {"ref": "faces@1", "context": "evaluation"}, {"ref": "faces@latest"}]})
+        _, bobs = await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mine.txt"]})
+        await until(lambda: len(backend.launches) == 2, "both jobs to start")
+        token = {launch.job_id: launch.token for launch in backend.launches}
+        reports = manager.reports
+
+        async def ask(job_id, body, tok=None):
+            owner = await reports.owner(job_id, 1, tok or token[job_id])
+            return await reports.dataset(job_id, 1, tok or token[job_id], owner, body)
+
+        spec = await reports.spec(job["id"], 1, token[job["id"]])
+        asked = await ask(job["id"], {"ref": "faces@latest", "context": "evaluation"})
+        again = await ask(job["id"], {"ref": "faces@1"})
+        with pytest.raises(NotFound) as hidden:  # bob is not in the read groups: his job is not either
+            await ask(bobs["id"], {"ref": "faces@1"})
+        refused = {}
+        for name, (job_id, tok) in {"wrong token": (job["id"], "x" * 40), "not a token": (job["id"], "a b"),
+                                    "other job's token": (job["id"], token[bobs["id"]])}.items():
+            with pytest.raises(DanluError) as e:
+                await reports.owner(job_id, 1, tok)
+            refused[name] = e.value.status
+        invalid = []
+        for body in ({"ref": "faces"}, {"ref": "../faces@1"}, {"ref": "faces@1", "context": "testing"},
+                     {"ref": "faces@1", "owner": "admin"}, {"ref": ["faces@1"]}):
+            with pytest.raises(ValidationError) as e:
+                await ask(job["id"], body)
+            invalid.append(e.value.field)
+        viewed = await manager.job_dict(job["id"])
+        listed = await manager.views(await manager.list(ALICE))
+        for_alice = await manager.catalog.version(ALICE, "faces", 1)
+        for_carol = await manager.catalog.version(CAROL, "faces", 1)
+        for_admin = await manager.catalog.version(ADMIN, "faces", 1)
+        for j in (job, bobs):
+            backend.finish(j["id"])
+            await final(manager, j["id"])
+        with manager.core.sessions() as s:
+            uses = catalog.uses_of_job(s, job["id"])
+
+    assert [(d["name"], d["context"]) for d in spec["datasets"]] == [
+        ("faces@1", "training"), ("faces@1", "evaluation"), ("faces@1", "training")]
+    assert asked == {"ref": "faces@1", "dataset": "faces", "version": 1, "digest": v1["digest"], "path": v1["path"],
+                     "context": "evaluation", "manifest": asked["manifest"]}
+    assert asked["manifest"][0][:2] == ["a.txt", 1] and again["context"] == "training"
+    assert hidden.value.status == 404 and hidden.value.reason == "no_such_dataset" and hidden.value.field == "ref"
+    assert refused == {"wrong token": 403, "not a token": 401, "other job's token": 403}
+    assert invalid == ["ref", "ref", "context", "owner", "ref"]
+    expected = [{"ref": "faces@1", "dataset": "faces", "version": 1, "digest": v1["digest"], "context": c}
+                for c in ("training", "evaluation")]  # one per version and context, however often asked
+    assert viewed["inputs"] == expected and uses == expected
+    assert [j["inputs"] for j in listed if j["id"] == job["id"]] == [expected]
+    assert [(u["job_id"], u["owner"], u["context"]) for u in for_alice["used_by"]] == [
+        (job["id"], "alice", "evaluation"), (job["id"], "alice", "training")]
+    assert {u["attempt"] for u in for_alice["used_by"]} == {None}  # named at submission
+    assert for_carol["used_by"] == []  # she reads the dataset, not alice's jobs
+    assert [u["job_id"] for u in for_admin["used_by"]] == [job["id"]] * 2
 
 
 # the CLI ------------------------------------------------------------------------------------------------
@@ -312,6 +407,33 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
     capsys.readouterr()
     assert cli.main(["datasets", "show", "tab@latest"]) == 2
     assert "NAME@VERSION" in capsys.readouterr().err
+
+
+def test_cli_shows_who_used_a_version_and_what_a_job_used(monkeypatch, capsys):
+    digest = "ab" * 32
+    used = {"ref": "faces@1", "dataset": "faces", "version": 1, "digest": digest, "context": "evaluation"}
+    version = {"ref": "faces@1", "digest": digest, "files": 1, "bytes": 1, "source": "faces", "path": "/h/faces",
+               "created_by": "alice", "created_at": "2026-12-01T00:00:00Z", "tables": [], "manifest": [],
+               "used_by": [{"job_id": "0123456789ab", "owner": "alice", "state": "succeeded",
+                            "mlflow_run_id": "r1", "context": "evaluation", "attempt": None, "at": "x"}]}
+    job = {"id": "0123456789ab", "name": "j", "owner": "alice", "state": "succeeded", "resources": {"nproc": 1,
+           "gpus": 0}, "attempts": [], "inputs": [used]}
+
+    class Client:
+        def dataset_version(self, name, number):
+            return version
+
+        def job(self, job_id):
+            return job
+
+    monkeypatch.setattr(cli, "_client", lambda args: Client())
+    assert cli.main(["datasets", "show", "faces@1"]) == 0
+    text = capsys.readouterr().out
+    assert "used by" in text and "0123456789ab" in text and "evaluation" in text and "r1" in text
+    assert cli.main(["jobs", "show", "0123456789ab"]) == 0
+    assert "inputs: faces@1" in capsys.readouterr().out.replace("  ", " ").replace("  ", " ")
+    assert cli.main(["jobs", "show", "0123456789ab", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"] == [used]
 
 
 def test_with_unix_accounts_the_files_are_read_in_a_child_process_as_the_user(tmp_path):

@@ -74,3 +74,24 @@ def test_profiles_command(workbench):
     done = danlu(workbench, "profiles", token=workbench.tokens["carol"])
     assert done.returncode == 0
     assert "* python" in done.stdout and "gpu-vision" in done.stdout
+
+
+def test_list_follows_pages_and_json_has_the_apis_fields(workbench, notebook_file):
+    mine = [danlu(workbench, "jobs", "submit", str(notebook_file), "--name", f"page-{i}").stdout.split()[1]
+            for i in range(3)]
+    api = workbench.api("GET", "/jobs", token=workbench.tokens["alice"], params={"limit": 1000}).json()
+    assert api["next_cursor"] is None and [j["id"] for j in api["jobs"]][:3] == mine[::-1]
+    two = danlu(workbench, "jobs", "list", "--limit", "2")
+    assert two.returncode == 0 and [line.split()[0] for line in two.stdout.splitlines()] == mine[:0:-1]
+    assert two.stderr.startswith("more jobs: add --all, or --cursor ")
+    rest = danlu(workbench, "jobs", "list", "--json", "--all", "--cursor", two.stderr.split()[-5])
+    assert [j["id"] for j in json.loads(rest.stdout)] == [j["id"] for j in api["jobs"]][2:] and not rest.stderr
+    everything = json.loads(danlu(workbench, "jobs", "list", "--all", "--json").stdout)
+    assert [j["id"] for j in everything] == [j["id"] for j in api["jobs"]]
+    assert set(everything[0]) == set(workbench.api("GET", f"/jobs/{mine[-1]}",
+                                                   token=workbench.tokens["alice"]).json())
+    bad = danlu(workbench, "jobs", "list", "--cursor", "nope")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "cursor 'nope' is not a cursor of GET /jobs" in bad.stderr
+    none = danlu(workbench, "jobs", "list", "--json", token=workbench.create_user("dora"))
+    assert none.returncode == 0 and json.loads(none.stdout) == [] and not none.stderr

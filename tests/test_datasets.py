@@ -152,3 +152,96 @@ def test_a_fifo_swapped_in_for_a_file_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
         open_regular(fifo)  # a plain open() would wait here for a writer forever
+
+
+# danlu.dataset outside a job ----------------------------------------------------------------------------
+@pytest.fixture
+def outside_a_job(monkeypatch, tmp_path):
+    from danlu import env
+
+    for var in (env.JOB_ID, env.RUNNER_API, env.JOB_TOKEN, env.ATTEMPT):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def catalog_answering(monkeypatch, folder, name="faces", version=1):
+    """DanluClient answering GET /datasets/{name}(/versions/{n}) for a version registered from ``folder``."""
+    from danlu import client
+
+    found, manifest = datasets.scan(folder)
+    answer = {"ref": f"{name}@{version}", "dataset": name, "version": version, "digest": found.digest,
+              "path": str(folder), "manifest": manifest, "used_by": []}
+    asked = []
+
+    class Client:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def dataset(self, n):
+            asked.append(("dataset", n))
+            return {"name": n, "latest": {"version": version}}
+
+        def dataset_version(self, n, v):
+            asked.append(("version", n, v))
+            return answer
+
+    monkeypatch.setattr(client, "DanluClient", Client)
+    return asked
+
+
+def test_danlu_dataset_resolves_verifies_and_returns_the_path(tmp_path, monkeypatch, outside_a_job):
+    import danlu
+
+    folder = make_dataset(tmp_path / "faces", FILES)
+    asked = catalog_answering(monkeypatch, folder)
+    assert danlu.dataset("faces@1") == folder
+    assert danlu.dataset("faces", context="evaluation") == folder  # bare: the latest
+    assert asked == [("version", "faces", 1), ("dataset", "faces"), ("version", "faces", 1)]
+    (folder / "train.csv").write_bytes(b"x,y\n9,9\n")
+    with pytest.raises(datasets.DatasetChanged, match="dataset faces@1 changed since it was registered: train.csv"):
+        danlu.dataset("faces@1")
+
+
+@pytest.mark.parametrize("ref, context, reason", [
+    ("../faces@1", "training", "bad_ref"), ("faces@0", "training", "bad_ref"), ("Faces", "training", "bad_ref"),
+    (3, "training", "bad_ref"), ("faces@1", "testing", "bad_context"),
+])
+def test_danlu_dataset_refuses_what_is_not_a_version_in_one_line(ref, context, reason, outside_a_job):
+    import danlu
+    from danlu.errors import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        danlu.dataset(ref, context=context)
+    assert refused.value.reason == reason and refused.value.fix
+
+
+def test_danlu_dataset_without_a_service_says_so(monkeypatch, outside_a_job):
+    import socket
+
+    import danlu
+    from danlu import env
+    from danlu.errors import Unreachable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(env.URL, f"http://127.0.0.1:{port}")
+    monkeypatch.setenv(env.TOKEN, "t" * 32)
+    with pytest.raises(Unreachable, match="cannot reach the Danlu jobs service"):
+        danlu.dataset("faces@1")
+
+
+def test_danlu_dataset_logs_on_the_active_mlflow_run_outside_a_job(tmp_path, monkeypatch, outside_a_job):
+    import mlflow
+
+    import danlu
+
+    folder = make_dataset(tmp_path / "faces", FILES)
+    catalog_answering(monkeypatch, folder)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run() as run:
+        danlu.dataset("faces@1", context="evaluation")
+    inputs = mlflow.MlflowClient().get_run(run.info.run_id).inputs.dataset_inputs
+    assert [(i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in inputs] == [
+        ("faces@1", "evaluation")]
+    assert json.loads(inputs[0].dataset.profile)["sha256"] == datasets.digest(folder).digest

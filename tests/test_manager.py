@@ -10,7 +10,9 @@ a table.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import datetime as dt
 import functools
 import json
 import os
@@ -19,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
-from danlu.hub.service import supervisor
+from danlu.errors import Conflict, Forbidden, NotFound, UsageError, ValidationError
+from danlu.hub.service import listing, supervisor
 from danlu.hub.service.models import Job, utcnow
 from danlu.hub.service.states import Ending, JobState, next_state
 
@@ -403,6 +405,141 @@ async def test_jobs_are_seen_only_by_their_owner_and_admins(tmp_path):
     assert listed == {mine} and everyone == {mine, theirs} and succeeded == {theirs}
 
 
+def add_history(manager, count: int, *, start=dt.datetime(2026, 11, 1), ties: int = 3) -> list[Job]:
+    """``count`` finished jobs written straight into the database, ``ties`` at a time sharing one
+    ``created_at`` (the id must break ties), over owners alice/carol/dave, queues a/b, and four states;
+    returned newest first, as listings order them."""
+    states = ("succeeded", "failed", "cancelled", "timed_out")
+    jobs = [Job(id=f"{0xe00000000000 + (i * 7919) % 0xfffff:012x}", owner=("alice", "carol", "dave")[i % 3],
+                name=f"h{i}", state=states[i % 4], profile="python", queue=("a", "b")[i % 2],
+                created_at=start + dt.timedelta(seconds=i // ties)) for i in range(count)]
+    with manager.core.sessions() as s, s.begin():
+        s.add_all(jobs)
+    return sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)
+
+
+async def walk(manager, who, limit: int, between=None, **filters) -> list[str]:
+    """Every page, following next_cursor; ``between()`` runs after each page (concurrent changes)."""
+    ids, cursor = [], None
+    while True:
+        jobs, cursor = await manager.page(who, limit=limit, cursor=cursor, **filters)
+        assert len(jobs) <= limit and (cursor is None or len(jobs) == limit)
+        ids += [j.id for j in jobs]
+        if between is not None:
+            await between()
+        if cursor is None:
+            return ids
+
+
+@in_loop
+async def test_pages_follow_each_other_newest_first_with_every_filter(tmp_path):
+    async with service(InstantBackend(), tmp_path) as manager:
+        history = add_history(manager, 95)
+        cases = [
+            (ADMIN, {}, lambda j: True),
+            (ALICE, {}, lambda j: j.owner == "alice"),
+            (ADMIN, {"owner": "carol"}, lambda j: j.owner == "carol"),
+            (ADMIN, {"queue": "b"}, lambda j: j.queue == "b"),
+            (ADMIN, {"states": ["failed"]}, lambda j: j.state == "failed"),
+            (ADMIN, {"states": ["timed_out", "succeeded"]}, lambda j: j.state in ("timed_out", "succeeded")),
+            (ALICE, {"states": ["failed", "cancelled"], "queue": "a"},
+             lambda j: j.owner == "alice" and j.state in ("failed", "cancelled") and j.queue == "a"),
+            (ADMIN, {"owner": "dave", "states": ["succeeded"], "queue": "a"},
+             lambda j: j.owner == "dave" and j.state == "succeeded" and j.queue == "a"),
+        ]
+        for who, filters, keep in cases:
+            expected = [j.id for j in history if keep(j)]
+            for limit in (1, 4, 7, 200):
+                assert await walk(manager, who, limit, **filters) == expected, (who.name, filters, limit)
+        first, cursor = await manager.page(ADMIN, limit=10)
+        assert [j.id for j in first] == [j.id for j in history[:10]] and cursor
+        assert [j.id for j in await manager.list(ADMIN, limit=5, cursor=cursor)] == [j.id for j in history[10:15]]
+        assert await manager.page(ADMIN, states=["queued"]) == ([], None)
+
+
+@in_loop
+async def test_jobs_accepted_while_pages_are_read_neither_repeat_nor_hide_a_job(tmp_path):
+    async with service(InstantBackend(), tmp_path) as manager:
+        history = add_history(manager, 40, start=utcnow() - dt.timedelta(hours=1))
+        added = []
+
+        async def submit_more():  # through the real submission, as other users do meanwhile
+            added.append(await submit(manager))
+            added.append(await submit(manager, who=user("carol", "vision")))
+
+        seen = await walk(manager, ADMIN, 6, between=submit_more)
+        before = [j.id for j in await manager.list(ALICE, limit=1000)]  # hers now: history and what she added
+        alices = await walk(manager, ALICE, 4, between=submit_more)
+
+    assert len(seen) == len(set(seen)) and seen == [j.id for j in history]  # newer jobs sort above every cursor
+    assert alices == before and len(before) > len([j for j in history if j.owner == "alice"]) and len(added) > 20
+
+
+def cursor_of(*parts) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("cursor, words", [
+    ("%%%", "not base64 of JSON"),
+    ("bm90IGpzb24", "not base64 of JSON"),  # "not json"
+    (cursor_of("1", "2026-11-01T00:00:00"), "not a key"),
+    (cursor_of(["1"], "2026-11-01T00:00:00", "e00000000001"), "not a key"),
+    (cursor_of("2", "2026-11-01T00:00:00", "e00000000001"), "version '2'"),
+    (cursor_of("1", "2026-11-01T00:00:00", "../../etc"), "no job id"),
+    (cursor_of("1", "yesterday", "e00000000001"), "no time"),
+    (cursor_of("1", "2026-11-01T00:00:00+02:00", "e00000000001"), "a time with a zone"),
+    ("A" * 201, "longer than 200"),
+])
+def test_a_cursor_the_service_did_not_make_is_a_400_naming_cursor(cursor, words):
+    with pytest.raises(UsageError) as e:
+        listing.decode_cursor(cursor)
+    assert (e.value.status, e.value.field, e.value.reason) == (400, "cursor", "bad_cursor")
+    assert words in e.value.message and "next_cursor" in e.value.fix
+
+
+def test_a_cursor_decodes_to_the_key_it_was_made_from():
+    key = (dt.datetime(2026, 11, 1, 8, 30, 0, 123456), "0123456789ab")
+    assert listing.decode_cursor(listing.encode_cursor(key)) == key
+    assert listing.decode_cursor(listing.encode_cursor((key[0].replace(microsecond=0), key[1])))[0].microsecond == 0
+
+
+@in_loop
+async def test_the_manager_refuses_a_bad_cursor_before_reading(tmp_path):
+    async with service(InstantBackend(), tmp_path) as manager:
+        with pytest.raises(UsageError, match="not a cursor of GET /jobs"):
+            await manager.page(ALICE, cursor="nope")
+
+
+@in_loop
+async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp_path):
+    from danlu.hub.service import rollups
+    from danlu.hub.service.models import Attempt, GpuSample, UsageRollup, isoformat
+
+    hour = rollups.floor_hour(utcnow()) - dt.timedelta(hours=3)
+    backend = InstantBackend()
+    manager = make_manager(backend, tmp_path / "state")
+    with manager.core.sessions() as s, s.begin():  # before it starts, as an upgraded database holds them
+        for i, who in enumerate(("alice", "carol")):  # two 1-GPU jobs of an hour each, samples old and new
+            job = Job(id=f"f0000000000{i}", owner=who, name="old", state="succeeded", profile="python",
+                      queue="default", created_at=hour)
+            job.attempts.append(Attempt(number=1, state="succeeded", devices=[i], flavor="sim",
+                                        started_at=hour, finished_at=hour + dt.timedelta(hours=1)))
+            s.add(job)
+        s.add_all([GpuSample(device=0, at=hour - dt.timedelta(days=20), utilization=5.0),
+                   GpuSample(device=0, at=hour + dt.timedelta(minutes=30), utilization=50.0)])
+    async with serving(manager):
+        caught_up = rollups.floor_hour(utcnow() - rollups.GRACE)
+        await until(lambda: manager.core.read(lambda s: rollups.watermark(s) == caught_up), "usage to be rolled up")
+        await until(lambda: manager.core.read(lambda s: s.query(GpuSample).count() == 1), "old samples to go")
+        report = await manager.usage(ADMIN, user=None, by="user", start=hour - dt.timedelta(days=1), end=utcnow())
+        rolled = await manager.core.read(lambda s: s.query(UsageRollup).count())
+    await backend.machine.kill_all()
+
+    assert {r["user"]: (r["gpu_hours"], r["jobs"], r["measured_utilization"]) for r in report["rows"]} == {
+        "alice": (1.0, 1, 50.0), "carol": (1.0, 1, None)}
+    assert report["from"] == isoformat(hour - dt.timedelta(days=1)) and rolled >= 2
+
+
 # the runner API ---------------------------------------------------------------------------------------------
 @in_loop
 async def test_reports_for_another_job_attempt_or_token_are_refused_and_change_nothing(tmp_path):
@@ -645,7 +782,8 @@ async def test_the_runner_gets_its_spec_from_the_database_as_submitted(tmp_path)
         "job_id": job_id, "attempt": 1, "name": "spec-check", "owner": "alice", "profile": "python",
         "kernel_name": "danlu-python", "nproc": 1, "gpus": 1, "devices": [0],
         "parameters": {"lr": 0.5, "layers": [1, 2]}, "experiment": "alice/specs", "queue": "default"}
-    assert spec["datasets"] == [{"name": "data/train.csv", "path": os.path.realpath(home / "data" / "train.csv")}]
+    assert spec["datasets"] == [{"name": "data/train.csv", "path": os.path.realpath(home / "data" / "train.csv"),
+                                 "context": "training"}]
     assert spec["cwd"] == str(home) and spec["env"] == {"HOME": str(home), "USER": "alice"}
     assert spec["mlflow_env"] == {}
     assert spec["notebook"]["cells"] == submitted["cells"]

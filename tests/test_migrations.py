@@ -137,7 +137,9 @@ def test_revision_0001_is_the_schema_of_danlu_0_1_0(tmp_path):
     migrated = f"sqlite:///{tmp_path / 'migrated.sqlite'}"
     command.upgrade(db.alembic_config(migrated), "0001")  # env.py on a URL, as the alembic command line runs it
     assert schema(migrated) == schema(previous)
-    assert set(schema(migrated)) == set(Base.metadata.tables) - {"job_inputs", "datasets", "dataset_versions"}
+    assert set(schema(migrated)) == set(Base.metadata.tables) - {
+        "job_inputs", "datasets", "dataset_versions", "dataset_uses", "models", "model_versions", "model_decisions",
+        "usage_rollups"}
 
 
 def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
@@ -152,12 +154,12 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     before = dump(url)
     previous_sql = list(writer.iterdump())
     assert len(before["jobs"]) == 15 and len(before["audit"]) == 19 and len(before["flags"]) == 2
-    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0004"):
+    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0008"):
         db.check(url)
 
     result = db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result["from"] == "0001" and result["to"] == db.head() == "0004"
+    assert result["from"] == "0001" and result["to"] == db.head() == "0008"
     assert "no schema revision: Danlu 0.1.0 made it" in caplog.text
     backup = Path(result["backup"])
     assert backup.parent == tmp_path / "backups"
@@ -253,7 +255,7 @@ def test_migrated_schema_equals_the_models(url):
 
 def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     sessions = db.prepare(url)
-    assert db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == {"from": "0004", "to": "0004", "backup": None}
+    assert db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == {"from": "0008", "to": "0008", "backup": None}
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
         job = Job(id="d00000000001", owner="alice", name="kept", state="queued", profile="python",
@@ -271,7 +273,7 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
         assert [{k: row[k] for k in at_0001[table][0]} for row in before[table]] == at_0001[table]
     if url.startswith("sqlite"):
         assert schema(url) == schema(load_previous(tmp_path / "previous.sqlite"))
-    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0004"):
+    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0008"):
         db.check(url)
 
     assert db.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
@@ -290,7 +292,7 @@ def test_check_refuses_an_old_and_an_unknown_revision(url):
     set_revision(url, "0001")
     with pytest.raises(ConfigError) as e:
         db.check(url)
-    assert "revision 0001, and this Danlu needs 0004 (start it with danlu up, which upgrades it)" in str(e.value)
+    assert "revision 0001, and this Danlu needs 0008 (start it with danlu up, which upgrades it)" in str(e.value)
     assert e.value.reason == "db_schema"
     set_revision(url, "0999")
     for refuse in (lambda: db.check(url), lambda: db.upgrade(url, backup_dir=None, log=LOG)):
@@ -323,7 +325,7 @@ def test_upgrade_of_danlu_0_1_0_rows_on_postgres(postgres_url, tmp_path, caplog)
 
     result = db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result == {"from": "0001", "to": "0004", "backup": None}
+    assert result == {"from": "0001", "to": "0008", "backup": None}
     assert "pg_dump" in caplog.text and not (tmp_path / "backups").exists()
     after = dump(url)
     for table, rows in before.items():

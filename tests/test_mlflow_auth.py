@@ -161,7 +161,6 @@ def test_the_secret_reaches_the_jobs_service_and_the_gateway_only(tmp_path):
     services = {s["name"]: s for s in copy.deepcopy(c.JupyterHub.services)}  # as JupyterHub does
     assert services["danlu"]["environment"][MLFLOW_AUTH_SECRET] == SECRET
     assert services["mlflow"]["environment"][MLFLOW_AUTH_SECRET] == SECRET
-    assert MLFLOW_AUTH_SECRET not in services["idle-culler"].get("environment", {})
     assert MLFLOW_AUTH_SECRET not in c.DanluLocalSpawner.extra_env  # users' servers
     assert MLFLOW_AUTH_SECRET not in c.Spawner.env_keep
 

@@ -116,3 +116,13 @@ def test_the_job_card_says_when_tracking_lost_something():
     assert "3 metric point(s) not recorded" in degraded and "a/b_7a9acf33" in degraded
     assert "no MLflow run" in summary_html({**job, "tracking": {"state": "none"}})
     assert "MLflow:" not in summary_html({**job, "tracking": {"state": "ok", "points_dropped": 0, "notes": []}})
+
+
+def test_kernels_get_the_jobs_run_and_experiment_so_unnamed_mlflow_calls_land_there(tmp_path):
+    from danlu.runner.kernels import job_env
+
+    jd = JobDir(tmp_path / "job")
+    spec = {"job_id": "a" * 12, "mlflow_env": {"MLFLOW_TRACKING_URI": "http://127.0.0.1:1"}}
+    env = job_env(jd, spec, "r" * 32, "7")
+    assert env["MLFLOW_RUN_ID"] == "r" * 32 and env["MLFLOW_EXPERIMENT_ID"] == "7"
+    assert "MLFLOW_RUN_ID" not in job_env(jd, spec, None) and "MLFLOW_EXPERIMENT_ID" not in job_env(jd, spec, None)

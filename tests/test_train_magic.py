@@ -238,6 +238,16 @@ def test_dry_run_sends_one_valid_submission(shell, dry_run_client):
     check_notebook(body["notebook"])
 
 
+def test_eval_datasets_are_sent_with_context_evaluation(shell, dry_run_client):
+    shell.run_cell_magic("train", "--dry-run --dataset mnist@3 --eval-dataset mnist-test --eval-dataset data/x.csv",
+                         "pass")
+
+    [body] = dry_run_client.bodies
+    assert body["datasets"] == ["mnist@3", {"ref": "mnist-test", "context": "evaluation"},
+                                {"ref": "data/x.csv", "context": "evaluation"}]
+    check_schema("JobSubmission", body)
+
+
 def test_dry_run_shows_the_notebook_and_the_verdict(shell, dry_run_client, capsys):
     shell.run_cell_magic("train", "--dry-run --param lr=0.01", "print(lr)")
 

@@ -87,6 +87,16 @@ def test_the_openapi_document_names_the_same_states():
     assert set(openapi()["components"]["schemas"]["Job"]["properties"]["state"]["enum"]) == {s.value for s in JobState}
 
 
+def test_lineage_kinds_are_one_list_in_the_service_the_document_and_the_lab():
+    from danlu.hub.service.lineage import KINDS
+    from danlu.hub.service.validation import openapi
+
+    node = openapi()["components"]["schemas"]["Lineage"]["properties"]["nodes"]["items"]
+    assert set(node["properties"]["kind"]["enum"]) == set(KINDS)
+    source = (ROOT / "extensions" / "lab" / "src" / "tokens.ts").read_text(encoding="utf-8")
+    assert _ts_union(source, "LineageNodeKind") == set(KINDS)
+
+
 @pytest.mark.parametrize("path", list(python_files(["magics"])), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_the_kernel_side_never_imports_the_hub_side(path):
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

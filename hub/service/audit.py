@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from danlu.hub.service.models import AuditRecord, isoformat, utcnow
@@ -52,19 +52,40 @@ class Verification:
         return {"ok": self.ok, "records": self.records, "problem": self.problem, "seq": self.seq}
 
 
-def verify(session: Session) -> Verification:
+#: records read at a time by :func:`verify`
+BATCH = 2000
+_FIELDS = (AuditRecord.seq, AuditRecord.at, AuditRecord.actor, AuditRecord.action, AuditRecord.target,
+           AuditRecord.before, AuditRecord.after, AuditRecord.prev_hash, AuditRecord.hash)
+
+
+def verify(session: Session, batch: int = BATCH) -> Verification:
+    """Walk the chain from the first record to the newest one there was when it started.
+
+    Records are read by ranges of ``batch`` seq numbers (plain rows, nothing kept between batches), so
+    memory stays the same whatever the length of the log. A range, not a LIMIT: PostgreSQL's generic
+    plan for "from seq on, first N" reads every later record and sorts them, on every batch.
+    """
+    newest = session.scalar(select(func.max(AuditRecord.seq))) or 0
     prev_hash, expected, count = GENESIS, 1, 0
-    for record in session.scalars(select(AuditRecord).order_by(AuditRecord.seq)):
-        count += 1
-        if record.seq != expected:
-            return Verification(False, count, f"record {expected} is missing (next is {record.seq})", expected)
-        if record.prev_hash != prev_hash:
-            return Verification(False, count, f"record {record.seq} does not follow record {record.seq - 1}",
-                                record.seq)
-        if _digest(prev_hash, record.seq, record.at, record.actor, record.action, record.target, record.before,
-                   record.after) != record.hash:
-            return Verification(False, count, f"record {record.seq} was altered", record.seq)
-        prev_hash, expected = record.hash, expected + 1
+    while expected <= newest:
+        rows = session.execute(select(*_FIELDS).where(AuditRecord.seq >= expected, AuditRecord.seq < expected + batch,
+                                                      AuditRecord.seq <= newest).order_by(AuditRecord.seq)).all()
+        if not rows:  # a whole range is gone: say where the log goes on, if it does
+            resumes = session.scalar(select(func.min(AuditRecord.seq)).where(AuditRecord.seq >= expected,
+                                                                            AuditRecord.seq <= newest))
+            if resumes is None:
+                return Verification(False, count, f"record {expected} is missing (the log ends at {expected - 1})",
+                                    expected)
+            return Verification(False, count + 1, f"record {expected} is missing (next is {resumes})", expected)
+        for seq, at, actor, action, target, before, after, record_prev, record_hash in rows:
+            count += 1
+            if seq != expected:
+                return Verification(False, count, f"record {expected} is missing (next is {seq})", expected)
+            if record_prev != prev_hash:
+                return Verification(False, count, f"record {seq} does not follow record {seq - 1}", seq)
+            if _digest(prev_hash, seq, at, actor, action, target, before, after) != record_hash:
+                return Verification(False, count, f"record {seq} was altered", seq)
+            prev_hash, expected = record_hash, expected + 1
     return Verification(True, count)
 
 

@@ -16,6 +16,11 @@ is refused the same way.
 Groups: ``read_groups`` and ``register_groups`` (empty: everyone) are set by the first registration;
 admins may do anything. Someone outside ``read_groups`` gets a 404 for the dataset, never a 403, as
 for another user's job; a reader outside ``register_groups`` gets a 403 that says whom to ask.
+
+Uses: every catalog version a job names at submission, and every one its code asks for through the
+runner API (``danlu.dataset``), is a ``dataset_uses`` row (:func:`record_uses`, one per job, version and
+context), so a version lists the jobs that used it (``used_by``, :meth:`Catalog.version`) and a job the
+versions it used (``inputs``, :func:`uses_of_job`).
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
-from danlu.datasets import DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
+from danlu.datasets import TRAINING, DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import audit, validation
 from danlu.hub.service.core import Core
-from danlu.hub.service.models import Dataset, DatasetVersion, isoformat, utcnow
+from danlu.hub.service.models import Dataset, DatasetUse, DatasetVersion, Job, isoformat, utcnow
 
 #: the most files a dataset version may hold (each is hashed and listed in the manifest)
 MAX_FILES = 100_000
@@ -49,6 +54,8 @@ VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
 #: how a job names a catalog version: ``NAME@VERSION`` or ``NAME@latest``
 REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)@([1-9][0-9]{0,8}|latest)$")
 FIND_FIX = "see the datasets you may read with 'danlu datasets list' or GET /datasets"
+#: the most jobs a version's ``used_by`` lists (the newest uses first)
+MAX_USED_BY = 100
 
 
 # tabular files ------------------------------------------------------------------------------------------
@@ -221,14 +228,24 @@ class Catalog:
         return dataset_to_dict(ds, versions, every=True)
 
     async def version(self, principal, name: str, version: int) -> dict:
+        """One version with its manifest, and ``used_by``: the jobs that used it that the caller may see."""
         await self._readable(principal, name)
         row = await self.core.read(lambda s: s.scalars(select(DatasetVersion).where(
             DatasetVersion.dataset == name, DatasetVersion.version == version)).first())
         if row is None:
             raise NotFound(f"dataset {name} has no version {version}", reason="no_such_version", field="version",
                            fix=f"see its versions with 'danlu datasets show {name}'")
-        return version_to_dict(row, manifest=True)
+        return {**version_to_dict(row, manifest=True),
+                "used_by": await self.core.read(users_of_version, principal, name, version)}
 
+    async def readable_latest(self, principal, name: str, field: str) -> dict | None:
+        """:meth:`resolve` of ``NAME@latest`` if the caller may read a dataset ``name``, else None."""
+        try:
+            return await self.resolve(principal, f"{name}@latest", field)
+        except NotFound as e:
+            if e.reason == "no_such_dataset":
+                return None
+            raise
 
     async def resolve(self, principal, ref: str, field: str) -> dict:
         """A job's dataset entry for ``NAME@VERSION`` (or ``NAME@latest``): the version's real path and digest."""
@@ -252,6 +269,62 @@ class Catalog:
                            field=field, fix=f"see its versions with 'danlu datasets show {name}'")
         return {"name": f"{name}@{row.version}", "path": row.path, "dataset": name, "version": row.version,
                 "digest": row.digest}
+
+
+# uses ---------------------------------------------------------------------------------------------------
+def use_to_dict(use: DatasetUse) -> dict:
+    return {"ref": f"{use.dataset}@{use.version}", "dataset": use.dataset, "version": use.version,
+            "digest": use.digest, "context": use.context}
+
+
+def record_uses(s, job_id: str, attempt: int | None, entries: list[dict]) -> None:
+    """Record the catalog versions among a job's ``entries`` (those naming a dataset and a version), once per
+    version and context."""
+    for entry in entries:
+        if not entry.get("dataset") or not entry.get("version"):
+            continue  # a path (a reproduction pins its digest too), not a catalog version
+        context = entry.get("context") or TRAINING
+        known = s.scalars(select(DatasetUse.id).where(
+            DatasetUse.job_id == job_id, DatasetUse.dataset == entry["dataset"],
+            DatasetUse.version == entry["version"], DatasetUse.context == context)).first()
+        if known is None:
+            s.add(DatasetUse(job_id=job_id, attempt=attempt, dataset=entry["dataset"], version=entry["version"],
+                             digest=entry["digest"], context=context, created_at=utcnow()))
+            s.flush()
+
+
+def uses_of_job(s, job_id: str) -> list[dict]:
+    """The catalog versions a job used (``{ref, dataset, version, digest, context}``), first use first."""
+    return uses_of_jobs(s, [job_id]).get(job_id, [])
+
+
+def uses_of_jobs(s, job_ids: list[str]) -> dict[str, list[dict]]:
+    """:func:`uses_of_job` for many jobs in one query: job id -> its inputs (jobs without any left out)."""
+    out: dict[str, list[dict]] = {}
+    if job_ids:
+        q = select(DatasetUse).where(DatasetUse.job_id.in_(list(job_ids))).order_by(DatasetUse.id)
+        for use in s.scalars(q):
+            out.setdefault(use.job_id, []).append(use_to_dict(use))
+    return out
+
+
+def users_of_version(s, principal, dataset: str, version: int) -> list[dict]:
+    """The newest :data:`MAX_USED_BY` uses of a version by jobs the caller may see (their own; admins: all)."""
+    here = (DatasetUse.dataset == dataset, DatasetUse.version == version)
+    owners = s.scalars(select(Job.owner).join(DatasetUse, DatasetUse.job_id == Job.id).where(*here).distinct())
+    visible = [o for o in owners if principal.can_read(o)]
+    if not visible:
+        return []
+    q = (select(DatasetUse, Job).join(Job, DatasetUse.job_id == Job.id).where(*here, Job.owner.in_(visible))
+         .order_by(DatasetUse.created_at.desc(), DatasetUse.id.desc()).limit(MAX_USED_BY))
+    return [{"job_id": job.id, "owner": job.owner, "state": job.state, "mlflow_run_id": _run_of(job),
+             "context": use.context, "attempt": use.attempt, "at": isoformat(use.created_at)}
+            for use, job in s.execute(q)]
+
+
+def _run_of(job: Job) -> str | None:
+    tracking = job.tracking if isinstance(job.tracking, dict) else {}
+    return tracking.get("run_id") or job.mlflow_run_id
 
 
 def manifest_of(s, dataset: str, version: int) -> list:

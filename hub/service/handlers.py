@@ -20,6 +20,7 @@ from danlu import __version__
 from danlu.errors import DanluError, NotFound
 from danlu.hub.service import validation
 from danlu.hub.service.states import FINAL, JobState
+from danlu.hub.service.views import JOB_ID
 from danlu.hub.service.web import APIHandler
 
 CHUNK = 256 * 1024
@@ -52,9 +53,10 @@ class JobsHandler(APIHandler):
     async def get(self):
         who = self.principal()
         states = [s for s in (self.str_arg("state", "") or "").split(",") if s]
-        jobs = await self.jobs.list(who, states=states, owner=self.str_arg("owner"), queue=self.str_arg("queue"),
-                                    limit=self.int_arg("limit", 200, minimum=1, maximum=1000))
-        self.write_json({"jobs": [self.jobs.to_dict(j) for j in jobs]})
+        jobs, cursor = await self.jobs.page(
+            who, states=states, owner=self.str_arg("owner"), queue=self.str_arg("queue"),
+            limit=self.int_arg("limit", 200, minimum=1, maximum=1000), cursor=self.str_arg("cursor"))
+        self.write_json({"jobs": await self.jobs.views(jobs), "next_cursor": cursor})
 
     async def post(self):
         who = self.principal()
@@ -62,10 +64,16 @@ class JobsHandler(APIHandler):
         self.write_json(body, status)
 
 
+class ExperimentsHandler(APIHandler):
+    async def get(self):
+        who = self.principal()
+        self.write_json({"experiments": await self.jobs.experiments(who, owner=self.str_arg("owner"))})
+
+
 class JobHandler(APIHandler):
     async def get(self, job_id):
         who = self.principal()
-        self.write_json(self.jobs.to_dict(await self.jobs.get(who, self.job_arg(job_id))))
+        self.write_json((await self.jobs.views([await self.jobs.get(who, self.job_arg(job_id))]))[0])
 
     async def patch(self, job_id):
         who = self.principal()
@@ -294,6 +302,84 @@ class DatasetVersionHandler(DatasetHandler):
         self.write_json(await self.jobs.catalog.version(who, name, number))
 
 
+class ReproduceHandler(APIHandler):
+    async def post(self, job_id):
+        who = self.principal()
+        self.write_json(await self.jobs.reproduce(who, self.job_arg(job_id)), 201)
+
+
+class CompareHandler(APIHandler):
+    async def get(self, job_id, other):
+        who = self.principal()
+        other = self.path_arg(other, "other", JOB_ID, "a job id (12 hex digits)")
+        self.write_json(await self.jobs.compare(who, self.job_arg(job_id), other))
+class ModelsHandler(APIHandler):
+    async def get(self):
+        self.write_json({"models": await self.jobs.models.list(self.principal())})
+
+    async def post(self):
+        who = self.principal()
+        status, body = await self.jobs.models.register(who, self.json_body())
+        self.write_json(body, status)
+
+
+class ModelArgs(APIHandler):
+    """The path parameters of the model routes, each checked against its pattern (400 naming it)."""
+
+    def name_arg(self, value: str) -> str:
+        from danlu.hub.service.model_registry import NAME
+
+        return self.path_arg(value, "name", NAME, "a model name")
+
+    def version_arg(self, value: str) -> int:
+        from danlu.hub.service.model_registry import VERSION
+
+        return int(self.path_arg(value, "version", VERSION, "a version number (1, 2, ...)"))
+
+    def alias_arg(self, value: str) -> str:
+        from danlu.hub.service.model_registry import ALIAS
+
+        return self.path_arg(value, "alias", ALIAS, "an alias (a letter, then letters, digits, - and _)")
+
+
+class ModelHandler(ModelArgs):
+    async def get(self, name):
+        self.write_json(await self.jobs.models.show(self.principal(), self.name_arg(name)))
+
+
+class ModelVersionHandler(ModelArgs):
+    async def get(self, name, version):
+        who = self.principal()
+        self.write_json(await self.jobs.models.version_view(who, self.name_arg(name), self.version_arg(version)))
+
+
+class ModelDecisionsHandler(ModelArgs):
+    async def post(self, name, version):
+        who = self.principal()
+        name, number = self.name_arg(name), self.version_arg(version)
+        self.write_json(await self.jobs.models.decide(who, name, number, self.json_body()))
+
+
+class ModelAliasHandler(ModelArgs):
+    async def put(self, name, alias):
+        who = self.principal()
+        name, alias = self.name_arg(name), self.alias_arg(alias)
+        self.write_json(await self.jobs.models.set_alias(who, name, alias, self.json_body()))
+
+    async def delete(self, name, alias):
+        who = self.principal()
+        self.write_json(await self.jobs.models.delete_alias(who, self.name_arg(name), self.alias_arg(alias)))
+
+
+class LineageHandler(ModelArgs):
+    async def get(self, name, version):
+        from danlu.hub.service.lineage import model_lineage
+
+        who = self.principal()
+        name, number = self.name_arg(name), self.version_arg(version)
+        self.write_json(await model_lineage(self.jobs, who, name, number))
+
+
 class UsageHandler(APIHandler):
     async def get(self):
         from danlu.hub.service import usage
@@ -316,6 +402,7 @@ def routes(prefix: str) -> list:
         (f"{api}/openapi.json", OpenAPIHandler),
         (f"{api}/profiles", ProfilesHandler),
         (f"{api}/jobs", JobsHandler),
+        (f"{api}/experiments", ExperimentsHandler),
         (f"{api}{job}", JobHandler),
         (f"{api}{job}/cancel", CancelHandler),
         (f"{api}{job}/logs", LogsHandler),
@@ -325,6 +412,14 @@ def routes(prefix: str) -> list:
         (f"{api}/datasets", DatasetsHandler),
         (f"{api}/datasets/(?P<name>[^/]+)", DatasetHandler),
         (f"{api}/datasets/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", DatasetVersionHandler),
+        (f"{api}{job}/reproduce", ReproduceHandler),
+        (f"{api}{job}/compare/(?P<other>[^/]+)", CompareHandler),
+        (f"{api}/models", ModelsHandler),
+        (f"{api}/models/(?P<name>[^/]+)", ModelHandler),
+        (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", ModelVersionHandler),
+        (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/decisions", ModelDecisionsHandler),
+        (f"{api}/models/(?P<name>[^/]+)/aliases/(?P<alias>[^/]+)", ModelAliasHandler),
+        (f"{api}/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", LineageHandler),
         *admin_handlers.routes(api),
         *runner_handlers.routes(api),
         (f"{base}/metrics", admin_handlers.MetricsHandler),

@@ -3,7 +3,9 @@
 :class:`JobManager` builds the parts -- :class:`~.submission.Submission`,
 :class:`~.scheduler.Scheduler`, :class:`~.supervisor.Supervisor` (the
 execution manager), :class:`~.reports.Reports` (the runner API),
-:class:`~.queues.Queues`, :class:`~.servers.Servers`, :class:`~.catalog.Catalog` (datasets) -- around one
+:class:`~.queues.Queues`, :class:`~.servers.Servers`, :class:`~.catalog.Catalog` (datasets),
+:class:`~.reproduction.Reproduction` (re-running a job, comparing two),
+:class:`~.model_registry.ModelRegistry` (models, evaluations, approvals) -- around one
 :class:`~.core.Core`, and answers for a caller: who may see or control which
 job (404, never 403, for someone else's), reading a job's log and notebooks
 through the backend, the audit log, usage, allocations. Authorization lives
@@ -18,12 +20,15 @@ import os
 from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
-from danlu.hub.service import audit, outputs, usage
-from danlu.hub.service.catalog import Catalog
+from danlu.hub.service import audit, listing, outputs, usage
+from danlu.hub.service.catalog import Catalog, uses_of_jobs
 from danlu.hub.service.core import Core
+from danlu.hub.service.experiments import experiments_of
+from danlu.hub.service.model_registry import ModelRegistry
 from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
 from danlu.hub.service.queues import ADMIN_FIX, Queues, require_admin
 from danlu.hub.service.reports import Reports
+from danlu.hub.service.reproduction import Reproduction
 from danlu.hub.service.scheduler import Scheduler
 from danlu.hub.service.servers import Servers
 from danlu.hub.service.states import FINAL, JobState, transition
@@ -39,9 +44,12 @@ class JobManager:
         self.scheduler = Scheduler(core, self.supervisor)
         self.catalog = Catalog(core)
         self.submission = Submission(core, self.scheduler, self.catalog)
-        self.reports = Reports(core, self.supervisor)
+        self.reports = Reports(core, self.supervisor, self.catalog)
         self.queues = Queues(core, self.scheduler)
         self.servers = Servers(core, self.scheduler)
+        self.reproduction = Reproduction(core, self.submission, self.catalog)
+        self.models = ModelRegistry(core, self.submission)
+        self.usage_cache = usage.Cache()
 
     # shortcuts the app and the handlers use ------------------------------------------------------
     @property
@@ -81,8 +89,10 @@ class JobManager:
                            fix="see the jobs you may read with 'danlu jobs list' or GET /jobs")
         return job
 
-    async def list(self, principal, *, states: list[str] | None = None, owner: str | None = None,
-                   queue: str | None = None, limit: int = 200) -> list[Job]:
+    async def page(self, principal, *, states: list[str] | None = None, owner: str | None = None,
+                   queue: str | None = None, limit: int = 200,
+                   cursor: str | None = None) -> tuple[list[Job], str | None]:
+        """A page of the jobs the caller may see, newest first, and the cursor of the next page (None: the last)."""
         if owner and owner != principal.name and not principal.admin:
             raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner",
                             fix=f"leave owner out, or ask for owner={principal.name}")
@@ -90,26 +100,38 @@ class JobManager:
             if state not in JobState.__members__:
                 raise ValidationError(f"unknown state '{state[:40]}'", field="state",
                                       fix=f"use {', '.join(JobState.__members__)}")
+        after = listing.decode_cursor(cursor) if cursor is not None else None
+        who = (owner or None) if principal.admin else principal.name
+        jobs, last = await self.core.read(lambda s: listing.page(s, owner=who, states=list(states or []), queue=queue,
+                                                                 limit=limit, after=after))
+        return jobs, (listing.encode_cursor(last) if last is not None else None)
 
-        def query(s):
-            q = select(Job).order_by(Job.created_at.desc()).limit(limit)
-            if not principal.admin:
-                q = q.where(Job.owner == principal.name)
-            elif owner:
-                q = q.where(Job.owner == owner)
-            if states:
-                q = q.where(Job.state.in_(states))
-            if queue:
-                q = q.where(Job.queue == queue)
-            return list(s.scalars(q))
+    async def list(self, principal, **kwargs) -> list[Job]:
+        """The first page (or the page at ``cursor``) of :meth:`page`, without the next cursor."""
+        return (await self.page(principal, **kwargs))[0]
 
-        return await self.core.read(query)
+    async def experiments(self, principal, owner: str | None = None) -> list[dict]:
+        """The MLflow experiments holding a user's job runs (the caller's, or for admins anyone's)."""
+        owner = owner or principal.name
+        if owner != principal.name and not principal.admin:
+            raise Forbidden("only admins can list other users' experiments", reason="not_admin", field="owner",
+                            fix=f"leave owner out, or ask for owner={principal.name}")
+        return await self.core.read(experiments_of, owner)
 
-    def to_dict(self, job: Job) -> dict:
-        return job_to_dict(self.core, job)
+    def to_dict(self, job: Job, inputs: list[dict] | None = None) -> dict:
+        return job_to_dict(self.core, job, inputs)
+
+    async def views(self, jobs: list[Job]) -> list[dict]:
+        """The API models of ``jobs``, with the dataset versions each used (one query for all), built on a
+        reader thread: a page of 1000 jobs costs the event loop nothing but the wait."""
+        def build(s):
+            uses = uses_of_jobs(s, [j.id for j in jobs])
+            return [self.to_dict(j, uses.get(j.id, [])) for j in jobs]
+
+        return await self.core.read(build)
 
     async def job_dict(self, job_id: str) -> dict:
-        return self.to_dict(await self.core.read(lambda s: s.get(Job, job_id)))
+        return (await self.views([await self.core.read(lambda s: s.get(Job, job_id))]))[0]
 
     async def input_notebook(self, principal, job_id: str) -> tuple[Job, bytes]:
         job = await self.get(principal, job_id)
@@ -176,6 +198,18 @@ class JobManager:
         await self.scheduler.schedule()
         return await self.job_dict(job_id)
 
+    async def reproduce(self, principal, job_id: str) -> dict:
+        """Run a job the caller may see again, as the caller's new job (404 for a job they may not see)."""
+        job = await self.get(principal, job_id)
+        _status, answer = await self.reproduction.reproduce(principal, job)
+        return await self.job_dict(answer["id"])
+
+    async def compare(self, principal, job_id: str, other: str) -> dict:
+        """What differs between two jobs the caller may see (404 for either one they may not)."""
+        a = await self.get(principal, job_id)
+        b = await self.get(principal, other)
+        return await self.reproduction.compare(a, b)
+
     async def reprioritize(self, principal, job_id: str, priority: str) -> dict:
         require_admin(principal)
         job = await self.get(principal, job_id)
@@ -235,7 +269,8 @@ class JobManager:
                 raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
                                 fix=f"ask for user={principal.name}, grouped by user")
             user = principal.name
-        body = await self.core.read(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user))
+        body = await self.core.read(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user,
+                                                           cache=self.usage_cache))
         if principal.admin:
             body["idle_gpu_servers"] = await self.servers.idle()
         return body
@@ -259,6 +294,27 @@ class JobManager:
         require_admin(principal)
         await self.servers.release(holder)
 
+    async def warm(self, principal, body: dict) -> dict:
+        """Demand for a warm runner: a user's server started (the spawner) or a user about to submit.
+
+        The profile is the one the user may use (their default when none is named); the runner
+        starts in the background, within the pool's caps, and goes again after the pool's idle time.
+        """
+        user = body.get("user") or (principal.name if principal.is_user else None)
+        if user is None:
+            raise ValidationError("say whose runner to warm", field="user", fix="give user: NAME")
+        if not principal.can_write(user):
+            raise Forbidden("you may warm runners only for yourself", reason="not_yours", field="user",
+                            fix=f"leave user out, or ask for user={principal.name}")
+        account = self.core.settings.account(user)  # refuses a user without a Unix account when they are on
+        groups = await self.core.groups.groups_of(user, fallback=principal.groups if user == principal.name else ())
+        profile = self.core.profiles.authorize(body.get("profile"), groups,
+                                               admin=principal.admin and user == principal.name)
+        warm = getattr(self.core.backend, "warm", None)  # only the local backend keeps warm runners
+        if warm is not None:
+            self.core.spawn(warm(profile.kernel_name, account))
+        return {"user": user, "profile": profile.slug, "warming": warm is not None}
+
     def metrics_text(self, principal) -> bytes:
         if not principal.admin:
             raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin",
@@ -272,6 +328,7 @@ class JobManager:
             await self.scheduler.rebuild_locked()
         await self.supervisor.recover()
         await self.scheduler.schedule()
+        self.core.spawn(self.models.recover())  # evaluation gates: MLflow may be slower to start than we are
 
     async def run_forever(self, interval: float = 2.0) -> None:
         await self.scheduler.run_forever(interval)

@@ -5,7 +5,8 @@ environment a job's runner and kernels get (:meth:`env_for`: the loopback
 tracking URI and, with MLflow's permissions on, the owner's derived
 credentials, so a job logs as its owner), making sure the owner exists as an
 MLflow user before their job runs (:meth:`ensure_user`), and refusing at
-submission an experiment the owner could not write (:meth:`check_experiment`).
+submission an experiment the owner could not write (:meth:`check_experiment`), and reading a run's final
+metrics as the workbench's MLflow admin (:meth:`final_metrics`, for comparing two jobs).
 The permission system itself is :mod:`danlu.hub.mlflow_auth`'s; without its
 secret (a bare MLflow) there is nothing to provision or check.
 """
@@ -13,9 +14,16 @@ secret (a bare MLflow) there is nothing to provision or check.
 from __future__ import annotations
 
 import logging
+import re
+import time
 
 from danlu.errors import DanluError, Unreachable
 from danlu.hub import mlflow_auth
+
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: how long an experiment found writable by its owner is taken as writable, and how many are remembered
+CHECKED_FOR = 60.0
+MAX_CHECKED = 10_000
 
 
 class MlflowAccess:
@@ -24,6 +32,7 @@ class MlflowAccess:
         self.secret = secret or None
         self.users = mlflow_auth.MlflowUsers(tracking_uri, self.secret) if self.secret and tracking_uri else None
         self.log = log or logging.getLogger("danlu.jobs")
+        self._writable: dict[tuple[str, str], float] = {}  # (owner, experiment) -> checked until
 
     def env_for(self, owner: str) -> dict:
         if not self.tracking_uri:
@@ -42,7 +51,34 @@ class MlflowAccess:
             self.log.warning("could not make %s an MLflow user (%s): the job reports what MLflow says", owner, e)
 
     async def check_experiment(self, name: str, owner: str, admin: bool, user_exists) -> None:
+        """Refuse an experiment the owner could not write (see MlflowUsers.check_experiment).
+
+        An experiment found writable is not asked about again for :data:`CHECKED_FOR` seconds: a user
+        submitting a sweep costs MLflow two lookups a minute, not two per job. MLflow itself decides
+        at run creation, so a permission taken away meanwhile fails that job, with MLflow's reason.
+        """
         if self.users is None:
+            return
+        key = (owner, name)
+        if self._writable.get(key, 0.0) > time.monotonic():
             return
         await self.ensure_user(owner)
         await self.users.check_experiment(name, owner, admin, user_exists)
+        if len(self._writable) > MAX_CHECKED:
+            self._writable.clear()
+        self._writable[key] = time.monotonic() + CHECKED_FOR
+
+    async def final_metrics(self, run_id: str) -> dict | None:
+        """``{metric: its last value}`` of an MLflow run (at most :data:`~.evaluations.MAX_METRICS`); None if
+        MLflow has no such run or does not answer. Read as the workbench's MLflow admin, asynchronously."""
+        from danlu.hub.service.evaluations import latest_metrics
+        from danlu.hub.service.mlflow_registry import MlflowRegistry
+
+        if not self.tracking_uri or not RUN_ID.match(run_id or ""):
+            return None
+        try:
+            run = await MlflowRegistry(self.tracking_uri, self.secret).run(run_id)
+        except DanluError as e:
+            self.log.warning("could not read the metrics of MLflow run %s: %s", run_id, e)
+            return None
+        return latest_metrics(run) if run is not None else None

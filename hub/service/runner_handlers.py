@@ -58,6 +58,16 @@ class RunnerEventsHandler(RunnerHandler):
         self.write_json(await self.jobs.reports.event(job_id, number, self.token(), body))
 
 
+class RunnerDatasetHandler(RunnerHandler):
+    max_body = 64 * 1024
+
+    async def post(self, job_id, attempt):
+        job_id, number = self.ids(job_id, attempt)
+        token = self.token()
+        owner = await self.jobs.reports.owner(job_id, number, token)  # before the body is parsed
+        self.write_json(await self.jobs.reports.dataset(job_id, number, token, owner, self.json_body()))
+
+
 def routes(api: str) -> list:
     base = f"{api}/runner/jobs/(?P<job_id>[^/]+)/attempts/(?P<attempt>[^/]+)"
     return [
@@ -65,4 +75,5 @@ def routes(api: str) -> list:
         (f"{base}/stop", RunnerStopHandler),
         (f"{base}/events", RunnerEventsHandler),
         (f"{base}/outputs/(?P<rank>[^/]+)", RunnerOutputHandler),
+        (f"{base}/datasets", RunnerDatasetHandler),
     ]

@@ -4,11 +4,15 @@
 notebook, the parameters, the profile policy of the owner's groups, the
 queue, the priority class, limits, whether the job could ever start here, the
 working folder and the datasets (confined to their roots on their real
-paths, or catalog versions ``NAME@VERSION`` the owner may read), the MLflow
-experiment -- before anything is written. Then the job's row (identity,
+paths, or catalog versions ``NAME@VERSION`` the owner may read; a bare
+``NAME`` is the latest version of a catalog dataset the owner may read, and
+is refused when a file or folder of that name is in the job's folder too),
+the MLflow experiment -- before anything is written. Then the job's row (identity,
 profile, resources, parameters, datasets with their resolved paths and, for
-catalog versions, digests, the cell's sha256) and its notebook (a row of its own) are committed
-in state ``queued`` with a ``submit`` audit record. That row is the job's
+catalog versions, digests; each with its context, training or evaluation, the cell's sha256) and its
+notebook (a row of its own) are committed in state ``queued`` with a ``submit`` audit record, a
+``dataset_uses`` row per catalog version, and its provenance (:mod:`.provenance`: what reproducing it
+needs). That row is the job's
 spec: what runs, and as whom, comes from here at every start, never from a
 file the job could write. A dry run answers with the same checks and one
 admission pass on a copy of the model.
@@ -24,10 +28,11 @@ import time
 import uuid
 from pathlib import Path, PurePosixPath
 
-from danlu.errors import Forbidden, PolicyError, ValidationError
-from danlu.hub.service import audit, quotas, validation
+from danlu.datasets import TRAINING
+from danlu.errors import Forbidden, PolicyError, UsageError, ValidationError
+from danlu.hub.service import audit, provenance, quotas, validation
 from danlu.hub.service.admission import Workload
-from danlu.hub.service.catalog import REF
+from danlu.hub.service.catalog import NAME, REF, record_uses
 from danlu.hub.service.core import Core, workload_of
 from danlu.hub.service.models import Job, JobInput, utcnow
 from danlu.hub.service.scheduler import DRAINING, Scheduler
@@ -53,7 +58,10 @@ class Submission:
                                   reason="no_folder", fix="create it, or give a folder relative to your home")
         return workdir
 
-    async def submit(self, principal, body) -> tuple[int, dict]:
+    async def submit(self, principal, body, *, reproduces: str | None = None,
+                     pins: dict[int, dict] | None = None) -> tuple[int, dict]:
+        """Accept a job; ``reproduces`` and ``pins`` (dataset index -> the digest a plain path must still have)
+        come from :meth:`~.reproduction.Reproduction.reproduce`, never from a request body."""
         core = self.core
         settings, jobs = core.settings, core.settings.jobs
         if not isinstance(body, dict):
@@ -92,10 +100,11 @@ class Submission:
                                   "max runtime)", field="timeout_seconds",
                                   fix="ask for less, or leave it out for the workbench's maximum")
         cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
-        refs = {i: ds for i, ds in enumerate(body.get("datasets", [])) if self.catalog and REF.match(ds)}
-        for i, ds in enumerate(body.get("datasets", [])):
+        wanted = [_dataset_item(i, item) for i, item in enumerate(body.get("datasets", []))]
+        refs = {i for i, (value, _, _) in enumerate(wanted) if self.catalog and REF.match(value)}
+        for i, (value, _, field) in enumerate(wanted):
             if i not in refs:
-                validation.check_dataset(ds, f"datasets[{i}]", settings.dataset_roots)
+                validation.check_dataset(value, field, settings.dataset_roots)
         source = dict(body.get("source", {}))
         if source.get("notebook_path"):
             source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
@@ -115,13 +124,14 @@ class Submission:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)  # users may submit before ever starting a server
         workdir = self._workdir(home, cwd)
         datasets = []
-        for i, ds in enumerate(body.get("datasets", [])):
-            if i in refs:  # a catalog version: its files are re-verified against its digest when the job starts
-                datasets.append(await self.catalog.resolve(principal, ds, f"datasets[{i}]"))
-                continue
-            name, path = validation.resolve_dataset(ds, workdir=workdir, home=home, roots=settings.dataset_roots,
-                                                    field=f"datasets[{i}]")
-            datasets.append({"name": name, "path": str(path)})
+        for i, (value, context, field) in enumerate(wanted):
+            # a catalog version: its files are re-verified against its digest when the job starts
+            entry = await self._catalog_entry(principal, value, field, workdir, i in refs)
+            if entry is None:
+                name, path = validation.resolve_dataset(value, workdir=workdir, home=home,
+                                                        roots=settings.dataset_roots, field=field)
+                entry = {"name": name, "path": str(path), **(pins or {}).get(i, {})}
+            datasets.append({**entry, "context": context})
         stem = PurePosixPath(source.get("notebook_path") or "").stem
         name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
         experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
@@ -136,23 +146,43 @@ class Submission:
         if body.get("dry_run"):
             return 200, await self._dry_run(node, params, profile, resources, probe)
 
+        environment = await provenance.environment_of(settings, profile)
+        record = provenance.build(profile=profile.slug, environment=environment, parameters=params, nb=node,
+                                  source=source, datasets=datasets, cell_sha256=sha, reproduces=reproduces)
         job = Job(id=uuid.uuid4().hex[:12], owner=owner, name=name, state=JobState.queued.value, reason="",
                   profile=profile.slug, queue=queue, priority=priority, priority_class=priority_class,
                   nproc=resources["nproc"], nnodes=resources["nodes"], gpus=request.gpus, gpu_type=request.gpu_flavor,
                   cpu=request.cpu,
                   memory=request.memory, retries=retries, timeout_seconds=timeout, parameters=params,
                   experiment=experiment, datasets=datasets, source=source, cwd=cwd, groups=list(groups),
-                  cell_sha256=sha, created_at=utcnow())
+                  cell_sha256=sha, created_at=utcnow(), provenance=record, reproduces=reproduces)
         job.queued_at = job.created_at
         notebook = json.dumps(node)
         after = {"queue": queue, "priority": priority_class, "profile": profile.slug, "resources": resources,
                  "name": name}
+        if reproduces:
+            after["reproduces"] = reproduces
         async with core.lock:
             await core.db(_insert, job, notebook, after)
             core.pending[job.id] = workload_of(job)
         core.log.info("job %s submitted by %s (%s, queue %s, %s)", job.id, owner, profile.slug, queue, resources)
         await self.scheduler.schedule()
         return 201, {"id": job.id}
+
+    async def _catalog_entry(self, principal, value: str, field: str, workdir: Path, ref: bool) -> dict | None:
+        """The catalog version ``value`` names (``NAME@VERSION``, or a bare ``NAME`` the caller may read: the
+        latest), or None for a path; a bare name that is also a file or folder in the job's folder is refused."""
+        if ref:
+            return await self.catalog.resolve(principal, value, field)
+        if self.catalog is None or not NAME.match(value):
+            return None
+        entry = await self.catalog.readable_latest(principal, value, field)
+        if entry is not None and os.path.lexists(workdir / value):
+            raise UsageError(f"{field}: '{value}' is both a dataset of the catalog and a file or folder in the job's "
+                             "folder", field=field, reason="ambiguous_dataset",
+                             fix=f"write ./{value} for the file or folder, or {value}@latest for the catalog's "
+                                 f"latest version ({entry['name']})")
+        return entry
 
     async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
         from papermill.parameterize import parameterize_notebook
@@ -177,7 +207,16 @@ class Submission:
                 "notebook": dict(rendered)}
 
 
+def _dataset_item(i: int, item) -> tuple[str, str, str]:
+    """``(value, context, field)`` of ``datasets[i]``: a string (training) or ``{"ref", "context"}``."""
+    if isinstance(item, str):
+        return item, TRAINING, f"datasets[{i}]"
+    return item["ref"], item.get("context", TRAINING), f"datasets[{i}].ref"
+
+
 def _insert(s, job: Job, notebook: str, after: dict) -> None:
     s.add(job)
     s.add(JobInput(job_id=job.id, notebook=notebook))
+    s.flush()
+    record_uses(s, job.id, None, job.datasets)
     audit.append(s, job.owner, "submit", job.id, after=after)

@@ -39,7 +39,15 @@ def _tracking(job: Job) -> dict:
             "points_sent": data.get("points_sent") or 0, "points_dropped": dropped, "notes": notes}
 
 
-def job_to_dict(core, job: Job) -> dict:
+def inputs_of(job: Job) -> list[dict]:
+    """The catalog versions a job named when it was submitted (without those its code asked for later)."""
+    return [{"ref": d["name"], "dataset": d["dataset"], "version": d["version"], "digest": d["digest"],
+             "context": d.get("context") or "training"}
+            for d in job.datasets or [] if d.get("dataset") and d.get("version")]  # a pinned path has a digest too
+
+
+def job_to_dict(core, job: Job, inputs: list[dict] | None = None) -> dict:
+    """The job's API model; ``inputs``: its ``dataset_uses`` (catalog.uses_of_job), else what it was submitted with."""
     settings = core.settings
     base = f"{settings.public_url}/services/danlu/api/v1/jobs/{job.id}"
     tracking = _tracking(job)
@@ -71,6 +79,7 @@ def job_to_dict(core, job: Job) -> dict:
         "retries": job.retries, "timeout_seconds": job.timeout_seconds,
         "parameters": job.parameters, "experiment": job.experiment,
         "datasets": [d["name"] for d in job.datasets], "source": job.source,
+        "inputs": inputs if inputs is not None else inputs_of(job),
         "devices": list(running.devices or []) if running else [],
         "attempts": attempts,
         "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
@@ -86,4 +95,5 @@ def job_to_dict(core, job: Job) -> dict:
         # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
         "tensorboard_dir": core.backend.tensorboard_dir(job.id),
         "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
+        "reproduces": job.reproduces,  # the job this one re-runs (POST /jobs/{id}/reproduce)
     }

@@ -2,7 +2,10 @@
 
 As jupyter-scheduler's ``ExecutionManager.process``, the base class owns the
 order and subclasses override only :meth:`JobRunner.execute`
-(:mod:`danlu.runner.execute`). Every way an attempt can end -- success, an
+(:mod:`danlu.runner.execute`). What only the job knows of its provenance -- the
+digests of its plain dataset paths and git's dirty state after :meth:`prepare`,
+the seed its code set at the end -- goes to the service in ``provenance``
+reports (bounded: the service keeps nothing else of them). Every way an attempt can end -- success, an
 error in the user's code, a dead kernel, SIGTERM -- ends in :meth:`finish`,
 whose last act is the ``finished`` report to the service. On SIGTERM the
 runner asks the service why (cancelled, preempted or timed out, and the grace
@@ -12,13 +15,14 @@ as a stopping workbench.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import traceback
 
-from danlu.jobdir import JobDir
-from danlu.runner.kernels import job_env, let_kernel_finish, stop_kernel
+from danlu.jobdir import JobDir, read_json
+from danlu.runner.kernels import begin_stop, end_stop, job_env, let_kernel_finish, wait_exit_handlers
 from danlu.runner.link import ServiceLink
 from danlu.runner.tracking import Tracking
 
@@ -57,6 +61,10 @@ def describe_error(error: BaseException) -> tuple[str, bool]:
 
 #: the largest executed notebook a runner hands to the service (the service's body limit)
 MAX_OUTPUT = 64 * 2**20
+#: the largest seed reported (what every JSON client reads exactly), and the manifests' share of a report
+MAX_SEED = 2**53 - 1
+MAX_MANIFESTS_BYTES = 512 * 1024
+MAX_MANIFEST_FILES = 1000
 
 
 class JobRunner:
@@ -75,7 +83,9 @@ class JobRunner:
         self.infrastructure = False
         self.exit_code: int | None = None
         self.tracking: Tracking | None = None
+        self.metrics_limit: float | None = None  # seconds the last metrics may take (a stop's grace)
         self.env: dict = {}
+        self._kernel_stopping = False
 
     # signals --------------------------------------------------------------------
     def _on_sigterm(self, signum, frame):
@@ -107,9 +117,12 @@ class JobRunner:
         self.jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         digests = self._digest_datasets()  # a missing dataset fails the job, with its name
+        self._report_provenance(digests)
         self.tracking = Tracking(spec, self.jd, spec["attempt"], digests)
         self.tracking.start(on_run=self._report_tracking)
-        self.env = job_env(self.jd, spec, self.tracking.run_id)
+        # the kernels get the runner API too: danlu.dataset() asks it for catalog versions
+        self.env = {**job_env(self.jd, spec, self.tracking.run_id, self.tracking.experiment_id),
+                    **self.link.kernel_env()}
 
     def _report_tracking(self) -> None:
         self.link.report({"event": "tracking", **self.tracking.health()}, patience=30)
@@ -130,6 +143,7 @@ class JobRunner:
         self.jd.write_stop(reason, grace)  # for the ranks of a torchrun job
         # the user's code may be saving a checkpoint; keep time to finish this run before SIGKILL
         self.let_finish(max(0.0, grace * 0.8 - 1.0))
+        self.metrics_limit = max(1.0, grace * 0.1)  # of the rest: what is not sent stays in the job's files
 
     def on_failure(self, error: BaseException) -> None:
         self.reason, self.infrastructure = describe_error(error)
@@ -140,12 +154,22 @@ class JobRunner:
             traceback.print_exception(error, file=sys.stderr)
 
     def finish(self) -> None:
-        self.stop_kernel()
+        # the kernel's exit handlers (TensorBoard's flush, MLflow's, the seed) must be done before the run is
+        # closed; the rest of its exit (a few hundred milliseconds) goes on while the run is, and it is gone
+        # before the finished report
+        self.begin_stop_kernel()
         tracking = {}
+        seed = self._seed()
+        if seed is not None:
+            print(f"danlu: the job's code set the seed {seed}", file=sys.stderr, flush=True)
+            self.link.report({"event": "provenance", "seed": seed}, patience=30)
         if self.tracking is not None:
-            self.tracking.finish(self.state)
+            if seed is not None:
+                self.tracking.tag_seed(seed)
+            self.tracking.finish(self.state, self.metrics_limit)
             tracking = self.tracking.health()
         print(f"danlu: job {self.state}" + (f": {self.reason}" if self.reason else ""), file=sys.stderr, flush=True)
+        self.stop_kernel()
         if self.upload_outputs:
             self._upload_outputs()
         self.link.report({"event": "finished", "state": self.state, "reason": self.reason[:2000],
@@ -162,12 +186,15 @@ class JobRunner:
                 self.link.upload_output(rank, path.read_bytes())
 
     def _digest_datasets(self) -> list:
+        """``(digest, context)`` of each of the job's datasets, in order; catalog versions verified."""
         from danlu import datasets
 
         digests = []
         for ds in self.spec.get("datasets", []):
             try:
-                if ds.get("digest"):  # a catalog version: the files must still be what was registered
+                if ds.get("pinned_from"):  # a reproduction: the path must hold what the job it re-runs read
+                    digest = self._verify_pinned(ds)
+                elif ds.get("digest"):  # a catalog version: the files must still be what was registered
                     digest = datasets.verify(ds["path"], ds["name"], ds["digest"], ds.get("manifest") or [],
                                              cache_file=datasets.default_cache())
                 else:
@@ -176,14 +203,84 @@ class JobRunner:
                 raise FileNotFoundError(f"dataset {ds['name']} is gone (it was at {ds['path']})") from None
             print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
                   file=sys.stderr, flush=True)
-            digests.append(digest)
+            digests.append((digest, ds.get("context") or datasets.TRAINING))
         return digests
+
+    def _verify_pinned(self, ds: dict):
+        """The digest of a plain path pinned by a reproduction, or DatasetChanged naming what changed."""
+        from danlu import datasets
+
+        found, manifest = datasets.scan(ds["path"], ds["name"], cache_file=datasets.default_cache())
+        if found.digest != ds["digest"]:
+            what = datasets.changes(ds.get("manifest") or [], manifest) if ds.get("manifest") else []
+            raise datasets.DatasetChanged(
+                f"dataset {ds['name']} changed since job {ds['pinned_from']} read it: "
+                f"{', '.join(what) or 'its digest differs'}; restore it, or submit the notebook with the data as "
+                "it is now")
+        return found
+
+    # provenance: what only the job knows ----------------------------------------------------------
+    def _report_provenance(self, digests: list) -> None:
+        """The digests of the job's plain dataset paths, with small manifests, and git's dirty state if unknown."""
+        from danlu import datasets
+
+        event: dict = {"event": "provenance"}
+        plain, budget = [], MAX_MANIFESTS_BYTES
+        for ds, (found, _context) in zip(self.spec.get("datasets", []), digests, strict=True):
+            if ds.get("dataset") or ds.get("pinned_from"):
+                continue  # a catalog version, or a pin: the service has its digest
+            item = {"name": str(ds["name"])[:4096], "digest": found.digest}
+            try:
+                manifest = datasets.scan(ds["path"], ds["name"], cache_file=datasets.default_cache())[1] \
+                    if found.files <= MAX_MANIFEST_FILES else []
+            except OSError:
+                manifest = []
+            size = len(json.dumps(manifest))
+            if manifest and size <= budget and all(len(row[0]) <= 1024 for row in manifest):
+                item["manifest"], budget = manifest, budget - size
+            plain.append(item)
+        if plain:
+            event["datasets"] = plain[:100]
+        dirty = self._git_dirty()
+        if dirty is not None:
+            event["git_dirty"] = dirty
+        if len(event) > 1:
+            self.link.report(event, patience=30)
+
+    def _git_dirty(self) -> bool | None:
+        """Whether the job's folder has uncommitted changes to tracked files, if submission did not say."""
+        source = self.spec.get("source") or {}
+        if source.get("git_dirty") is not None or not source.get("git_commit") or not self.spec.get("cwd"):
+            return None
+        try:
+            out = subprocess.run(["git", "-C", str(self.spec["cwd"]), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+    def _seed(self) -> int | None:
+        """The seed rank 0's code set (the kernel wrote it; the job's own file, so checked like a report)."""
+        data = read_json(self.jd.seed_file)
+        seed = data.get("seed") if isinstance(data, dict) else None
+        if isinstance(seed, int) and not isinstance(seed, bool) and -MAX_SEED <= seed <= MAX_SEED:
+            return seed
+        return None
 
     def let_finish(self, seconds: float) -> None:
         if self.km is not None:
             let_kernel_finish(self.km, seconds)
 
+    def begin_stop_kernel(self) -> None:
+        """Ask the kernel to stop (killed when the attempt was stopped) and wait for its exit handlers."""
+        if self.km is not None and not self._kernel_stopping:
+            self._kernel_stopping = True
+            begin_stop(self.km, now=self.state in ("cancelled", "preempted", "timed_out"))
+            wait_exit_handlers(self.km)
+
     def stop_kernel(self) -> None:
+        """The kernel is gone (stopped as :meth:`begin_stop_kernel` began, if it did), its sockets removed."""
         if self.km is not None:
-            stop_kernel(self.km, now=self.state in ("cancelled", "preempted", "timed_out"))
+            self.begin_stop_kernel()
+            end_stop(self.km)
             self.km = None

@@ -82,6 +82,11 @@ class ServiceLink:
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
 
+    def kernel_env(self) -> dict:
+        """What a kernel of this attempt needs to ask the runner API itself (``danlu.dataset``)."""
+        launch = self.launch
+        return {env.RUNNER_API: launch.api, env.ATTEMPT: str(launch.attempt), env.JOB_TOKEN: launch.token}
+
     def spec(self, patience: float = 120.0) -> dict:
         return self._retrying("GET", "/spec", patience=patience).json()
 

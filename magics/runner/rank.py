@@ -21,7 +21,7 @@ from pathlib import Path
 
 from danlu.jobdir import JobDir, read_json, write_json_atomic
 from danlu.runner.base import describe_error
-from danlu.runner.kernels import job_env, let_kernel_finish, prime, start_kernel, stop_kernel
+from danlu.runner.kernels import execute_notebook, job_env, let_kernel_finish, prime, start_kernel, stop_kernel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(spec, dict):
         logging.getLogger("danlu.rank").error("the job's spec (job.json) is missing or unreadable")
         return 1
-    env = job_env(jd, spec, (spec.get("tracking") or {}).get("run_id"))
+    tracking = spec.get("tracking") or {}
+    env = job_env(jd, spec, tracking.get("run_id"), tracking.get("experiment_id"))
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if key in os.environ:
             env[key] = os.environ[key]
@@ -54,13 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        import papermill
-
         km = start_kernel(spec["kernel_name"], cwd=spec["cwd"], env=env)
         prime(km, env, spec["cwd"])
-        papermill.execute_notebook(
-            str(jd.input_notebook), str(jd.rank_notebook(rank)), parameters=spec["parameters"],
-            kernel_name=spec["kernel_name"], km=km, log_output=True, progress_bar=False,
+        execute_notebook(
+            km, str(jd.input_notebook), str(jd.rank_notebook(rank)), parameters=spec["parameters"],
+            kernel_name=spec["kernel_name"], log_output=True, progress_bar=False,
             request_save_on_cell_execute=True, execution_timeout=spec.get("cell_timeout_seconds"),
         )
         write_json_atomic(status_file, {"state": "succeeded", "reason": ""})

@@ -29,6 +29,7 @@ MAX_NOTES = 20
 
 class Tracking:
     def __init__(self, spec: dict, jd: JobDir, attempt: int, digests: list, final_timeout: float = 60.0):
+        """``digests``: ``(DatasetDigest, context)`` of the job's datasets, logged as the run's inputs."""
         from danlu.events import MetricForwarder
 
         self.spec = spec
@@ -129,26 +130,33 @@ class Tracking:
         }
         if source.get("git_commit"):
             run_tags[tags.SOURCE_GIT_COMMIT] = run_tags[tags.GIT_COMMIT] = source["git_commit"]
+        environment = spec.get("environment") if isinstance(spec.get("environment"), dict) else {}
+        if environment.get("digest"):
+            run_tags[tags.ENV_DIGEST] = str(environment["digest"])
         run = client.create_run(experiment_id, run_name=spec["name"], tags={k: v for k, v in run_tags.items() if v})
         run_id = run.info.run_id
         params = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in spec["parameters"].items()}
         params.update({"resources.nproc": str(spec["nproc"]), "resources.gpus": str(spec.get("gpus", 0)),
                        "profile": spec["profile"]})
         client.log_batch(run_id, params=[Param(k[:250], v[:6000]) for k, v in params.items()], synchronous=True)
-        for digest in self.digests:
-            datasets.log_to_mlflow(client, run_id, digest)
+        for digest, context in self.digests:
+            datasets.log_to_mlflow(client, run_id, digest, context=context)
         return run_id
 
     # end ------------------------------------------------------------------------------------
-    def finish(self, state: str) -> None:
-        """Forward the last metrics, upload the notebooks and the log, set the run's status (bounded)."""
+    def finish(self, state: str, limit: float | None = None) -> None:
+        """Forward the last metrics, upload the notebooks and the log, set the run's status (bounded).
+
+        ``limit``: seconds the metrics may take, for a job stopped with a grace
+        period; without it they take as long as MLflow keeps accepting them.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=RETRY_SECONDS + 35)
         if not self.configured:
             return
         try:
-            sent = self.forwarder.stop()
+            sent = self.forwarder.stop(limit)
             print(f"danlu: {sent} metric points recorded in MLflow", file=sys.stderr, flush=True)
         except Exception as e:  # noqa: BLE001
             self.note(f"metrics not forwarded: {_short(e)}")
@@ -169,6 +177,15 @@ class Tracking:
                     self.note(f"MLflow run status not set: {_short(e)}")
                     return
                 time.sleep(2)
+
+    def tag_seed(self, seed: int) -> None:
+        """Tag the run with the seed the job's code set (best effort: a note if MLflow refuses)."""
+        if self.client is None or not self.run_id:
+            return
+        try:
+            self.client.set_tag(self.run_id, tags.SEED, str(seed))
+        except Exception as e:  # noqa: BLE001
+            self.note(f"the seed was not tagged: {_short(e)}")
 
     def _log_artifacts(self) -> None:
         jd = self.jd

@@ -1,0 +1,39 @@
+"""A user's experiments, as Danlu's own records know them: which MLflow experiments hold their jobs' runs.
+
+The sidebar's Experiments view lists the experiments that hold the caller's runs, with a count.
+Asking MLflow for that (search every experiment, then every run by the ``danlu.user`` tag) costs
+MLflow a permission check per experiment and per run on each request, which does not survive 200
+users polling (benchmarks/load.py). Every run with that tag is a job's run, and each job's row
+says its experiment and, from its runner's report, the experiment's MLflow id, so the jobs
+database answers the same question with one indexed query. The runs themselves (parameters,
+metrics) still come from MLflow when the user opens an experiment.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from danlu.hub.service.models import Job
+
+EXPERIMENT_ID = re.compile(r"^[0-9]{1,19}$")  # MLflow's ids (a job's runner reports it: checked, not trusted)
+
+
+def experiments_of(session: Session, owner: str) -> list[dict]:
+    """The MLflow experiments holding ``owner``'s job runs: id, name, runs and the latest run's start, by name."""
+    groups = session.execute(
+        select(Job.experiment, func.count(), func.max(Job.created_at))
+        .where(Job.owner == owner, Job.mlflow_run_id.is_not(None))
+        .group_by(Job.experiment)).all()
+    out = []
+    for name, runs, latest in groups:
+        tracking = session.scalars(
+            select(Job.tracking).where(Job.owner == owner, Job.experiment == name, Job.mlflow_run_id.is_not(None))
+            .order_by(Job.created_at.desc()).limit(1)).first()
+        experiment_id = tracking.get("experiment_id") if isinstance(tracking, dict) else None
+        out.append({"experiment_id": experiment_id if isinstance(experiment_id, str)
+                    and EXPERIMENT_ID.match(experiment_id) else None,
+                    "name": name, "runs": runs, "latest": latest.isoformat() + "Z" if latest else None})
+    return sorted(out, key=lambda e: e["name"])

@@ -1,0 +1,98 @@
+"""Pages of jobs: newest first, filtered, each page read where the previous one ended (keyset pagination).
+
+Jobs are listed by ``(created_at, id)`` descending; a page's ``next_cursor`` is
+the key of its last job, and the next page is the jobs strictly below that key.
+So a page costs one range read of an index in that order
+(``ix_jobs_*_listing``), however deep it is, and jobs accepted while a client
+walks the pages sort above every cursor it holds: no job is listed twice or
+skipped. A cursor is opaque to clients (URL-safe base64 of the key, versioned);
+one that does not decode to a key is a 400 that names ``cursor``. Several
+states are read as one index range per state, merged here, because a database
+planner may otherwise read one state's rows whole and sort them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import heapq
+import json
+
+from sqlalchemy import select, tuple_
+from sqlalchemy.orm import Session, defer
+
+from danlu.errors import UsageError
+from danlu.hub.service.models import Job
+from danlu.hub.service.views import JOB_ID
+
+VERSION = "1"
+MAX_CURSOR = 200
+_FIX = "pass the next_cursor of the previous page as it was given, or leave cursor out for the first page"
+
+Key = tuple[dt.datetime, str]
+
+
+def encode_cursor(key: Key) -> str:
+    created_at, job_id = key
+    raw = json.dumps([VERSION, created_at.isoformat(timespec="microseconds"), job_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Key:
+    """The key a cursor stands for; UsageError (400, field ``cursor``) for anything this service did not make."""
+    def bad(why: str) -> UsageError:
+        return UsageError(f"cursor {cursor[:40]!r} is not a cursor of GET /jobs ({why})", field="cursor",
+                          reason="bad_cursor", fix=_FIX)
+
+    if len(cursor) > MAX_CURSOR:
+        raise bad(f"longer than {MAX_CURSOR} characters")
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode())
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise bad("not base64 of JSON") from None
+    if not (isinstance(data, list) and len(data) == 3 and all(isinstance(part, str) for part in data)):
+        raise bad("not a key")
+    version, created_at, job_id = data
+    if version != VERSION:
+        raise bad(f"version {version[:8]!r}, this service reads {VERSION}")
+    if not JOB_ID.match(job_id):
+        raise bad("no job id in it")
+    try:
+        when = dt.datetime.fromisoformat(created_at)
+    except ValueError:
+        raise bad("no time in it") from None
+    if when.tzinfo is not None:
+        raise bad("a time with a zone")
+    return when, job_id
+
+
+def page(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
+         after: Key | None) -> tuple[list[Job], Key | None]:
+    """Up to ``limit`` jobs below ``after`` (None: from the newest), and the key the next page starts below
+    (None: this was the last page)."""
+    def keys(state: str | None):
+        q = select(Job.created_at, Job.id).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+        if owner is not None:
+            q = q.where(Job.owner == owner)
+        if state is not None:
+            q = q.where(Job.state == state)
+        if queue:
+            q = q.where(Job.queue == queue)
+        if after is not None:
+            q = q.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
+        return [tuple(row) for row in session.execute(q)]
+
+    if len(states) > 1:  # one index range per state, merged newest first
+        found = list(heapq.merge(*(keys(s) for s in sorted(set(states))), reverse=True))[: limit + 1]
+    else:
+        found = keys(states[0] if states else None)
+    more = len(found) > limit
+    found = found[:limit]
+    if not found:
+        return [], None
+    # a job's provenance (cell sources, installed distributions, manifests) can be tens of KiB that no listing
+    # shows: left in the database, and an error to touch, for pages of up to 1000 jobs
+    q = select(Job).options(defer(Job.provenance, raiseload=True), defer(Job.groups, raiseload=True))
+    rows = {job.id: job for job in session.scalars(q.where(Job.id.in_([k[1] for k in found])))}
+    return [rows[k[1]] for k in found if k[1] in rows], (found[-1] if more else None)
