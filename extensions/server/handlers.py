@@ -26,6 +26,9 @@ from danlu.errors import Conflict, DanluError, NotFound, UsageError
 
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 MLFLOW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # run and experiment ids (uuid hex, or numbers)
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")  # the jobs service's model names
+MODEL_VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
+MAX_BODY = 4096  # bytes of a request body the extension forwards (a model registration is a few dozen)
 MAX_IDS = 50
 MAX_RUNS = 5000
 USER_TAG, JOB_TAG = tags.USER, tags.JOB_ID
@@ -251,22 +254,13 @@ class LogStreamHandler(DanluHandler):
 
 
 class ExperimentsHandler(DanluHandler):
+    """The experiments holding this user's runs, from the jobs service's records (not an MLflow search)."""
+
     @web.authenticated
     async def get(self):
-        experiments, body = {}, {"max_results": 1000}
-        while True:
-            page = await self.lab.mlflow.fetch("POST", "/experiments/search", body=body) or {}
-            experiments.update({e["experiment_id"]: e["name"] for e in page.get("experiments", [])})
-            if not page.get("next_page_token"):
-                break
-            body["page_token"] = page["next_page_token"]
-        counts: dict[str, int] = {}
-        for run in await self.user_runs(list(experiments)):
-            eid = run["info"]["experiment_id"]
-            counts[eid] = counts.get(eid, 0) + 1
-        self.write_json({"experiments": sorted(
-            ({"experiment_id": eid, "name": experiments[eid], "runs": n} for eid, n in counts.items()),
-            key=lambda e: e["name"])})
+        found = (await self.lab.jobs.fetch("GET", "/experiments"))["experiments"]
+        self.write_json({"experiments": [{"experiment_id": e["experiment_id"], "name": e["name"], "runs": e["runs"]}
+                                         for e in found if e.get("experiment_id")]})
 
 
 class RunsHandler(DanluHandler):
@@ -350,6 +344,46 @@ class TensorBoardHandler(DanluHandler):
         self.write_json({"id": board.id, "url": manager.url(board.id), "logdirs": board.logdirs})
 
 
+class ModelsHandler(DanluHandler):
+    """``GET models``: the registered models; ``POST models`` ``{"run_id", "name"}``: register a run's model.
+
+    The body is checked here (size, keys, the name's pattern) so a malformed one never leaves the server;
+    whether this user may register that run is the jobs service's to say (its answer passes through).
+    """
+
+    @web.authenticated
+    async def get(self):
+        self.write_json(await self.lab.jobs.fetch("GET", "/models"))
+
+    @web.authenticated
+    async def post(self):
+        if len(self.request.body or b"") > MAX_BODY:
+            raise UsageError(f"the request body is over {MAX_BODY} bytes", field="body", reason="too_large")
+        body = self.json_body()
+        extra = sorted(set(body) - {"run_id", "name"})
+        if extra:
+            raise UsageError(f"unknown field {extra[0][:40]!r}: give only run_id and name", field=extra[0][:40])
+        for field, what in (("run_id", "the MLflow run whose model to register"), ("name", "the model's name")):
+            if body.get(field) in (None, ""):
+                raise UsageError(f"{field} is required: {what}", field=field)
+        run_id = check_id(body.get("run_id"), "run_id", what="an MLflow run id")
+        name = check_id(body.get("name"), "name", MODEL_NAME,
+                        "a model name (a letter or digit, then up to 62 letters, digits, '-', '_' or '.')")
+        version = await self.lab.jobs.fetch("POST", "/models", body={"run_id": run_id, "name": name}, timeout=120)
+        self.set_status(201)
+        self.write_json(version)
+
+
+class LineageHandler(DanluHandler):
+    """``GET lineage/models/{name}/{version}``: the jobs service's lineage graph of one model version."""
+
+    @web.authenticated
+    async def get(self, name, version):
+        name = check_id(name, "name", MODEL_NAME, "a model name")
+        version = check_id(version, "version", MODEL_VERSION, "a model version (a number from 1)")
+        self.write_json(await self.lab.jobs.fetch("GET", f"/lineage/models/{name}/{version}"))
+
+
 class NotFoundHandler(DanluHandler):
     @web.authenticated
     def prepare_404(self):
@@ -371,5 +405,7 @@ ROUTES = [
     (r"danlu/api/runs", RunsHandler),
     (r"danlu/api/metric-history", MetricHistoryHandler),
     (r"danlu/api/tensorboard", TensorBoardHandler),
+    (r"danlu/api/models", ModelsHandler),
+    (r"danlu/api/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", LineageHandler),
     (r"danlu/api/.*", NotFoundHandler),
 ]

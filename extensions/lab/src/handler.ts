@@ -16,7 +16,10 @@ import { IDisposable } from '@lumino/disposable';
 import {
   IExperiment,
   IJob,
+  ILineage,
   IMetricHistory,
+  IModelSummary,
+  IModelVersion,
   IProfile,
   IQueue,
   IRun,
@@ -222,6 +225,27 @@ export class DanluService {
       method: 'POST',
       body: JSON.stringify(target)
     });
+  }
+
+  /** `POST models`: register the model (or artifacts) of a run as a new version of model `name`. */
+  registerModel(runId: string, name: string): Promise<IModelVersion> {
+    return this.request<IModelVersion>('models', {
+      method: 'POST',
+      body: JSON.stringify({ run_id: runId, name })
+    });
+  }
+
+  /** `GET models`: the registered models, their latest version and aliases. */
+  async models(): Promise<IModelSummary[]> {
+    const data = await this.request<{ models: IModelSummary[] }>('models');
+    return data?.models ?? [];
+  }
+
+  /** `GET lineage/models/{name}/{version}`: what made a model version, as a graph. */
+  lineage(name: string, version: string | number): Promise<ILineage> {
+    return this.request<ILineage>(
+      `lineage/models/${encodeURIComponent(name)}/${encodeURIComponent(String(version))}`
+    );
   }
 
   /**

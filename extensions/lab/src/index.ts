@@ -4,8 +4,9 @@
  * One plugin (`danlu-lab:plugin`, settings in schema/plugin.json, which also
  * puts "Run cell as training job" in the cell toolbar and context menu) creates
  * the REST service and the shared models, the "Danlu" left sidebar, the cell
- * badges, and the commands `danlu:run-cell-as-job`, `danlu:open-tensorboard`
- * and `danlu:refresh`. It provides `IDanlu` for other extensions.
+ * badges, and the commands `danlu:run-cell-as-job`, `danlu:open-tensorboard`,
+ * `danlu:open-lineage` and `danlu:refresh`. It provides `IDanlu` for other
+ * extensions.
  */
 import {
   ILayoutRestorer,
@@ -15,6 +16,7 @@ import {
 import {
   Dialog,
   ICommandPalette,
+  InputDialog,
   Notification,
   showDialog,
   showErrorMessage
@@ -26,6 +28,8 @@ import { PanelLayout } from '@lumino/widgets';
 
 import { JobBadge } from './components/badge';
 import { danluIcon } from './components/icons';
+import { createLineageWidget, lineageWidgetId } from './components/lineage';
+import { describeVersion, showRegisterModelDialog } from './components/register';
 import { showSubmitDialog } from './components/submit';
 import {
   createTensorBoardWidget,
@@ -42,6 +46,7 @@ import {
   QueueModel,
   jobIdFromReply,
   notebookParameters,
+  parseModelRef,
   trainCellCode
 } from './model';
 import { ISidebarActions } from './sidebar/actions';
@@ -142,6 +147,47 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
       }
     });
 
+    // ---- lineage tabs ----------------------------------------------------
+    commands.addCommand(CommandIDs.openLineage, {
+      label: args =>
+        args.name ? `Lineage of ${args.name} version ${args.version}` : 'Open model lineage…',
+      caption: 'Show what made a model version: its run, job, notebook, data, environment and approvals',
+      icon: danluIcon,
+      execute: async args => {
+        let ref = `${args.name ?? ''}@${args.version ?? ''}`;
+        if (!args.name) {
+          const answer = await InputDialog.getText({
+            title: 'Open model lineage',
+            label: 'Model version (NAME@VERSION)',
+            placeholder: 'mnist-classifier@1'
+          });
+          if (!answer.button.accept || !answer.value) {
+            return;
+          }
+          ref = answer.value;
+        }
+        let name: string;
+        let version: string;
+        try {
+          ({ name, version } = parseModelRef(ref));
+        } catch (error) {
+          await showErrorMessage('Open model lineage', messageOf(error));
+          return;
+        }
+        const id = lineageWidgetId(name, version);
+        for (const widget of shell.widgets('main')) {
+          if (widget.id === id) {
+            shell.activateById(id);
+            return;
+          }
+        }
+        const widget = createLineageWidget(service, name, version);
+        shell.add(widget, 'main');
+        shell.activateById(widget.id);
+      }
+    });
+    palette?.addItem({ command: CommandIDs.openLineage, category: 'Danlu' });
+
     // ---- sidebar ---------------------------------------------------------
     const actions: ISidebarActions = {
       cancel: async (job: IJob) => {
@@ -174,6 +220,26 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
       },
       openTensorBoard: async (target, label) => {
         await commands.execute(CommandIDs.openTensorBoard, { ...target, label });
+      },
+      registerModel: async run => {
+        const name = await showRegisterModelDialog(run);
+        if (!name) {
+          return null;
+        }
+        try {
+          const version = await service.registerModel(run.run_id, name);
+          Notification.success(`Registered ${describeVersion(version)}.`, { autoClose: 6000 });
+          return version;
+        } catch (error) {
+          await showErrorMessage(
+            `Run ${run.run_name || run.run_id} could not be registered as model ${name}`,
+            messageOf(error)
+          );
+          return null;
+        }
+      },
+      openLineage: async (name, version) => {
+        await commands.execute(CommandIDs.openLineage, { name, version: String(version) });
       }
     };
     const sidebar = new DanluSidebar({ queue, experiments, actions });

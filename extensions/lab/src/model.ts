@@ -19,9 +19,11 @@ import {
   IExperiment,
   IJob,
   IMetricHistory,
+  IModelVersion,
   IQueue,
   IRun,
-  IWhoami
+  IWhoami,
+  MODEL_NAME_PATTERN
 } from './tokens';
 
 /** What a view shows: a spinner, an error with Retry, an empty note, or the data. */
@@ -322,6 +324,21 @@ export class ExperimentsModel {
     this._changed.emit();
   }
 
+  /** The model versions registered from a run since the page loaded, oldest first. */
+  registeredFrom(runId: string): readonly IModelVersion[] {
+    return this._registered.get(runId) ?? [];
+  }
+
+  /** Remember a version that `POST models` registered, so the run's row shows it. */
+  noteRegistered(version: IModelVersion): void {
+    const list = this._registered.get(version.run_id) ?? [];
+    this._registered.set(version.run_id, [
+      ...list.filter(v => !(v.name === version.name && String(v.version) === String(version.version))),
+      version
+    ]);
+    this._changed.emit();
+  }
+
   /**
    * Fetch one metric's history for the checked runs. The key defaults to the
    * current one, else `loss` when the runs have it, else their first metric.
@@ -389,6 +406,7 @@ export class ExperimentsModel {
   private _runsState: ILoadable = { status: 'idle', error: null };
   private _selectedExperiment: string | null = null;
   private _selection: Set<string> = new Set();
+  private _registered = new Map<string, IModelVersion[]>();
 }
 
 function unionKeys(records: Record<string, unknown>[]): string[] {
@@ -586,4 +604,41 @@ export function jobIdFromReply(
     return null;
   }
   return match[2];
+}
+
+/**
+ * What is wrong with a model name, in a sentence that says how to fix it; null
+ * when it is a name the jobs service accepts (MODEL_NAME_PATTERN).
+ */
+export function modelNameProblem(name: string): string | null {
+  if (!name) {
+    return 'Give the model a name, e.g. mnist-classifier.';
+  }
+  if (MODEL_NAME_PATTERN.test(name)) {
+    return null;
+  }
+  if (name.length > 63) {
+    return `The name is ${name.length} characters long: a model name has at most 63.`;
+  }
+  if (!/^[A-Za-z0-9]/.test(name)) {
+    return 'A model name starts with a letter or a digit.';
+  }
+  const bad = [...name].find(ch => !/[-A-Za-z0-9_.]/.test(ch)) ?? '';
+  return `"${bad}" cannot be in a model name: use letters, digits, "-", "_" and ".".`;
+}
+
+/** `NAME@VERSION` (what `danlu lineage` takes) as a name and a version number; FormError if it is not one. */
+export function parseModelRef(text: string): { name: string; version: string } {
+  const value = text.trim();
+  const at = value.lastIndexOf('@');
+  const name = at >= 0 ? value.slice(0, at) : value;
+  const version = at >= 0 ? value.slice(at + 1) : '';
+  const problem = modelNameProblem(name);
+  if (problem) {
+    throw new FormError(problem);
+  }
+  if (!/^[1-9][0-9]{0,8}$/.test(version)) {
+    throw new FormError(`Say which version of ${name}: ${name}@VERSION, e.g. ${name}@1.`);
+  }
+  return { name, version };
 }

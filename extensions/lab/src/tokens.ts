@@ -15,6 +15,8 @@ export namespace CommandIDs {
   export const runCellAsJob = 'danlu:run-cell-as-job';
   export const openTensorBoard = 'danlu:open-tensorboard';
   export const refresh = 'danlu:refresh';
+  /** Args `{name, version}`: the lineage graph of a model version in the main area. */
+  export const openLineage = 'danlu:open-lineage';
 }
 
 /** Id of the left sidebar widget. */
@@ -125,6 +127,86 @@ export interface ITensorBoard {
   id: string;
   url: string;
   logdirs: Record<string, string>;
+}
+
+/** A model name, as the jobs service accepts it. */
+export const MODEL_NAME_PATTERN = /^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$/;
+
+/** Where a model version stands, as the jobs service's approval names it. */
+export type ApprovalState = 'pending' | 'approved' | 'rejected';
+
+/** The kinds of node of a lineage graph (GET lineage/models/{name}/{version}). */
+export type LineageNodeKind =
+  | 'model_version'
+  | 'approval'
+  | 'evaluation'
+  | 'run'
+  | 'job'
+  | 'notebook'
+  | 'cell'
+  | 'dataset_version'
+  | 'environment';
+
+/** The evaluation gate of a model version: its job, its metrics against the thresholds. */
+export interface IModelEvaluation {
+  state: string;
+  job_id?: string | null;
+  metrics?: Record<string, number>;
+  thresholds?: Record<string, unknown>;
+  /** Why the gate failed, one sentence per metric below its threshold. */
+  failures?: string[];
+}
+
+export interface IModelDecision {
+  actor: string;
+  decision: string;
+  comment?: string | null;
+  at: string;
+}
+
+/** A registered model version (`POST models` answers one). */
+export interface IModelVersion {
+  name: string;
+  version: number | string;
+  run_id: string;
+  job_id?: string | null;
+  source?: string | null;
+  approval: ApprovalState | string;
+  evaluation?: IModelEvaluation | null;
+  decisions?: IModelDecision[];
+  aliases?: string[];
+}
+
+export interface IModelSummary {
+  name: string;
+  latest_version: number | string | null;
+  aliases: Record<string, number | string>;
+}
+
+export interface ILineageNode {
+  id: string;
+  kind: LineageNodeKind | string;
+  label: string;
+  detail?: Record<string, string | number | boolean | null>;
+  url?: string | null;
+}
+
+/** An edge points from the derived thing to its input (model_version -> run -> job). */
+export interface ILineageEdge {
+  from: string;
+  to: string;
+  relation: string;
+}
+
+export interface ILineage {
+  model: {
+    name: string;
+    version: number | string;
+    approval: ApprovalState | string;
+    aliases?: string[] | Record<string, unknown>;
+  };
+  nodes: ILineageNode[];
+  edges: ILineageEdge[];
 }
 
 /** What the core plugin provides to the others: one service, one shared queue model. */

@@ -84,6 +84,38 @@ describe('DanluService', () => {
       expect(await sent(tb).json()).toEqual({ run_ids: ['r1', 'r2'] });
       expect(result.id).toBe('abc');
     });
+
+    it('POSTs a model registration and reads a version\'s lineage by name and number', async () => {
+      const version = { name: 'mnist.v2', version: 1, run_id: 'r1', approval: 'pending' };
+      const post = respond(201, version);
+      expect(await service(post).registerModel('r1', 'mnist.v2')).toEqual(version);
+      expect(sent(post).method).toBe('POST');
+      expect(new URL(sent(post).url).pathname).toBe('/user/alice/danlu/api/models');
+      expect(await sent(post).json()).toEqual({ run_id: 'r1', name: 'mnist.v2' });
+
+      const get = respond(200, { model: {}, nodes: [], edges: [] });
+      await service(get).lineage('mnist.v2', 7);
+      expect(new URL(sent(get).url).pathname).toBe('/user/alice/danlu/api/lineage/models/mnist.v2/7');
+      const odd = respond(200, { model: {}, nodes: [], edges: [] });
+      await service(odd).lineage('a/b', '1');
+      expect(new URL(sent(odd).url).pathname).toBe('/user/alice/danlu/api/lineage/models/a%2Fb/1');
+
+      const models = respond(200, { models: [{ name: 'mnist', latest_version: 2, aliases: { champion: 1 } }] });
+      expect((await service(models).models())[0].aliases).toEqual({ champion: 1 });
+    });
+
+    it('gives a refused registration the server\'s message, fix included', async () => {
+      const refused = respond(409, {
+        status: 409,
+        reason: 'name_taken',
+        field: 'name',
+        message: 'model taken belongs to bob (choose another name)'
+      });
+      await expect(service(refused).registerModel('r1', 'taken')).rejects.toMatchObject({
+        message: 'model taken belongs to bob (choose another name)',
+        status: 409
+      });
+    });
   });
 
   describe('JSON', () => {

@@ -7,7 +7,7 @@ import { Widget } from '@lumino/widgets';
 import { ExperimentsModel, QueueModel } from '../model';
 import { ISidebarActions } from '../sidebar/actions';
 import { DanluSidebar } from '../sidebar/sidebar';
-import { IJob, IRun } from '../tokens';
+import { IJob, IModelVersion, IRun } from '../tokens';
 
 function sleep(ms: number): Promise<void> {
   return new Promise(resolve => setTimeout(resolve, ms));
@@ -67,6 +67,7 @@ function run(id: string, name: string, loss: number): IRun {
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 function setup(overrides: Record<string, any> = {}) {
+  const { actions: actionOverrides, ...serviceOverrides } = overrides;
   const service = {
     whoami: jest.fn(async () => ({ user: 'alice', admin: false, hub_url: '/hub/', mlflow_url: '/services/mlflow/' })),
     jobs: jest.fn(async () => [RUNNING, QUEUED]),
@@ -77,7 +78,7 @@ function setup(overrides: Record<string, any> = {}) {
       key,
       series: ids.map(id => ({ run_id: id, run_name: id, points: [[0, 1], [1, 0.5], [2, 0.25]] }))
     })),
-    ...overrides
+    ...serviceOverrides
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
   } as any;
   const queue = new QueueModel({ service, auto: false });
@@ -87,7 +88,10 @@ function setup(overrides: Record<string, any> = {}) {
     openOutput: jest.fn(async (_job: IJob) => undefined),
     openTensorBoard: jest.fn(
       async (_target: Parameters<ISidebarActions['openTensorBoard']>[0], _label: string) => undefined
-    )
+    ),
+    registerModel: jest.fn(async (_run: IRun): Promise<IModelVersion | null> => null),
+    openLineage: jest.fn(async (_name: string, _version: string | number) => undefined),
+    ...(actionOverrides ?? {})
   };
   const sidebar = new DanluSidebar({ queue, experiments, actions });
   Widget.attach(sidebar, document.body);
@@ -228,6 +232,52 @@ describe('DanluSidebar', () => {
     open.click();
     await until(() => actions.openTensorBoard.mock.calls.length > 0);
     expect(actions.openTensorBoard).toHaveBeenCalledWith({ run_ids: ['a', 'b'] }, 'bright-owl, calm-fox');
+  });
+
+  it('registers a run as a model and shows the version with a Lineage button', async () => {
+    const version: IModelVersion = {
+      name: 'mnist-classifier',
+      version: 3,
+      run_id: 'a',
+      approval: 'pending',
+      evaluation: { state: 'queued', job_id: 'e1', metrics: {}, thresholds: { accuracy: 0.9 }, failures: [] },
+      decisions: [],
+      aliases: []
+    };
+    let cancel: (value: null) => void = () => undefined;
+    const registerModel = jest
+      .fn()
+      .mockReturnValueOnce(new Promise<null>(resolve => (cancel = resolve)))
+      .mockResolvedValue(version);
+    current = setup({ actions: { registerModel } });
+    const { node, actions } = current;
+    const tab = await until(() =>
+      [...node.querySelectorAll('[role=tab]')].find(t => t.textContent === 'Experiments') as HTMLButtonElement
+    );
+    tab.click();
+    const row = await until(() => node.querySelector('tr[data-run-id=a]'));
+    const button = () => row.querySelector('button[aria-label="Register model from run bright-owl"]') as HTMLButtonElement;
+    expect(button().title).toBe('Register model from run bright-owl');
+
+    // disabled while the dialog is open; cancelled (or refused: the action shows why): nothing changes
+    button().click();
+    await until(() => registerModel.mock.calls.length === 1 && button().disabled);
+    expect(registerModel.mock.calls[0][0].run_id).toBe('a');
+    cancel(null);
+    await until(() => !button().disabled);
+    expect(row.querySelector('.danlu-registered')).toBeNull();
+
+    button().click();
+    const registered = await until(() => row.querySelector('.danlu-registered[data-model=mnist-classifier]'));
+    expect(registered.getAttribute('data-version')).toBe('3');
+    expect(registered.getAttribute('data-approval')).toBe('pending');
+    expect(registered.getAttribute('data-evaluation')).toBe('queued');
+    expect(registered.textContent).toMatch(/mnist-classifier v3.*pending.*evaluation queued/);
+    expect(node.querySelector('tr[data-run-id=b] .danlu-registered')).toBeNull();
+
+    (registered.querySelector('button[aria-label="Open lineage of mnist-classifier version 3"]') as HTMLButtonElement).click();
+    await until(() => actions.openLineage.mock.calls.length > 0);
+    expect(actions.openLineage).toHaveBeenCalledWith('mnist-classifier', 3);
   });
 
   it('moves between tabs with the arrow keys', async () => {

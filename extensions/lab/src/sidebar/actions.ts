@@ -2,7 +2,7 @@
  * What the sidebar asks of the application: it never opens dialogs or widgets
  * itself, `index.ts` implements these with the app's commands.
  */
-import { IJob } from '../tokens';
+import { IJob, IModelVersion, IRun } from '../tokens';
 
 export interface ISidebarActions {
   /** Ask for confirmation, then cancel the job. */
@@ -14,4 +14,11 @@ export interface ISidebarActions {
     target: { job_ids: string[] } | { run_ids: string[] },
     label: string
   ): Promise<void>;
+  /**
+   * Ask for a model name and register the run's model: the new version, or
+   * null when cancelled or refused (the action has shown why).
+   */
+  registerModel(run: IRun): Promise<IModelVersion | null>;
+  /** Open the lineage graph of a model version in the main area. */
+  openLineage(name: string, version: string | number): Promise<void>;
 }

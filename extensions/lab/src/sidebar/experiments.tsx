@@ -2,15 +2,18 @@
  * The Experiments tab: the experiments holding this user's runs, one
  * experiment's runs as a table (parameters and last metric values, a checkbox
  * per row, a link to MLflow), and for the checked runs a comparison chart of one
- * metric and a TensorBoard over their logs.
+ * metric and a TensorBoard over their logs. Each run can be registered as a
+ * model version (its row then shows the version's approval and evaluation, and
+ * a Lineage button).
  */
 import { refreshIcon } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { CompareChart } from '../components/chart';
 import { formatNumber, formatTime } from '../components/format';
+import { describeVersion } from '../components/register';
 import { ExperimentsModel } from '../model';
-import { IRun } from '../tokens';
+import { IModelVersion, IRun } from '../tokens';
 import { ISidebarActions } from './actions';
 import { Empty, ErrorState, IconButton, Loading, useSignal } from './common';
 
@@ -143,7 +146,7 @@ function RunsSection(props: {
               {selected.length} selected
             </span>
           </div>
-          <RunsTable model={model} />
+          <RunsTable model={model} actions={actions} />
           <Comparison model={model} />
         </>
       )}
@@ -151,8 +154,11 @@ function RunsSection(props: {
   );
 }
 
-function RunsTable(props: { model: ExperimentsModel }): JSX.Element {
-  const { model } = props;
+function RunsTable(props: {
+  model: ExperimentsModel;
+  actions: ISidebarActions;
+}): JSX.Element {
+  const { model, actions } = props;
   const params = model.paramKeys;
   const metrics = model.metricKeys;
   const all = model.runs.length > 0 && model.selection.size === model.runs.length;
@@ -183,6 +189,7 @@ function RunsTable(props: { model: ExperimentsModel }): JSX.Element {
               </th>
             ))}
             <th scope="col">MLflow</th>
+            <th scope="col">Model</th>
           </tr>
         </thead>
         <tbody>
@@ -194,6 +201,14 @@ function RunsTable(props: { model: ExperimentsModel }): JSX.Element {
               metrics={metrics}
               checked={model.selection.has(run.run_id)}
               onToggle={on => model.toggleRun(run.run_id, on)}
+              registered={model.registeredFrom(run.run_id)}
+              onRegister={async () => {
+                const version = await actions.registerModel(run);
+                if (version) {
+                  model.noteRegistered(version);
+                }
+              }}
+              onOpenLineage={v => void actions.openLineage(v.name, v.version)}
             />
           ))}
         </tbody>
@@ -208,9 +223,21 @@ function RunRow(props: {
   metrics: string[];
   checked: boolean;
   onToggle: (on: boolean) => void;
+  registered: readonly IModelVersion[];
+  onRegister: () => Promise<void>;
+  onOpenLineage: (version: IModelVersion) => void;
 }): JSX.Element {
   const { run } = props;
   const name = run.run_name || run.run_id;
+  const [registering, setRegistering] = React.useState(false);
+  const register = async () => {
+    setRegistering(true);
+    try {
+      await props.onRegister();
+    } finally {
+      setRegistering(false);
+    }
+  };
   return (
     <tr data-run-id={run.run_id} className={props.checked ? 'danlu-mod-selected' : ''}>
       <td>
@@ -250,6 +277,46 @@ function RunRow(props: {
             Open in MLflow
           </a>
         )}
+      </td>
+      <td className="danlu-run-model">
+        <button
+          type="button"
+          className="jp-Button jp-mod-styled danlu-register-model"
+          aria-label={`Register model from run ${name}`}
+          title={`Register model from run ${name}`}
+          disabled={registering}
+          onClick={() => void register()}
+        >
+          Register model
+        </button>
+        {props.registered.map(v => (
+          <div
+            key={`${v.name}-${v.version}`}
+            className="danlu-registered"
+            data-model={v.name}
+            data-version={String(v.version)}
+            data-approval={v.approval}
+            data-evaluation={v.evaluation?.state ?? ''}
+            title={describeVersion(v)}
+          >
+            <span className="danlu-registered-name">
+              {v.name} v{v.version}
+            </span>
+            <span className={`danlu-approval danlu-approval-${v.approval}`}>{v.approval}</span>
+            {v.evaluation?.state && (
+              <span className="danlu-evaluation">evaluation {v.evaluation.state}</span>
+            )}
+            <button
+              type="button"
+              className="jp-Button jp-mod-minimal danlu-open-lineage"
+              aria-label={`Open lineage of ${v.name} version ${v.version}`}
+              title={`Open lineage of ${v.name} version ${v.version}`}
+              onClick={() => props.onOpenLineage(v)}
+            >
+              Lineage
+            </button>
+          </div>
+        ))}
       </td>
     </tr>
   );
