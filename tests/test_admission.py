@@ -268,6 +268,51 @@ def test_reclaim_takes_only_from_teams_that_borrow():
     assert [(victim.team, for_whom.id) for victim, for_whom in decision.preempted] == [("b", "a2")]
 
 
+def cohort_of(**nominal: int) -> Model:
+    """Teams in cohort ``c`` with the given `sim` GPU quotas, on a machine with as many GPUs as they sum to."""
+    teams = [Team(name, nominal={"gpu/sim": float(n)}, cohort="c") for name, n in nominal.items()]
+    return Model(teams, {"sim": list(range(sum(nominal.values())))}, cpu=64)
+
+
+def test_reclaim_takes_what_other_teams_borrow_before_its_own_lower_priorities():
+    # Kueue's classic preemption: candidates from borrowing teams come first, its own team's after them
+    model = cohort_of(a=3, b=1)
+    fill(model, job("b1", "b"), now=0)
+    fill(model, job("a1", "a", priority=LOW), now=1)
+    fill(model, job("b2", "b"), now=2)
+    fill(model, job("b3", "b"), now=3)  # b borrows two of a's GPUs
+
+    decision = model.cycle([job("h", "a", 2, priority=HIGH, created=4)], now=4)
+
+    assert sorted(pairs(decision.preempted)) == [("b2", "h"), ("b3", "h")]
+
+
+def test_reclaim_stops_when_the_borrower_is_back_within_its_quota():
+    # b and c borrow one GPU each; b's are the newest, but once b is back at its quota the next is c's
+    model = cohort_of(a=2, b=1, c=1)
+    fill(model, job("c1", "c"), job("c2", "c"), now=0)
+    fill(model, job("b1", "b"), now=1)
+    fill(model, job("b2", "b"), now=2)
+
+    decision = model.cycle([job("h", "a", 2, priority=HIGH, created=3)], now=3)
+
+    assert sorted(pairs(decision.preempted)) == [("b2", "h"), ("c1", "h")]
+
+
+def test_a_reclaiming_job_frees_a_flavor_it_may_use_within_its_quota():
+    # a may borrow `f1` but its quota is on `f2`: reclaim frees an `f2` GPU (b borrows there), not b's own `f1`
+    teams = [Team("a", nominal={"gpu/f1": 0.0, "gpu/f2": 2.0}, cohort="c", flavors=("f1", "f2")),
+             Team("b", nominal={"gpu/f1": 1.0, "gpu/f2": 0.0}, cohort="c", flavors=("f2", "f1"))]
+    model = Model(teams, {"f1": [0], "f2": [1, 2]}, cpu=16)
+    fill(model, job("b2", "b"), now=0)
+    fill(model, job("b3", "b"), now=1)
+    fill(model, job("b1", "b"), now=2)  # on `f1`, the newest
+
+    decision = model.cycle([job("h", "a", priority=HIGH, created=3)], now=3)
+
+    assert model.admitted["b1"].flavor == "f1" and pairs(decision.preempted) == [("b3", "h")]
+
+
 # borrowing and lending limits -----------------------------------------------------------------------------
 
 
@@ -713,3 +758,58 @@ def test_a_lower_priority_job_does_not_take_what_a_preemptor_counted_on():
     run_service(model, [p, low, resubmitted(victim)], range(11, 15))
 
     assert "p" in model.admitted
+
+
+# the backlog the model keeps between passes ---------------------------------------------------------------
+
+
+def test_a_priority_changed_in_place_reorders_the_queue():
+    model = solo({"gpu/sim": 1})
+    fill(model, job("r", "solo"))
+    first, second = job("first", "solo", created=1), job("second", "solo", created=2)
+    assert model.cycle([first, second], now=3).positions == {"first": 1, "second": 2}
+
+    second.reprioritize(HIGH)
+    model.release("r")
+    decision = model.cycle([first, second], now=4)
+
+    assert ids(decision.admitted) == ["second"]
+
+
+def test_a_workload_queued_again_as_a_new_object_replaces_the_old_one():
+    model = solo({"gpu/sim": 1})
+    fill(model, job("r", "solo"))
+    old = job("x", "solo", created=1)
+    model.cycle([old], now=2)
+    model.release("r")
+
+    decision = model.cycle([job("x", "solo", 0, created=1)], now=3)  # same id, another request
+
+    assert ids(decision.admitted) == ["x"] and decision.admitted[0] is not old and not decision.admitted[0].devices
+
+
+def test_a_copy_of_the_model_decides_as_the_model_does():
+    import copy
+
+    model = shared()
+    fill(model, job("v1", "vision"), job("v2", "vision"), job("v3", "vision", created=1))
+    pending = [job("n1", "nlp", priority=HIGH, created=2), job("v4", "vision", created=3)]
+    model.cycle(pending, now=2)  # the backlog now holds them
+
+    sim = copy.deepcopy(model)
+    mine, theirs = model.cycle(pending, now=3), sim.cycle([copy.copy(w) for w in pending], now=3)
+
+    assert (pairs(mine.preempted), dict(mine.waiting)) == (pairs(theirs.preempted), dict(theirs.waiting))
+
+
+def test_waiting_reads_and_changes_like_a_dict():
+    model = solo({"gpu/sim": 1})
+    fill(model, job("r", "solo"))
+    decision = model.cycle([job("a", "solo", created=1), job("b", "solo", created=2)], now=3)
+    waiting = decision.waiting
+    reason = "waiting for 1 `sim` GPU: solo uses 1/1, 3 free on the machine"
+
+    assert waiting == {"a": reason, "b": reason} and len(waiting) == 2 and "a" in waiting
+    waiting["c"] = "retrying later"
+    del waiting["a"]
+    assert dict(waiting) == {"b": reason, "c": "retrying later"} and waiting.get("a") is None

@@ -290,6 +290,8 @@ def test_live_quota_change_and_reprioritize_are_audited(wb):
     wb.api("PATCH", "/queues/vision", token=admin,
            json={"quota": {"gpus": {"sim": 2}}, "borrowing_limit": {"gpus": {"sim": 2}}})
     assert wb.wait_job(second["id"], wb.tokens["alice"])["state"] == "succeeded"
+    # the first job's GPU counts against vision until it ends: later tests read vision's usage
+    assert wb.wait_job(first["id"], wb.tokens["alice"])["state"] == "succeeded"
     changes = wb.api("GET", "/audit?action=change_quota").json()["records"]
     assert changes[-1]["before"]["quota"] == {"gpus": {"sim": 2}} and changes[-1]["after"]["quota"] == {
         "gpus": {"sim": 1}}

@@ -18,9 +18,14 @@ machine and on a cluster (where it renders to Kueue objects):
 * a workload that does not fit may **preempt**: lower-priority workloads of its
   own team (``within_team: lower_priority``), or, when it fits in its team's
   nominal quota, workloads of teams that are borrowing in the cohort
-  (``reclaim: any | lower_priority``), newest and lowest priority first. A
-  workload is never preempted in the pass that admitted it, and a preemptor
-  counts only its own victims as freed, so preemption settles when no job ends;
+  (``reclaim: any | lower_priority``). As in Kueue's classic preemption, the
+  borrowers' workloads are taken first, then its own team's, each group lowest
+  priority and newest first; a borrower's workload only while that team still
+  uses more than its nominal quota of what is reclaimed, and the preemptor must
+  then fit within its own nominal quota; failing that, it may take its own
+  team's lower priorities and borrow. A workload is never preempted in the pass
+  that admitted it, and a preemptor counts only its own victims as freed, so
+  preemption settles when no job ends;
 * a workload that asks for more than the machine or its team could ever have
   (nominal quota plus borrowing limit, and what the cohort may lend) is told so
   at once and holds nothing back.
@@ -36,6 +41,8 @@ import bisect
 import heapq
 from collections import defaultdict
 
+from danlu.hub.service.backlog import Backlog
+from danlu.hub.service.preemption import Freed, Preemption
 from danlu.hub.service.workloads import (  # noqa: F401 - the model's vocabulary, re-exported
     _GROUPS,
     INF,
@@ -43,6 +50,7 @@ from danlu.hub.service.workloads import (  # noqa: F401 - the model's vocabulary
     Decision,
     Request,
     Team,
+    Waiting,
     Workload,
     _by_age,
     gib,
@@ -50,7 +58,22 @@ from danlu.hub.service.workloads import (  # noqa: F401 - the model's vocabulary
 )
 
 
-class Model:
+class Rooms(dict):
+    """resource -> what a team's quota and cohort still let it use (:meth:`Model.limit`; the machine's free
+    capacity aside, which changes with every admission), each worked out when first read."""
+
+    __slots__ = ("model", "team", "freed")
+
+    def __init__(self, model: Model, team: Team, freed: Freed | None = None):
+        super().__init__()
+        self.model, self.team, self.freed = model, team, freed
+
+    def __missing__(self, resource: str) -> float:
+        room = self[resource] = self.model.limit(self.team, resource, self.freed)
+        return room
+
+
+class Model(Preemption):
     """Quota accounting and admission decisions for every team."""
 
     def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: float, memory: float = INF,
@@ -66,33 +89,95 @@ class Model:
                 self.cohorts[team.cohort].append(team.name)
         # caches: what is available is recomputed only after an admission or a release (``_version``)
         self._version = 0
-        self._cache: dict[tuple, tuple[int, float]] = {}
+        self._changes: dict[str, int] = defaultdict(int)  # per cohort (or lone team): its admissions, releases, victims
+        self._running_changes: dict[str, int] = defaultdict(int)  # per team: its running jobs came or went
+        self._cache: dict[tuple, tuple[int, object]] = {}
         self._never: dict[int, str | None] = {}
+        self._static: dict[tuple, object] = {}  # what depends on the configuration only (ceilings, needs)
         self.admitted: dict[str, Workload] = {}
+        self._running: dict[str, dict[str, Workload]] = defaultdict(dict)  # admitted jobs not stopping, by team
+        # what those jobs hold, by team, priority and resource: a bound on what preemption could free
+        self._running_use: dict[str, dict[int, dict[str, float]]] = defaultdict(
+            lambda: defaultdict(lambda: defaultdict(float)))
         self.used: dict[str, dict[str, float]] = {name: defaultdict(float) for name in self.teams}
         self.total_used: dict[str, float] = defaultdict(float)
+        # per cohort and quoted resource: the members' unused nominal quota (``_pool``) and what those with a
+        # lending limit keep for themselves (``_kept``), kept up to date so that what a team may borrow is O(1)
+        self._pool: dict[str, dict[str, float]] = {c: defaultdict(float) for c in self.cohorts}
+        self._kept: dict[str, dict[str, float]] = {c: defaultdict(float) for c in self.cohorts}
+        for team in teams:
+            if team.cohort:
+                for resource in set(self.capacity) | set(team.nominal):
+                    if self._quoted(team, resource):
+                        self._pool[team.cohort][resource] += team.nominal.get(resource, 0.0)
+                        self._kept[team.cohort][resource] += self._keeps(team, resource, 0.0)
         self.free_devices: dict[str, list[int]] = {f: list(ids) for f, ids in self.devices.items()}
         self.nominated: set[str] = set()  # pending workloads that preempted: first in line for what frees up
+        self._backlog = Backlog()
+        self._pass = 0
+        self._reclaiming: dict[str, dict[str, dict[str, float]]] = {}  # in a pass: see cycle()
+        self._held_for_others = False
+
+    def __deepcopy__(self, memo) -> Model:
+        """A copy that decides as this model does (a dry run, an estimate), without its caches."""
+        import copy
+
+        clone = object.__new__(Model)
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            setattr(clone, name, {} if name == "_cache" else copy.deepcopy(value, memo))
+        return clone
 
     # accounting ----------------------------------------------------------------------
-    def _take(self, wl: Workload) -> None:
+    @staticmethod
+    def _keeps(team: Team, resource: str, used: float) -> float:
+        """What a cohort member keeps for itself of a resource (unused quota above its lending limit)."""
+        if resource not in team.lending_limit:
+            return 0.0
+        return max(0.0, team.nominal.get(resource, 0.0) - team.lending_limit[resource] - max(0.0, used))
+
+    def _account(self, wl: Workload, sign: float) -> None:
         self._version += 1
+        team = self.teams.get(wl.team)
+        self._changes[team.cohort or team.name if team else wl.team] += 1
+        used = self.used[wl.team]
         for resource, amount in wl.usage().items():
-            self.used[wl.team][resource] += amount
-            self.total_used[resource] += amount
+            before = used[resource]
+            used[resource] = before + sign * amount
+            self.total_used[resource] += sign * amount
+            if team is not None and team.cohort and self._quoted(team, resource):
+                self._pool[team.cohort][resource] -= sign * amount
+                if resource in team.lending_limit:
+                    self._kept[team.cohort][resource] += (self._keeps(team, resource, used[resource])
+                                                          - self._keeps(team, resource, before))
+
+    def _take(self, wl: Workload) -> None:
+        self._account(wl, 1.0)
+        if wl.kind == "job" and not wl.stopping:
+            self._run(wl, 1.0)
         free = self.free_devices.get(wl.flavor, [])
         for device in wl.devices:
             free.remove(device)
         self.admitted[wl.id] = wl
 
     def _give_back(self, wl: Workload) -> None:
-        self._version += 1
-        for resource, amount in wl.usage().items():
-            self.used[wl.team][resource] -= amount
-            self.total_used[resource] -= amount
+        self._account(wl, -1.0)
+        self._run(wl, -1.0)
         for device in wl.devices:
             bisect.insort(self.free_devices[wl.flavor], device)
         del self.admitted[wl.id]
+
+    def _run(self, wl: Workload, sign: float) -> None:
+        """A job starts (1) or stops (-1) being one preemption may choose."""
+        running = self._running[wl.team]
+        if sign > 0:
+            running[wl.id] = wl
+        elif running.pop(wl.id, None) is None:
+            return
+        self._running_changes[wl.team] += 1
+        use = self._running_use[wl.team][wl.priority]
+        for resource, amount in wl.usage().items():
+            use[resource] += sign * amount
 
     def restore(self, wl: Workload) -> None:
         """Account for a workload admitted earlier (at start-up, from the database)."""
@@ -108,68 +193,54 @@ class Model:
         return wl
 
     # capacity ------------------------------------------------------------------------
-    def _used(self, team: str, resource: str, without: set[str] = frozenset()) -> float:
+    # ``freed``: what stopping some admitted workloads would give back (a preemption being tried), or None
+    def _used(self, team: str, resource: str, freed: Freed | None = None) -> float:
         used = self.used[team][resource]
-        for wid in without:
-            wl = self.admitted.get(wid)
-            if wl is not None and wl.team == team:
-                used -= wl.usage().get(resource, 0.0)
-        return used
+        return used - freed.of(team, resource) if freed else used
 
-    def _free(self, resource: str, without: set[str] = frozenset()) -> float:
+    def _free(self, resource: str, freed: Freed | None = None) -> float:
         free = self.capacity.get(resource, 0.0) - self.total_used[resource]
-        for wid in without:
-            wl = self.admitted.get(wid)
-            if wl is not None:
-                free += wl.usage().get(resource, 0.0)
-        return free
+        return free + freed.total.get(resource, 0.0) if freed else free
 
     @staticmethod
     def _quoted(team: Team, resource: str) -> bool:
         """GPUs always have a quota (0 unless given); CPU and memory only when the team sets one."""
         return resource.startswith("gpu/") or resource in team.nominal
 
-    def _cohort_room(self, team: Team, resource: str, without: set[str] = frozenset()) -> float:
+    def _cohort_room(self, team: Team, resource: str, freed: Freed | None = None) -> float:
         """What the cohort still has for ``team``: all nominal quota, minus all use, minus what
         other members keep for themselves (their unused quota above their lending limit)."""
-        if not without:
-            hit = self._cache.get(("room", team.name, resource))
-            if hit is not None and hit[0] == self._version:
-                return hit[1]
-        total = 0.0
-        for name in self.cohorts[team.cohort]:
-            member = self.teams[name]
-            if not self._quoted(member, resource):  # a team that sets no quota for it is outside its sharing
-                continue
-            nominal = member.nominal.get(resource, 0.0)
-            used = self._used(name, resource, without)
-            total += nominal - used
-            if name != team.name and resource in member.lending_limit:
-                total -= max(0.0, nominal - member.lending_limit[resource] - max(0.0, used))
-        if not without:
-            self._cache[("room", team.name, resource)] = (self._version, total)
-        return total
+        room = self._pool[team.cohort][resource] - self._kept[team.cohort][resource]
+        if resource in team.lending_limit and self._quoted(team, resource):  # what it keeps is its own
+            room += self._keeps(team, resource, self.used[team.name][resource])
+        if freed:
+            for name, amounts in freed.by_team.items():
+                amount = amounts.get(resource, 0.0)
+                member = self.teams.get(name)
+                if not amount or member is None or member.cohort != team.cohort or \
+                        not self._quoted(member, resource):
+                    continue
+                room += amount
+                if name != team.name and resource in member.lending_limit:
+                    used = self.used[name][resource]
+                    room += self._keeps(member, resource, used) - self._keeps(member, resource, used - amount)
+        return room
 
-    def available(self, team: Team, resource: str, without: set[str] = frozenset()) -> float:
+    def available(self, team: Team, resource: str, freed: Freed | None = None) -> float:
         """How much more of a resource the team may use now (nominal + borrowable - used, and free)."""
-        if not without:
-            hit = self._cache.get(("available", team.name, resource))
-            if hit is not None and hit[0] == self._version:
-                return hit[1]
-        free = self._free(resource, without)
+        return min(self.limit(team, resource, freed), self._free(resource, freed))
+
+    def limit(self, team: Team, resource: str, freed: Freed | None = None) -> float:
+        """How much more of a resource the team's quota and cohort let it use now (the machine aside): it
+        changes only with what the team's cohort (or the team, alone) admits and releases."""
         if not self._quoted(team, resource):
-            value = free
-        else:
-            nominal = team.nominal.get(resource, 0.0)
-            used = self._used(team.name, resource, without)
-            if not team.cohort:
-                value = min(nominal - used, free)
-            else:
-                ceiling = nominal + team.borrowing_limit.get(resource, INF) - used
-                value = min(ceiling, self._cohort_room(team, resource, without), free)
-        if not without:
-            self._cache[("available", team.name, resource)] = (self._version, value)
-        return value
+            return INF
+        nominal = team.nominal.get(resource, 0.0)
+        used = self._used(team.name, resource, freed)
+        if not team.cohort:
+            return nominal - used
+        ceiling = nominal + team.borrowing_limit.get(resource, INF) - used
+        return min(ceiling, self._cohort_room(team, resource, freed))
 
     def lendable(self, team: Team, resource: str) -> float:
         """What the team could borrow from its cohort right now."""
@@ -183,16 +254,61 @@ class Model:
     def _flavors(self, team: Team, request: Request) -> list[str]:
         if not request.gpus:
             return [None]
-        if request.gpu_flavor:
-            return [request.gpu_flavor] if request.gpu_flavor in self.devices else []
-        order = list(team.flavors) or sorted(self.devices)
-        return [f for f in order if f in self.devices]
+        key = ("flavors", team.name, request.gpu_flavor)
+        order = self._static.get(key)
+        if order is None:
+            if request.gpu_flavor:
+                order = [request.gpu_flavor] if request.gpu_flavor in self.devices else []
+            else:
+                order = [f for f in (list(team.flavors) or sorted(self.devices)) if f in self.devices]
+            order = self._static[key] = order
+        return order
 
-    def fit(self, wl: Workload, without: set[str] = frozenset(), reserved: dict | None = None):
-        """The flavor a workload fits with now (None for CPU-only), or (False, the resource short)."""
-        if without or reserved:
-            return self._fit(wl, without, reserved)
-        return self._cached(("fit", wl.ask), lambda: self._fit(wl, without, reserved))
+    def fit(self, wl: Workload, freed: Freed | None = None, reserved: dict | None = None, rooms: Rooms | None = None):
+        """The flavor a workload fits with now (None for CPU-only), or (False, the resource short).
+
+        ``rooms``: what its team's quota and cohort let it use with ``freed`` given back, when the caller has it."""
+        team = self.teams[wl.team]
+        if rooms is None:
+            rooms = self._rooms(team) if not freed else Rooms(self, team, freed)
+        request = wl.request
+        reserved = reserved or {}
+        total, capacity = self.total_used, self.capacity
+        given = freed.total if freed else {}
+        for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
+            if amount:
+                free = capacity.get(resource, 0.0) - total[resource] + given.get(resource, 0.0)
+                if amount > min(rooms[resource], free) - reserved.get(resource, 0.0) + 1e-9:
+                    return False, resource
+        if not request.gpus:
+            return None, None
+        why = None
+        for flavor, key in self._flavor_keys(team, request):
+            free = capacity[key] - total[key] + given.get(key, 0.0)
+            if request.gpus <= min(rooms[key], free) - reserved.get(key, 0.0) + 1e-9:
+                return flavor, None
+            why = why or key
+        return False, why or (gpu_key(request.gpu_flavor) if request.gpu_flavor else "gpu")
+
+    def _rooms(self, team: Team) -> Rooms:
+        """What the team's quota and cohort let it use now, remembered until its cohort changes."""
+        key, changes = ("rooms", team.name), self._changes[team.cohort or team.name]
+        hit = self._cache.get(key)
+        if hit is None or hit[0] != changes:
+            hit = self._cache[key] = (changes, Rooms(self, team))
+        return hit[1]
+
+    def rooms_with(self, team: Team, freed: Freed) -> Rooms:
+        """What the team's quota and cohort would let it use with ``freed`` given back."""
+        return Rooms(self, team, freed)
+
+    def _flavor_keys(self, team: Team, request: Request) -> list[tuple[str, str]]:
+        key = ("flavor keys", team.name, request.gpu_flavor)
+        found = self._static.get(key)
+        if found is None:
+            found = self._static[key] = [(f, gpu_key(f)) for f in self._flavors(team, Request(gpus=1,
+                                                                                          gpu_flavor=request.gpu_flavor))]
+        return found
 
     def _cached(self, key: tuple, compute):
         """``compute()``, remembered until the next admission or release."""
@@ -201,32 +317,18 @@ class Model:
             hit = self._cache[key] = (self._version, compute())
         return hit[1]
 
-    def _fit(self, wl: Workload, without: set[str], reserved: dict | None):
-        team = self.teams[wl.team]
-        request = wl.request
-        for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
-            if amount and amount > self.available(team, resource, without) - (reserved or {}).get(resource, 0.0) \
-                    + 1e-9:
-                return False, resource
-        why = None
-        for flavor in self._flavors(team, request):
-            if flavor is None:
-                return None, None
-            key = gpu_key(flavor)
-            room = self.available(team, key, without) - (reserved or {}).get(key, 0.0)
-            if request.gpus <= room + 1e-9:
-                return flavor, None
-            why = why or key
-        return False, why or (gpu_key(request.gpu_flavor) if request.gpu_flavor else "gpu")
-
     def within_nominal(self, wl: Workload, flavor: str | None) -> bool:
         """Whether the workload fits in its team's own nominal quota (then it may reclaim lent quota)."""
         team = self.teams[wl.team]
-        usage = {"cpu": wl.request.cpu, "memory": wl.request.memory}
-        if wl.request.gpus:
-            usage[gpu_key(flavor)] = wl.request.gpus
-        return all(self.used[team.name][r] + a <= team.nominal.get(r, 0.0) + 1e-9
-                   for r, a in usage.items() if a and self._quoted(team, r))
+        used, nominal, request = self.used[team.name], team.nominal, wl.request
+        if request.gpus:
+            key = gpu_key(flavor)
+            if used[key] + request.gpus > nominal.get(key, 0.0) + 1e-9:
+                return False
+        for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
+            if amount and resource in nominal and used[resource] + amount > nominal[resource] + 1e-9:
+                return False
+        return True
 
     def impossible(self, wl: Workload) -> str | None:
         """Why a workload can never be admitted (more than the machine or its team could ever have)."""
@@ -296,51 +398,149 @@ class Model:
         return True, ""
 
     def cycle(self, pending: list[Workload], now: float, preempt: bool = True) -> Decision:
-        """One scheduling pass over every pending workload (in any order; it is sorted here).
+        """One scheduling pass over every pending workload (in any order; the backlog keeps them sorted).
 
         Workloads are considered in Kueue's order: those that preempted and wait for what they freed,
         then those that fit in their team's nominal quota, then the ones that would borrow; within
         each, by priority, then age. Alike workloads (same team, priority and request) form a group
-        of which only the oldest is tried: when it does not fit, the rest wait with the same reason,
-        so a pass costs little more than one look at each pending workload."""
+        of which only the oldest is tried: when it does not fit, the rest wait with the same reason.
+        The groups of one team and request (an *ask*) differ only in priority: when the first of them
+        does not fit and can preempt nothing, the lower ones cannot either (they fit no better and may
+        preempt no more), so they wait with the same reason at once. A pass thus costs a few steps per
+        ask, group and admission, plus set operations over the pending list (:class:`Backlog`)."""
+        backlog = self._backlog
+        backlog.sync(pending)
+        live = backlog.live
+        self._pass += 1
         decision = Decision(pending=list(pending))
         # team -> priority -> what starving workloads of that priority hold back from the team's others
         reserved: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
-        if self.nominated:
-            self.nominated = {wl.id for wl in pending if wl.id in self.nominated}
-        groups: dict[int, list[Workload]] = defaultdict(list)
-        first: list[Workload] = []
-        nominated = self.nominated
-        for wl in pending:
-            if nominated and wl.id in nominated:
-                first.append(wl)
-            else:
-                groups[wl._group if wl._group >= 0 else wl.group].append(wl)
+        serial = 0
         heap: list[tuple] = []
-        for wl in first:
-            heap.append(((0, 0, -wl.priority, wl.created, wl.id), -1, [wl]))
-        for gid, members in groups.items():
-            wl = min(members, key=_by_age)
-            heap.append(((1, self._borrows(wl), -wl.priority, wl.created, wl.id), gid, members))
+        # cohort -> team -> what its waiting preemptors need: no other team's borrower takes it in this pass
+        self._reclaiming = {}
+        self._held_for_others = False
+        if self.nominated:
+            self.nominated = {wid for wid in self.nominated if wid in backlog.by_id}
+            for wid in self.nominated:
+                wl = backlog.by_id[wid]
+                backlog.detach(wl)
+                serial += 1
+                heap.append(((0, 0, -wl.priority, wl.created, wl.id), serial, wl, None, 0))
+        reasons: dict[int, object] = {}  # group -> why its workloads wait (worded once the pass is done)
+        backlog.tidy()
+        for groups in backlog.asks.values():
+            wl = groups[0].head(live)
+            serial += 1
+            heap.append(((1, self._borrows(wl), -wl.priority, wl.created, wl.id), serial, wl, groups, 0))
         heapq.heapify(heap)
         admitted_now: set[str] = set()
-        blocked: list[tuple[object, list[Workload]]] = []  # reasons are worded once the pass is done
+        own: dict[str, object] = {}  # preemptors' reasons
+        failed: dict[str, list[tuple]] = defaultdict(list)  # team -> (workload, resource short): nothing to preempt
         while heap:
-            key, gid, members = heapq.heappop(heap)
-            wl = next(w for w in members if w.id == key[-1])
+            key, _, wl, groups, index = heapq.heappop(heap)
+            if groups is not None and wl.team in failed and not self.impossible(wl):
+                short = self._short_like(wl, failed[wl.team])
+                if short is not None:  # a smaller ask of its team found no room and nothing to preempt
+                    self._wait_alike(groups[index:], (wl, short), now, reserved, reasons, live)
+                    continue
             reason = self._consider(wl, now, preempt, decision, reserved, admitted_now)
-            if reason is None:  # admitted: the next of its group, if any, takes its place
-                members = [w for w in members if w is not wl]
-                if members:
-                    nxt = min(members, key=_by_age)
-                    heapq.heappush(heap, ((1, key[1], -nxt.priority, nxt.created, nxt.id), gid, members))
+            if groups is None:  # a preemptor, on its own
+                if reason is None:
+                    backlog.remove(wl)
+                else:
+                    own[wl.id] = reason
                 continue
-            blocked.append((reason, members))
-        for reason, members in blocked:
-            if isinstance(reason, tuple):  # (workload, resource short): worded from the state after the pass
-                reason = self.reason(*reason)
-            decision.waiting.update(dict.fromkeys([other.id for other in members], reason))
+            if reason is None:  # admitted: the next of its ask, if any, takes its place
+                backlog.remove(wl)
+                nxt, index = self._next_of(groups, index, live)
+                if nxt is not None:
+                    serial += 1
+                    heapq.heappush(heap, ((1, key[1], -nxt.priority, nxt.created, nxt.id), serial, nxt, groups,
+                                          index))
+                continue
+            reasons[groups[index].gid] = reason
+            if wl.id in self.nominated:  # it preempted: a lower priority of its ask may preempt others
+                nxt, index = self._next_of(groups, index + 1, live)
+                if nxt is not None:
+                    serial += 1
+                    heapq.heappush(heap, ((1, key[1], -nxt.priority, nxt.created, nxt.id), serial, nxt, groups,
+                                          index))
+                continue
+            # (short because of what another team's preemptors hold back: says nothing of asks that do not borrow)
+            if isinstance(reason, tuple) and not self._held_for_others:
+                failed[wl.team].append(reason)
+            self._wait_alike(groups[index + 1:], reason, now, reserved, reasons, live)
+        words: dict[int, tuple] = {}  # alike groups share one reason object: word each once
+        for table in (reasons, own):
+            for key, reason in table.items():
+                if isinstance(reason, tuple):  # (workload, resource short): worded from the state after the pass
+                    said = words.get(id(reason))
+                    if said is None:
+                        said = words[id(reason)] = (reason, self._reason_parts(*reason))
+                    table[key] = said[1]
+        decision.waiting = Waiting(backlog.ids.copy(), reasons, own)
         return decision
+
+    @staticmethod
+    def _next_of(groups: list, index: int, live: dict) -> tuple[Workload | None, int]:
+        """The oldest workload of the first group from ``index`` on that holds one, and that group's index."""
+        while index < len(groups):
+            wl = groups[index].head(live)
+            if wl is not None:
+                return wl, index
+            index += 1
+        return None, index
+
+    def _short_like(self, wl: Workload, failed: list[tuple]) -> str | None:
+        """The resource ``wl`` is short of, when an ask of its team that it dominates already found no room
+        and nothing to preempt in this pass: then ``wl`` fits nowhere either (it asks for at least as much
+        of everything, on no other flavor, at no higher priority: more is held back from it) and may preempt
+        no more (fewer of its team's jobs have a lower priority, and whatever it could reclaim from borrowers
+        the smaller ask could reclaim too). Room only shrinks in a pass, so the smaller ask's answer holds."""
+        mine = wl.request
+        for other, short in failed:
+            theirs = other.request
+            if (wl.priority > other.priority or mine.cpu < theirs.cpu or mine.memory < theirs.memory
+                    or (mine.cpu and not theirs.cpu) or (mine.memory and not theirs.memory)):
+                continue
+            if theirs.gpus:
+                if mine.gpus < theirs.gpus or not (mine.gpu_flavor == theirs.gpu_flavor or theirs.gpu_flavor is None
+                                                   and mine.gpu_flavor in self._flavor_set(other)):
+                    continue
+                if mine.gpu_flavor and short.startswith("gpu/"):
+                    short = gpu_key(mine.gpu_flavor)
+            elif mine.gpus:
+                continue
+            return short
+        return None
+
+    def _flavor_set(self, wl: Workload) -> frozenset:
+        key = ("flavor set", wl.team, wl.request.gpu_flavor)
+        found = self._static.get(key)
+        if found is None:
+            found = self._static[key] = frozenset(self._flavors(self.teams[wl.team], wl.request))
+        return found
+
+    def _wait_alike(self, groups: list, reason: object, now: float, reserved: dict, reasons: dict,
+                    live: dict) -> None:
+        """Lower priorities of an ask whose first group does not fit and may preempt nothing: they wait for
+        the same reason, and the starving among them hold back what they need, as if each were tried."""
+        for group in groups:
+            if group.size:
+                reasons[group.gid] = reason
+        if isinstance(reason, tuple):  # short of something (not held, not impossible)
+            self._reserve(groups, now, reserved, live)
+
+    def _reserve(self, groups: list, now: float, reserved: dict, live: dict) -> None:
+        """The starving first workloads of ``groups`` hold back what they need from their team's others."""
+        starving = now - self.starvation_seconds  # created before: starving
+        for group in groups:
+            if group.size and group.heap[0][0] < starving:  # the heap's top is at most as old as its oldest
+                head = group.head(live)
+                if head.created < starving:
+                    for resource, amount in self._needs(head).items():
+                        reserved[head.team][head.priority][resource] += amount
 
     def _consider(self, wl: Workload, now: float, preempt: bool, decision: Decision, reserved: dict,
                   admitted_now: set[str]) -> object:
@@ -353,18 +553,32 @@ class Model:
             return f"{never}: it can never start"
         held_back = self._held_back(reserved[wl.team], wl.priority) if wl.team in reserved else None
         flavor, why = self.fit(wl, reserved=held_back)
+        self._held_for_others = False
+        reclaiming = self._reclaiming.get(team.cohort) if team.cohort and flavor is not False else None
+        if reclaiming and any(name != wl.team for name in reclaiming) and not self.within_nominal(wl, flavor):
+            # it would borrow what another team's waiting preemptors need: admitted, it would be their next
+            # victim, and they would preempt one borrower after another for ever. It fits only without that.
+            held_back = defaultdict(float, held_back or {})
+            for name, needs in reclaiming.items():
+                if name != wl.team:
+                    for resource, amount in needs.items():
+                        held_back[resource] += amount
+            self._held_for_others = True
+            flavor, why = self.fit(wl, reserved=held_back)
         if flavor is not False:
             decision.admitted.append(self._admit(wl, flavor, now))
             admitted_now.add(wl.id)
             self.nominated.discard(wl.id)
             return None
         reason: object = (wl, why)
-        if wl.id in self._cached(("preemptors",), lambda: {v.stopping_for for v in self.admitted.values()
-                                                            if v.stopping}):
+        if wl.id in self.nominated and wl.id in self._cached(
+                ("preemptors",), lambda: {v.stopping_for for v in self.admitted.values() if v.stopping}):
             reason = "waiting for the jobs it preempted to stop"
         elif preempt:
             victims = self._preemption(wl, held_back, admitted_now)
             for victim in victims:
+                self._run(victim, -1.0)
+                self._changes[team.cohort or team.name] += 1
                 victim.stopping = True
                 victim.stopping_for = wl.id
                 decision.preempted.append((victim, wl))
@@ -377,6 +591,10 @@ class Model:
             # holds back what it needs from its team's workloads of the same or a lower priority
             for resource, amount in self._needs(wl).items():
                 reserved[wl.team][wl.priority][resource] += amount
+        if wl.id in self.nominated and team.cohort:  # and one that preempted, from its cohort's borrowers
+            mine = self._reclaiming.setdefault(team.cohort, {}).setdefault(wl.team, defaultdict(float))
+            for resource, amount in self._needs(wl).items():
+                mine[resource] += amount
         return reason
 
     @staticmethod
@@ -394,8 +612,7 @@ class Model:
         team = self.teams.get(wl.team)
         if team is None or not team.cohort:
             return False
-        return self._cached(("borrows", wl.ask),
-                            lambda: not any(self.within_nominal(wl, f) for f in self._flavors(team, wl.request)))
+        return not any(self.within_nominal(wl, f) for f in self._flavors(team, wl.request))
 
     def estimate(self, pending: list[Workload], ends: dict[str, float], durations: dict[str, float],
                  now: float, limit: int = 200) -> dict[str, float]:
@@ -420,100 +637,52 @@ class Model:
         return starts
 
     def _needs(self, wl: Workload) -> dict[str, float]:
-        team = self.teams[wl.team]
-        needs = {"cpu": wl.request.cpu, "memory": wl.request.memory}
-        # the first flavor the team could ever fit it in (its victims, if any, free that one)
-        flavors = [f for f in self._flavors(team, wl.request) if self.ceiling(team, gpu_key(f)) >= wl.request.gpus]
-        if wl.request.gpus and flavors:
-            needs[gpu_key(flavors[0])] = wl.request.gpus
+        key = ("needs", wl.ask)
+        needs = self._static.get(key)
+        if needs is None:
+            team = self.teams[wl.team]
+            needs = {"cpu": wl.request.cpu, "memory": wl.request.memory}
+            # the first flavor the team could ever fit it in (its victims, if any, free that one)
+            flavors = [f for f in self._flavors(team, wl.request)
+                       if self.ceiling(team, gpu_key(f)) >= wl.request.gpus]
+            if wl.request.gpus and flavors:
+                needs[gpu_key(flavors[0])] = wl.request.gpus
+            needs = self._static[key] = {r: a for r, a in needs.items() if a}
         return needs
-
-    def _victims_of(self, wl: Workload) -> list[Workload]:
-        """Workloads still stopping because they were preempted for ``wl``."""
-        return [v for v in self.admitted.values() if v.stopping and v.stopping_for == wl.id]
-
-    def _preemption(self, wl: Workload, reserved: dict[str, float] | None = None,
-                    admitted_now: set[str] = frozenset()) -> list[Workload]:
-        """The fewest workloads to stop so that ``wl`` fits, per its team's policies; [] if none.
-
-        Only the victims chosen here count as freed (not those stopping for another workload), what
-        starving workloads hold back stays held back, and a workload admitted in this pass is no victim:
-        so preemption never repeats for the same capacity."""
-        team = self.teams[wl.team]
-        running = self._running_by_team()
-        candidates: list[Workload] = []
-        if team.within_team == "lower_priority":
-            candidates += [v for v in running.get(wl.team, ()) if v.priority < wl.priority and v.id not in admitted_now]
-        if team.reclaim != "never" and team.cohort:
-            flavors = self._flavors(team, wl.request)
-            needed = [gpu_key(f) for f in flavors if f and self.within_nominal(wl, f)]
-            if needed or (not wl.request.gpus and self.within_nominal(wl, None)):
-                needed += [r for r, a in (("cpu", wl.request.cpu), ("memory", wl.request.memory)) if a]
-                for name in self.cohorts[team.cohort]:
-                    if name == wl.team or not self._borrowing(self.teams[name], needed):
-                        continue
-                    candidates += [v for v in running.get(name, ()) if v.id not in admitted_now and
-                                   (team.reclaim == "any" or v.priority < wl.priority)]
-        if not candidates:
-            return []
-        if not reserved:  # what failed at one priority fails at a lower one too (fewer candidates)
-            hopeless = self._cache.get(("hopeless", wl.ask))
-            if hopeless is not None and hopeless[0] == self._version and wl.priority <= hopeless[1]:
-                return []
-        if self.fit(wl, without={v.id for v in candidates}, reserved=reserved)[0] is False:
-            if not reserved:
-                self._cache[("hopeless", wl.ask)] = (self._version, wl.priority)
-            return []  # stopping all it may preempt would not be enough
-        candidates.sort(key=lambda v: (v.priority, -v.admitted_at, -v.created, v.id))  # newest, least important
-        chosen: list[Workload] = []
-        without: set[str] = set()
-        for victim in candidates:
-            chosen.append(victim)
-            without.add(victim.id)
-            flavor, _ = self.fit(wl, without=without, reserved=reserved)
-            if flavor is not False:
-                # drop victims that turned out unnecessary (most important first)
-                for extra in sorted(chosen[:-1], key=lambda v: (-v.priority, v.admitted_at)):
-                    trial = without - {extra.id}
-                    if self.fit(wl, without=trial, reserved=reserved)[0] is not False:
-                        chosen.remove(extra)
-                        without = trial
-                return chosen
-        return []
-
-    def _running_by_team(self) -> dict[str, list[Workload]]:
-        """Admitted jobs that are not stopping, by team (what preemption may choose from)."""
-        hit = self._cache.get(("running",))
-        if hit is None or hit[0] != self._version:
-            running: dict[str, list[Workload]] = defaultdict(list)
-            for v in self.admitted.values():
-                if v.kind == "job" and not v.stopping:
-                    running[v.team].append(v)
-            hit = self._cache[("running",)] = (self._version, running)
-        return hit[1]
-
-    def _borrowing(self, team: Team, resources: list[str]) -> bool:
-        """Whether the team uses more than its nominal quota of one of ``resources``."""
-        used = self.used[team.name]
-        return any(used[r] > team.nominal.get(r, 0.0) + 1e-9 for r in resources if self._quoted(team, r))
 
     # visibility ------------------------------------------------------------------------
     def reason(self, wl: Workload, resource: str | None) -> str:
         """Why a workload waits, short of ``resource``, in words."""
-        return self._cached(("reason", wl.ask, resource), lambda: self._reason(wl, resource))
+        words = self._reason_parts(wl, resource)
+        return words if isinstance(words, str) else words[0] + words[1]
 
-    def _reason(self, wl: Workload, resource: str | None) -> str:
-        team = self.teams[wl.team]
+    def _reason_parts(self, wl: Workload, resource: str | None) -> str | tuple[str, str]:
+        """:meth:`reason`, or its two parts (what it waits for, and where its team stands now), which a
+        :class:`Waiting` joins when it is read."""
         if resource is None:
             return "waiting"
+        key = ("reason", wl.ask, resource)
+        what = self._static.get(key)
+        if what is None:
+            what = self._static[key] = self._what(wl, resource)
+        return what if resource == "gpu" else (what, self._state(self.teams[wl.team], resource))
+
+    def _what(self, wl: Workload, resource: str) -> str:
+        """What the workload waits for (the part of its reason that depends on the request only)."""
+        request = wl.request
+        if resource == "gpu":
+            return f"waiting for {request.gpus} GPUs: team {wl.team} may use no GPU flavor"
         if resource.startswith("gpu/"):
-            flavor = resource[4:]
-            what = f"{wl.request.gpus} `{flavor}` GPU{'s' if wl.request.gpus != 1 else ''}"
-        elif resource == "gpu":
-            return f"waiting for {wl.request.gpus} GPUs: team {team.name} may use no GPU flavor"
-        else:
-            what = (f"{wl.request.cpu:g} CPU{'s' if wl.request.cpu != 1 else ''}" if resource == "cpu"
-                    else f"{wl.request.memory / 2**30:.1f} GiB memory")
+            return f"waiting for {request.gpus} `{resource[4:]}` GPU{'s' if request.gpus != 1 else ''}"
+        if resource == "cpu":
+            return f"waiting for {request.cpu:g} CPU{'s' if request.cpu != 1 else ''}"
+        return f"waiting for {request.memory / 2**30:.1f} GiB memory"
+
+    def _state(self, team: Team, resource: str) -> str:
+        """Where the team stands on the resource now (the part of a reason its alike workloads share)."""
+        return self._cached(("state", team.name, resource), lambda: ": " + self._words(team, resource))
+
+    def _words(self, team: Team, resource: str) -> str:
         show = gib if resource == "memory" else (lambda v: f"{v:g}")
         used = self.used[team.name][resource]
         nominal = team.nominal.get(resource, 0.0)
@@ -524,4 +693,4 @@ class Model:
         free = self.capacity.get(resource, 0.0) - self.total_used[resource]
         if resource.startswith("gpu/") or resource == "cpu":
             parts.append(f"{free:g} free on the machine")
-        return f"waiting for {what}: " + ", ".join(parts)
+        return ", ".join(parts)

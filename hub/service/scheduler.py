@@ -9,7 +9,8 @@ admitted attempts and stop the victims. A pass that cannot be recorded
 leaves nothing behind: the model is rebuilt from the database and the next
 pass decides again. Passes run after every event that can change the answer
 and every ``interval`` seconds (:meth:`run_forever`), which also stops jobs
-past their time limit.
+past their time limit, samples GPU utilization and, every minute, rolls usage
+up and expires old samples (:mod:`~danlu.hub.service.rollups`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 from sqlalchemy import select
 
-from danlu.hub.service import audit, quotas
+from danlu.hub.service import audit, quotas, rollups
 from danlu.hub.service.admission import Decision, Request, Workload
 from danlu.hub.service.core import Core, ts, workload_of
 from danlu.hub.service.models import Attempt, Job, QueueSetting, ServerUsage, isoformat, utcnow
@@ -143,12 +144,27 @@ class Scheduler:
                                         core.settings.jobs["max_runtime_seconds"])
         core.estimates = core.model.estimate(waiting, ends, durations, now)
 
+    # usage rollups ---------------------------------------------------------------------------------
+    async def roll_up(self) -> None:
+        """Roll up the hours that are over, six hours at a time on the writer thread (other writes go between
+        passes) until caught up, then expire the raw samples the policy no longer keeps. A task of its own:
+        catching up after an upgrade takes a while, and admission passes go on meanwhile."""
+        core = self.core
+        try:
+            while not core.closing and await core.db(rollups.roll_up, utcnow()):
+                await asyncio.sleep(0)
+            keep = core.settings.usage["sample_retention_days"]
+            while not core.closing and await core.db(rollups.expire_samples, utcnow(), keep) >= rollups.EXPIRE_BATCH:
+                await asyncio.sleep(0)
+        except Exception:
+            core.log.exception("rolling usage up failed (the next try is in a minute)")
+
     # the loop -----------------------------------------------------------------------------------
     async def run_forever(self, interval: float = 2.0) -> None:
         from danlu.hub.service.usage import sample_gpus
 
         core = self.core
-        sampled, orphans = 0.0, time.monotonic()
+        sampled, orphans, rolled, rolling = 0.0, time.monotonic(), 0.0, None
         while not core.closing:
             try:
                 await asyncio.wait_for(core.wake.wait(), interval)
@@ -164,6 +180,9 @@ class Scheduler:
                 if time.monotonic() - orphans > 60:
                     orphans = time.monotonic()
                     await self.supervisor.rewatch_orphans()
+                if time.monotonic() - rolled > 60 and (rolling is None or rolling.done()):
+                    rolled = time.monotonic()
+                    rolling = core.spawn(self.roll_up())
             except Exception:
                 core.log.exception("admission pass failed")
 
