@@ -189,8 +189,9 @@ class DanluUp(Application):
         secret = mlflow_auth.ensure_secret(state)  # never in the hub's own environment (its proxy inherits it)
         config = mlflow_auth.write_auth_config(state, settings, secret)
         environ = {**environ, **mlflow_auth.server_environment(config, secret)}
-        cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--backend-store-uri", backend,
-               "--artifacts-destination", artifacts, "--host", "127.0.0.1", "--port", str(port),
+        cmd = [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
+               "--backend-store-uri", backend, "--artifacts-destination", artifacts,
+               "--host", "127.0.0.1", "--port", str(port),
                "--static-prefix", "/services/mlflow", "--workers", str(mlflow.get("workers", 1)),
                "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
         log = open(state / "logs" / "mlflow.log", "ab")
@@ -208,9 +209,9 @@ class DanluUp(Application):
             "    load_subconfig(str(settings.extra_config_file))\n"
         )
         out = open(state / "logs" / "jupyterhub.log", "ab") if self.quiet_hub else None
-        return subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=str(state), env=environ,
-                                stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen([sys.executable, "-m", "danlu.hub.hubmain", "-f", str(config)], cwd=str(state),
+                                env=environ, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
     def banner(self, settings: Settings, token_source: str) -> None:
         kind = settings.auth["type"]

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from danlu import cli
+from danlu.lean import skip_unused_imports
 
 
 def cmd_kueue(args) -> int:
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    skip_unused_imports()
     if argv[:1] == ["up"]:
         from danlu.hub.app import main as up
 

@@ -32,6 +32,9 @@ ENV_OVERRIDES = {
 JOB_DEFAULTS = {
     "backend": "local",
     "warm_runners": 1,
+    "warm_idle_seconds": 600.0,
+    "warm_runners_max": 4,
+    "warm_runners_per_user": 2,
     "max_nproc": 64,
     "grace_period_seconds": 10.0,
     "max_runtime_seconds": 7 * 24 * 3600,
@@ -158,7 +161,10 @@ class Settings:
 
     @property
     def usage(self) -> dict:
-        return {"gpu_hour_cost": {}, "currency": "", "idle_server_minutes": 30, **self.data.get("usage", {})}
+        """Usage reports and what they keep: costs, the idle-server threshold, and how many days raw NVML
+        samples are kept once rolled up (hourly and daily rollups, and the jobs' attempts, are kept)."""
+        return {"gpu_hour_cost": {}, "currency": "", "idle_server_minutes": 30, "sample_retention_days": 14,
+                **self.data.get("usage", {})}
 
     @property
     def mlflow(self) -> dict:
@@ -184,6 +190,15 @@ class Settings:
     def dataset_roots(self) -> dict[str, Path]:
         roots = self.data.get("datasets", {}).get("roots", {})
         return {name: self._path(p) for name, p in roots.items()}
+
+    @property
+    def models(self) -> dict:
+        """The ``models`` section: approver groups, self-approval, evaluations (notebook paths made absolute)."""
+        data = self.data.get("models", {})
+        evaluations = {name: {**spec, "notebook": str(self._path(spec["notebook"]))}
+                       for name, spec in data.get("evaluations", {}).items()}
+        return {"approvers": list(data.get("approvers", [])), "self_approval": bool(data.get("self_approval", False)),
+                "evaluations": evaluations}
 
     @property
     def hub(self) -> dict:

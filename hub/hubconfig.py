@@ -5,7 +5,8 @@ calls :func:`configure`; everything else comes from :class:`Settings` and from
 the ports and tokens ``danlu up`` passes in the environment. This is where the
 parts are wired together: the authenticator, the spawner and its profiles, the
 custom scopes and roles that keep users to their own jobs, the jobs service
-and the MLflow gateway as managed services, and the idle culler.
+and the MLflow gateway as managed services (the jobs service also runs the idle
+culler, :mod:`danlu.hub.service.culling`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from danlu import env as names
 from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
+from danlu.hub.service import culling
 
 AUTHENTICATORS = {
     "pam": "jupyterhub.auth.PAMAuthenticator",
@@ -127,12 +129,12 @@ def roles(settings: Settings, services) -> list[dict]:
     ]
     if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         out.append({"name": "admin", "services": automation})
-    out.append({"name": "danlu-service", "description": "The jobs service reads users' groups.",
-                "scopes": ["read:users", "read:groups", "list:users", "read:servers"], "services": ["danlu"]})
-    if "idle-culler" in services:
-        out.append({"name": "idle-culler",
-                    "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
-                    "services": ["idle-culler"]})
+    scopes = ["read:users", "read:groups", "list:users", "read:servers"]
+    if settings.hub["idle_timeout_seconds"] and settings.jobs["backend"] != "kubernetes":
+        # it runs the idle culler (danlu.hub.service.culling); on a cluster the chart's culler does
+        scopes += [s for s in culling.SCOPES if s not in scopes]
+    out.append({"name": "danlu-service", "description": "The jobs service reads users' groups and stops idle servers.",
+                "scopes": scopes, "services": ["danlu"]})
     return out
 
 
@@ -212,13 +214,6 @@ def configure(c, environ=os.environ) -> Settings:
         },
         {"name": "danlu-admin", "api_token": admin_token},
     ]
-    idle = settings.hub["idle_timeout_seconds"]
-    if idle:
-        c.JupyterHub.services.append({
-            "name": "idle-culler",
-            "command": [python, "-m", "jupyterhub_idle_culler", f"--timeout={idle}", "--cull-every=60"],
-            "environment": instance,
-        })
     c.JupyterHub.custom_scopes = CUSTOM_SCOPES
     c.JupyterHub.load_roles = roles(settings, [s["name"] for s in c.JupyterHub.services])
 

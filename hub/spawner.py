@@ -19,6 +19,7 @@ folder under the state dir (see :mod:`danlu.hub.accounts`).
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import os
@@ -243,10 +244,24 @@ class DanluLocalSpawner(LocalProcessSpawner):
         else:
             self._warn_open_home()
         try:
-            return await super().start()
+            started = await super().start()
         except BaseException:
             await self._release()
             raise
+        self._warm_soon()
+        return started
+
+    def _warm_soon(self) -> None:
+        """Ask the jobs service for a warm runner of this profile: the user's first %%train need not start one."""
+
+        async def warm():
+            try:
+                await self._jobs_api("POST", "/runners/warm", {"user": self.user.name, "profile": self.profile.slug})
+            except Exception as e:  # noqa: BLE001 - only a slower first job: never the server's start
+                self.log.info("no warm runner for %s: %s", self.user.name, getattr(e, "log_message", None) or e)
+
+        if self.jobs_api_url:
+            self._warm_task = asyncio.ensure_future(warm())
 
     async def _release(self):
         if getattr(self, "devices", None):

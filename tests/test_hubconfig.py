@@ -12,6 +12,7 @@ from traitlets.config import Config
 from danlu.errors import ConfigError
 from danlu.hub.config import load_settings
 from danlu.hub.hubconfig import AUTHENTICATORS, SERVER_TOKEN_SCOPES, configure
+from danlu.hub.service import culling
 
 OIDC = {"type": "oidc", "client_id": "danlu", "client_secret": "s3cret",
         "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
@@ -46,10 +47,11 @@ def test_defaults_pam_services_scopes_and_roles(tmp_path):
     assert c.Authenticator.admin_users == {"alice"}
     assert c.JupyterHub.load_groups == {"vision": {"users": ["bob"]}}
     services = {s["name"]: s for s in c.JupyterHub.services}
-    assert set(services) == {"danlu", "mlflow", "danlu-admin", "idle-culler"}
+    assert set(services) == {"danlu", "mlflow", "danlu-admin"}  # the jobs service runs the idle culler
     assert services["danlu"]["url"] == "http://127.0.0.1:10101"
     assert services["danlu-admin"]["api_token"] == "a" * 64
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert set(culling.SCOPES) <= set(roles["danlu-service"]["scopes"])
     assert "custom:danlu:jobs!user" in roles["user"]["scopes"]
     assert roles["danlu-admin"]["users"] == ["alice"]
     assert "custom:danlu:jobs!user" in SERVER_TOKEN_SCOPES
@@ -60,7 +62,8 @@ def test_defaults_pam_services_scopes_and_roles(tmp_path):
 def test_idle_culler_can_be_turned_off(tmp_path):
     c = hub_config(tmp_path, {"hub": {"idle_timeout_seconds": 0}})
     assert "idle-culler" not in {s["name"] for s in c.JupyterHub.services}
-    assert "idle-culler" not in {r["name"] for r in c.JupyterHub.load_roles}
+    service = next(r for r in c.JupyterHub.load_roles if r["name"] == "danlu-service")
+    assert "delete:servers" not in service["scopes"]  # a service that culls nothing may stop nothing
 
 
 def test_github_admits_members_of_allowed_orgs_and_admins(tmp_path):

@@ -171,7 +171,8 @@ def test_the_cluster_config_and_profiles_load(example, tmp_path):
     assert str(settings.profiles_file) == "/etc/danlu/profiles.yaml"
     profiles = load_profiles(tmp_path / "profiles.yaml")
     assert all(p.environment["image"].partition("@sha256:")[2] for p in profiles)
-    assert mlflowserver.server_command(settings)[3:8] == ["server", "--app-name", "basic-auth", "--backend-store-uri",
+    assert mlflowserver.server_command(settings)[1:7] == ["-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
+                                                          "--backend-store-uri",
                                                           "postgresql+psycopg://danlu@danlu-postgres:5432/mlflow"]
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from traitlets import Dict, Integer, Unicode
+from traitlets import Dict, Float, Integer, Unicode
 
 from danlu import env, proctree
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
@@ -47,17 +47,26 @@ class LocalBackend(Backend):
 
     jobs_root = Unicode(help="Folder holding one folder per job (the service's; jobs own only their own).").tag(
         config=True)
-    warm_runners = Integer(1, help="Warm runners kept per kernel that jobs have used (0 disables).").tag(config=True)
+    warm_runners = Integer(1, help="Warm runners kept per kernel (and, with Unix accounts, per user) while it is in "
+                                   "use (0 disables).").tag(config=True)
+    warm_idle_seconds = Float(600.0, help="A kernel's warm runners unused for this long are stopped (with their "
+                                          "kernels) and started again on the next demand.").tag(config=True)
+    warm_runners_max = Integer(4, help="At most this many warm runners wait in all, every kernel and user "
+                                       "together.").tag(config=True)
+    warm_runners_per_user = Integer(2, help="With Unix accounts, at most this many warm runners wait for one "
+                                            "user.").tag(config=True)
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
     runner_env = Dict(help="Extra environment for every runner (JUPYTER_PATH, the workbench's marker).").tag(
         config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.pool = WarmPool(self._spawn_runner, self.warm_runners)
+        self.pool = WarmPool(self._spawn_runner, self.warm_runners, idle_seconds=self.warm_idle_seconds,
+                             max_total=self.warm_runners_max, max_per_account=self.warm_runners_per_user)
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task] = set()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-files")
+        self._jobs_root_abs: str | None = None
 
     # processes -----------------------------------------------------------------------
     def _env(self, account, runner_id: str, job_id: str | None) -> dict:
@@ -97,7 +106,7 @@ class LocalBackend(Backend):
         task.add_done_callback(self._tasks.discard)
 
     async def warm(self, kernel_name: str, account=None) -> None:
-        """Top up the pool of warm runners for a kernel (and, with Unix accounts, a user)."""
+        """Demand for a kernel (and, with Unix accounts, a user): top up its pool of warm runners."""
         await self.pool.top_up(kernel_name, account)
 
     async def _run(self, fn, *args):
@@ -191,7 +200,9 @@ class LocalBackend(Backend):
                                                      uid=self._uid(state), offset=offset, limit=limit))
 
     def tensorboard_dir(self, job_id: str) -> str | None:
-        return str(Path(self.jobs_root).absolute() / job_id / "tensorboard")
+        if self._jobs_root_abs is None:  # every job's view asks: the folder is resolved once
+            self._jobs_root_abs = str(Path(self.jobs_root).absolute())
+        return os.path.join(self._jobs_root_abs, job_id, "tensorboard")
 
     async def shutdown(self) -> None:
         await self.pool.stop_all()

@@ -31,7 +31,7 @@ def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[st
         if not mlflow.get(key):
             raise ConfigError(f"{settings.where('mlflow')}: mlflow.{key} is not set",
                               fix="render the ConfigMap with danlu render k8s, which sets it")
-    return [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
+    return [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
             "--backend-store-uri", mlflow["backend_store_uri"],
             "--artifacts-destination", mlflow["artifacts_destination"],
             "--host", "0.0.0.0", "--port", str(port), "--static-prefix", "/services/mlflow",

@@ -18,6 +18,10 @@ import signal
 import sys
 from pathlib import Path
 
+from danlu.lean import skip_unused_imports
+
+skip_unused_imports()  # before anything imports jsonschema (papermill's nbformat does)
+
 from danlu import env
 from danlu.errors import DanluError
 from danlu.jobdir import JobDir, write_json_atomic
@@ -115,5 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     return runner.run()
 
 
+def exit_now(code: int) -> None:
+    """End the runner at once, without the interpreter's teardown.
+
+    By then the attempt is over: its ``finished`` report is sent, its kernel stopped, its MLflow run
+    closed and its files written. What Python would still do at exit -- MLflow's and papermill's
+    atexit work, joining idle threads, freeing every module -- takes a second or more, and the service
+    calls the job finished only once this process has ended (its GPUs are free when its processes are
+    gone), so that second is every job's. Output is flushed first: the job's log is stdout and stderr.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,0 +1,54 @@
+"""``python -m danlu.hub.mlflowserver ARGS``: ``mlflow server ARGS`` as one process, without what Danlu never uses.
+
+``mlflow server`` (MLflow 3) is a launcher: it imports all of MLflow, prepares the stores and
+the basic-auth app, then starts uvicorn as a child and waits for it, keeping its own ~250 MB
+resident for nothing. Unless told otherwise it also starts MLflow's job-execution machinery (a
+job runner and seven huey consumers, another ~1.7 GB) for MLflow's GenAI scorers and judges,
+which Danlu does not use. This entry point runs MLflow's own CLI, unchanged, with two
+differences:
+
+* job execution is off (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``) unless the environment
+  that starts the workbench sets that variable itself;
+* the launcher *becomes* the server: where MLflow would start the server command as a child,
+  this process replaces itself with it (``exec``), so the process ``danlu up`` (or a cluster's
+  Deployment) started is the uvicorn server, and its memory is the server's alone.
+
+The replacement hooks ``mlflow.server._exec_cmd``, the one call through which MLflow starts
+the server; if a future MLflow renames it, the launcher says so in the log and runs MLflow as
+it is (two processes), rather than failing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+log = logging.getLogger("danlu.mlflowserver")
+
+
+def _become(cmd, extra_env=None, **_ignored):
+    """What ``mlflow server`` would start as its child, in place of this process."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(cmd[0], list(cmd), {**os.environ, **(extra_env or {})})
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault(JOB_EXECUTION, "false")
+    import mlflow.server
+    from mlflow.cli import cli
+
+    if callable(getattr(mlflow.server, "_exec_cmd", None)):
+        mlflow.server._exec_cmd = _become
+    else:  # pragma: no cover - a future MLflow
+        logging.basicConfig()
+        log.warning("mlflow.server._exec_cmd is gone in MLflow %s: the server runs as a child of its launcher",
+                    mlflow.__version__)
+    cli.main(["server", *(sys.argv[1:] if argv is None else argv)], prog_name="mlflow")
+
+
+if __name__ == "__main__":
+    main()
