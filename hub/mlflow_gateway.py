@@ -27,13 +27,14 @@ import signal
 import sys
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from tornado import httpclient, web
 from tornado.httpserver import HTTPServer
 
 from danlu.env import MLFLOW_AUTH_SECRET, MLFLOW_URL
 from danlu.errors import DanluError
 from danlu.hub import mlflow_auth
+from danlu.hub.hubauth import AsyncHubAuthenticated
 
 log = logging.getLogger("danlu.mlflow_gateway")
 
@@ -85,7 +86,7 @@ def inject_xsrf(html: bytes, token: str, prefix: str) -> bytes:
 
 
 @web.stream_request_body
-class ProxyHandler(HubOAuthenticated, web.RequestHandler):
+class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
     def initialize(self, upstream: str, users: mlflow_auth.MlflowUsers):
@@ -116,6 +117,7 @@ class ProxyHandler(HubOAuthenticated, web.RequestHandler):
         # A refusal waits for the verb method: finishing before the body is read makes tornado drop
         # the connection, which the proxy may be reusing already (its next request: "socket hang up").
         # JupyterHub's XSRF check stays on: a cookie-authenticated request without the token has no user.
+        await self.identify()  # never the hub's round trip on the event loop (danlu.hub.hubauth)
         user = self.current_user
         if not user:
             self._refusal = self._refuse_login

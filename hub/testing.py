@@ -33,6 +33,11 @@ from danlu import env as names
 ROOT = Path(__file__).resolve().parents[1]  # the source checkout (hub/..)
 
 
+#: One profile running on the workbench's own Python: what a benchmark's workbench needs, and nothing to build
+CURRENT_PYTHON_PROFILES = {"profiles": [{"slug": "python", "display_name": "Python (workbench environment)",
+                                         "default": True, "environment": {"current": True}}]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""HTTP handlers of the admin endpoints: GPU allocations, queue operations, the audit log, metrics.
+"""HTTP handlers of the admin endpoints: GPU allocations, warm runners, queue operations, the audit log, metrics.
 
 One handler class per route, so a method a route does not have is a 405 that
 says which it has; the manager decides who may call what (admins, or the
@@ -33,6 +33,14 @@ class ServerAllocationHandler(APIHandler):
         await self.jobs.release_server(who, self.path_arg(holder, "holder", HOLDER, "a server (user or user:name)"))
         self.set_status(204)
         self.finish()
+
+
+class WarmHandler(APIHandler):
+    async def post(self):
+        who = self.principal()
+        body = self.json_body()
+        validation.check_schema("WarmRequest", body)
+        self.write_json(await self.jobs.warm(who, body), 202)
 
 
 class QueueHandler(APIHandler):
@@ -94,6 +102,7 @@ def routes(api: str) -> list:
     return [
         (f"{api}/allocations", AllocationsHandler),
         (f"{api}/allocations/server/(?P<holder>[^/]+)", ServerAllocationHandler),
+        (f"{api}/runners/warm", WarmHandler),
         (f"{api}/queues/(?P<name>[^/]+)", QueueHandler),
         (f"{api}/queues/(?P<name>[^/]+)/(?P<action>hold|release)", QueueHoldHandler),
         (f"{api}/drain", DrainHandler),

@@ -6,8 +6,8 @@ the environment, plus ``DANLU_CONFIG``/``DANLU_STATE_DIR``/``DANLU_BASE_DIR``
 so it reads the same danlu.yaml as ``danlu up``, and ``DANLU_MLFLOW_URL``, the
 loopback address of the MLflow server jobs log to. Only one runs per state
 folder (a lock file). On start it re-attaches to attempts that were running
-(a SIGKILLed service loses nothing) before it answers anyone, then keeps warm
-runners for the default profile.
+(a SIGKILLed service loses nothing) before it answers anyone. With
+``hub.idle_timeout_seconds`` it also stops users' idle servers (:mod:`.culling`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from danlu.hub import gpus as gpu_inventory
 from danlu.hub.backends import backends
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import builtin_profiles, load_profiles
-from danlu.hub.service import db, handlers
+from danlu.hub.service import culling, db, handlers, provenance, validation
 from danlu.hub.service.auth import GroupDirectory
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_access import MlflowAccess
@@ -120,8 +120,11 @@ class JobsServiceApp(Application):
             runner_env = {"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter")}
             if env.INSTANCE.get():
                 runner_env[env.INSTANCE] = env.INSTANCE.get()
-            backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir),
-                                  warm_runners=settings.jobs["warm_runners"], runner_env=runner_env)
+            jobs = settings.jobs
+            backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir), runner_env=runner_env,
+                                  warm_runners=jobs["warm_runners"], warm_idle_seconds=jobs["warm_idle_seconds"],
+                                  warm_runners_max=jobs["warm_runners_max"],
+                                  warm_runners_per_user=jobs["warm_runners_per_user"])
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
@@ -159,14 +162,20 @@ class JobsServiceApp(Application):
         server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
         server.listen(url.port, self.ip or url.hostname)
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
-        warm = getattr(self.manager.backend, "warm", None)  # a local backend's warm runners
-        if warm is not None and not self.settings_.unix_accounts:  # with accounts: per user, after a first job
-            await warm(self.default_kernel)
-        scheduler = asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))
+        tasks = [asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))]
+        # the digest of the workbench's own Python (every installed distribution) is read once, now rather
+        # than in the first submission
+        tasks.append(asyncio.ensure_future(provenance.environment_of(self.settings_, self.manager.profiles.default)))
+        tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))  # likewise the validators
+        idle = self.settings_.hub["idle_timeout_seconds"]
+        if idle and self.settings_.jobs["backend"] != "kubernetes":  # on a cluster the chart's culler does it
+            tasks.append(asyncio.ensure_future(culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token,
+                                                                    idle, self.log)))
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")
         server.stop()
-        scheduler.cancel()
+        for task in tasks:
+            task.cancel()
         await self.manager.stop()
 
     def start(self):

@@ -3,8 +3,13 @@
 A runner authenticates every call with its attempt's job token (the service
 keeps only its sha256, cleared when the attempt ends), which binds it to one
 attempt of one job: it can fetch that attempt's spec, ask why it is being
-stopped, and report its MLflow run and how it ended. Nothing it sends can
-change who or what runs, or any other job's record. Reports are validated
+stopped, report its MLflow run, what only the job knows of its provenance
+(the seed its code set, git's dirty state, a plain dataset's digest:
+:func:`~.provenance.merge_report`) and how it ended, and -- for
+``danlu.dataset`` in its code -- resolve a catalog version as the job's owner
+(whose name and groups come from the job's row, never from the request),
+which is recorded as a use of the version. Nothing it sends can change who or
+what runs, or any other job's record. Reports are validated
 against the OpenAPI document (``RunnerEvent``); an authenticated runner that
 sends something invalid gets a 422 and its attempt fails with a reason that
 says so, unless a valid report follows.
@@ -19,9 +24,11 @@ import json
 import re
 from pathlib import Path
 
+from danlu.datasets import TRAINING
 from danlu.errors import DanluError, Forbidden, ValidationError
-from danlu.hub.service import outputs, validation
-from danlu.hub.service.catalog import manifest_of
+from danlu.hub.service import outputs, provenance, validation
+from danlu.hub.service.auth import Principal
+from danlu.hub.service.catalog import Catalog, manifest_of, record_uses
 from danlu.hub.service.core import Core
 from danlu.hub.service.models import Job, JobInput
 from danlu.hub.service.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
@@ -33,9 +40,10 @@ TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <
 
 
 class Reports:
-    def __init__(self, core: Core, supervisor: Supervisor):
+    def __init__(self, core: Core, supervisor: Supervisor, catalog: Catalog | None = None):
         self.core = core
         self.supervisor = supervisor
+        self.catalog = catalog or Catalog(core)
 
     async def spec(self, job_id: str, attempt: int, token: str) -> dict:
         core = self.core
@@ -79,6 +87,24 @@ class Reports:
         return {"recorded": body["event"]}
 
 
+    async def owner(self, job_id: str, attempt: int, token: str) -> Principal:
+        """The job's owner as a principal with no scopes (a job gets no admin's override), if the token is this
+        attempt's; their groups are looked up again when they are needed, the job's own as the fallback."""
+        owner, groups = await self.core.read(_owner, job_id, attempt, _hash(token))
+        return Principal(name=owner, kind="user", groups=tuple(groups))
+
+    async def dataset(self, job_id: str, attempt: int, token: str, owner: Principal, body) -> dict:
+        """``danlu.dataset`` in a job: the version ``body["ref"]`` as the owner may read it, its manifest to
+        verify against, and a recorded use. The token was checked (:meth:`owner`) before the body was read."""
+        validation.check_schema("RunnerDatasetRequest", body)
+        entry = await self.catalog.resolve(owner, body["ref"], "ref")
+        context = body.get("context", TRAINING)
+        manifest = await self.core.read(manifest_of, entry["dataset"], entry["version"])
+        await self.core.db(_use, job_id, attempt, _hash(token), {**entry, "context": context})
+        return {"ref": entry["name"], "dataset": entry["dataset"], "version": entry["version"],
+                "digest": entry["digest"], "path": entry["path"], "context": context, "manifest": manifest}
+
+
 def _hash(token: str) -> str:
     if not isinstance(token, str) or not TOKEN.match(token):
         raise DanluError(REFUSED, status=401, reason="bad_job_token", fix=TOKEN_FIX)
@@ -100,6 +126,16 @@ def _check(s, job_id: str, number: int, digest: str) -> None:
     _attempt(s, job_id, number, digest)
 
 
+def _owner(s, job_id: str, number: int, digest: str) -> tuple[str, list]:
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    return job.owner, [g for g in job.groups or [] if isinstance(g, str)]
+
+
+def _use(s, job_id: str, number: int, digest: str, entry: dict) -> None:
+    _attempt(s, job_id, number, digest)  # still this attempt's, in the transaction that records the use
+    record_uses(s, job_id, number, [entry])
+
+
 def _nproc(s, job_id: str, number: int, digest: str) -> int:
     """The job's ranks (processes on every node)."""
     job, _attempt_row = _attempt(s, job_id, number, digest)
@@ -118,9 +154,10 @@ def _spec(s, job_id: str, number: int, digest: str) -> dict:
         "nproc": job.nproc, "nnodes": job.nnodes, "gpus": job.gpus // max(1, job.nnodes),  # per node
         "devices": list(attempt.devices or []), "queue": job.queue,
         "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
-        "datasets": [{**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("digest") else d
+        "datasets": [{**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("dataset") else d
                      for d in job.datasets or []], "experiment": job.experiment, "source": job.source,
         "cell_sha256": job.cell_sha256,
+        "environment": (job.provenance or {}).get("environment") if isinstance(job.provenance, dict) else None,
         "tracking": {"run_id": tracking.get("run_id") or job.mlflow_run_id,
                      "experiment_id": tracking.get("experiment_id")},
     }
@@ -140,6 +177,9 @@ def _record(s, job_id: str, number: int, digest: str, body: dict) -> None:
     job, attempt = _attempt(s, job_id, number, digest)
     if body["event"] == "tracking":
         job.tracking = _tracking(body)
+    elif body["event"] == "provenance":
+        job.provenance = provenance.merge_report(job.provenance, body)
+        return
     else:
         attempt.report = {k: body.get(k) for k in ("state", "reason", "exit_code", "infrastructure", "notes")}
         if body.get("tracking"):

@@ -11,7 +11,8 @@ query parameters are read as sent (UTF-8, given once, no control character
 quietly turned into a space, as tornado's ``get_argument`` would) through
 typed, bounded readers, and each refusal names the parameter and the fix.
 :class:`APIHandler` adds the caller's identity from JupyterHub (token header
-or the browser's hub login, via ``HubOAuthenticated``). Handlers stay thin:
+or the browser's hub login, via :class:`~danlu.hub.hubauth.AsyncHubAuthenticated`, which never
+blocks the event loop on the hub). Handlers stay thin:
 HTTP in, one :class:`~.manager.JobManager` call, HTTP out.
 """
 
@@ -20,11 +21,11 @@ from __future__ import annotations
 import json
 import re
 
-from jupyterhub.services.auth import HubOAuthenticated
 from tornado import httputil, web
 from tornado.log import app_log
 
 from danlu.errors import DanluError, Forbidden, UsageError, ValidationError
+from danlu.hub.hubauth import AsyncHubAuthenticated
 from danlu.hub.service import validation
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.views import JOB_ID
@@ -169,7 +170,7 @@ class BaseHandler(web.RequestHandler):
             super().log_exception(typ, value, tb)
 
 
-class APIHandler(HubOAuthenticated, BaseHandler):
+class APIHandler(AsyncHubAuthenticated, BaseHandler):
     """A handler for hub users and services: :meth:`principal` says who calls.
 
     ``login_redirect``: whether a browser with no token and no login (a GET that accepts HTML) is sent
@@ -177,6 +178,9 @@ class APIHandler(HubOAuthenticated, BaseHandler):
     """
 
     login_redirect = False
+
+    async def prepare(self):
+        await self.identify()  # never the hub's round trip on the event loop (danlu.hub.hubauth)
 
     def check_xsrf_cookie(self):
         # token-authenticated API calls are exempt; cookie-authenticated writes are checked by HubOAuth

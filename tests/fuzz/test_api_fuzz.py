@@ -310,7 +310,8 @@ def test_document_and_routes_agree():
     from danlu.hub.service import handlers
     from danlu.hub.service.web import METHODS as HANDLED
 
-    samples = {"id": JOB, "attempt": "1", "name": "research", "holder": "alice", "version": "1", "rank": "0"}
+    samples = {"id": JOB, "attempt": "1", "name": "research", "holder": "alice", "version": "1", "rank": "0",
+               "alias": "champion", "other": JOB}
     documented_paths = {PREFIX + path.format(**samples): {m.upper() for m in item if m in HANDLED}
                         for path, item in openapi()["paths"].items()}
     routes = [(re.compile(pattern + "$"), handler) for pattern, handler in handlers.routes("/services/danlu/")

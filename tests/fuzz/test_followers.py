@@ -31,6 +31,8 @@ DEADLINE = 120
 # The service's thread pools (database, job files, the resolver's) start threads on demand up to a few each
 # and keep them, so a round may leave a few more than the warm-up did; a thread per follower would be 50.
 POOL_GROWTH = 8
+# The proxy keeps a few idle keep-alive connections to the service open between requests and may reuse them.
+KEEPALIVE_REUSE = 10
 
 
 def eventually(what: str, probe, ok, deadline: float = DEADLINE):
@@ -124,7 +126,9 @@ def test_followers_are_bounded_and_released_on_disconnect(fuzz_workbench, run_on
             held = eventually("followers while they are open", lambda: measure(wb, proc),
                               lambda now: now["danlu_log_followers"] == FOLLOWERS)
             assert held["danlu_event_loop_tasks"] >= before["danlu_event_loop_tasks"] + FOLLOWERS, (before, held)
-            assert held["fds"] >= before["fds"] + FOLLOWERS, (before, held)
+            # each follower holds a connection from the proxy, but the proxy may hand a follower one of the
+            # keep-alive connections already open in ``before``: most, not all, are new files
+            assert held["fds"] >= before["fds"] + FOLLOWERS - KEEPALIVE_REUSE, (before, held)
         finally:
             for follower in followers:
                 follower.close()
