@@ -6,14 +6,19 @@ It costs nothing in the training loop:
 * ``torch.utils.tensorboard.SummaryWriter`` gets a default ``log_dir`` in the
   job's folder (``tensorboard/rank-N``) and a short flush interval; rank 0
   records each writer's log dir, and the job runner (a separate process) tails
-  those event files into the job's MLflow run in batches. ``add_scalar`` itself
-  is untouched, so logging stays as fast as plain TensorBoard.
+  those event files into the job's MLflow run in batches.
+* Its event files are written by :mod:`danlu.eventwriter`: the same files,
+  record for record, for about a microsecond of the training thread per
+  ``add_scalar`` where TensorBoard's own writer takes tens (at 100 scalars a
+  step, 8 ms a step on two cores).
 * Writers are flushed after every cell and at exit, so nothing is lost when a
   cell fails.
 * On rank 0, importing a framework that ``mlflow.autolog()`` covers (sklearn,
   Lightning, XGBoost, Keras, transformers, ...) turns on ``mlflow.autolog``
   against the job's run; MLflow is imported only then, so a job that uses none
   of them does not pay for importing it.
+* The seed the code sets (``random.seed``, ``torch.manual_seed``, ...) is noticed
+  for the job's provenance (:mod:`danlu.seeds`).
 
 Metrics come from rank 0 only, as Lightning's ``rank_zero_only`` does, so a
 series has one point per step.
@@ -139,6 +144,9 @@ def _patch_summary_writer(module) -> None:
     __init__.__wrapped__ = original
     cls.__init__ = __init__
     cls._danlu_patched = True
+    from danlu import eventwriter
+
+    eventwriter.activate(module)
 
 
 def flush_writers(*_args) -> None:
@@ -177,6 +185,16 @@ def _enable_mlflow_autolog(_module) -> None:
         print(f"danlu: mlflow.autolog could not be enabled: {e}", file=sys.stderr)
 
 
+def _resume_run(_module) -> None:
+    """Once the code imports mlflow, the job's run is its active run: a model or an artifact logged without
+    naming a run (``mlflow.<flavor>.log_model``, ``create_external_model``) belongs to the job's run and
+    experiment, where registering it as a model finds it, not to a new run in MLflow's default experiment."""
+    try:
+        mlflow_run()
+    except Exception as e:  # never break the user's import; MLflow says why on their first call
+        print(f"danlu: the job's MLflow run could not be resumed: {e}", file=sys.stderr)
+
+
 def activate() -> None:
     """Turn on auto-logging in this kernel (idempotent)."""
     if _state["active"]:
@@ -184,8 +202,13 @@ def activate() -> None:
     _state["active"] = True
     when_imported(["torch.utils.tensorboard.writer"], _patch_summary_writer)
     if rank() == 0 and os.environ.get("MLFLOW_RUN_ID"):
+        when_imported(["mlflow"], _resume_run)
         when_imported(sorted(AUTOLOG_FRAMEWORKS), _enable_mlflow_autolog)
     atexit.register(flush_writers)
+    if _jobdir() is not None:
+        from danlu import seeds
+
+        seeds.activate()
     try:
         from IPython import get_ipython
 

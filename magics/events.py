@@ -22,8 +22,17 @@ What reaches MLflow, and what is reported instead:
   keeps the points pending, retried with a backoff, in a buffer of at most
   ``max_pending`` points: when it is full the oldest are dropped and counted.
   The forwarder can start before the run exists and :meth:`attach` it later.
-* :meth:`stop` retries for at most ``final_timeout`` seconds; what is still
-  unsent then (all of it, when no run was ever attached) counts as dropped.
+* :meth:`stop` sends everything left, however long MLflow takes to accept
+  it, as long as it accepts: it gives up once MLflow has accepted nothing for
+  ``final_timeout`` seconds, and what is still unsent then (all of it, when no
+  run was ever attached) counts as dropped. A heavy job can end with much to
+  send (MLflow on SQLite takes some 3,000 to 10,000 points a second; a loop can
+  log 50,000), and a deadline would drop points MLflow is busy accepting.
+
+While the job runs, the forwarding thread has a lower CPU priority (nice +10,
+Linux) than the training processes beside it: on a busy node it takes the CPU
+they leave. The final flush runs in a thread of its own at the runner's
+priority: the job is over, there is no training left to yield to.
 
 :meth:`MetricForwarder.health` reports all of this while the job runs. The
 files read are written by the user's code, so they are opened without
@@ -36,8 +45,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import math
 import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -54,6 +65,7 @@ LOGDIRS_MAX_BYTES = 1 << 20
 LOGDIRS_MAX_DIRS = 100
 MAX_BACKOFF = 60.0  # seconds between retries, at most
 JOIN_GRACE = 1.0  # seconds stop() waits beyond final_timeout for the last bookkeeping
+NICE = 10  # added to the forwarding thread's niceness
 _MS_LIMIT = float(2**63)  # wall times in ms must be below this to fit MLflow's int64
 
 # metric names ----------------------------------------------------------------------------------
@@ -186,6 +198,8 @@ class MetricForwarder:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._deadline = 0.0
+        self._limit_at = math.inf
+        self._stop_at = 0.0
         self._stopped = False
 
     # the public surface -------------------------------------------------------------------------
@@ -232,33 +246,43 @@ class MetricForwarder:
         self._thread.start()
         return self
 
-    def stop(self) -> int:
-        """Send what is left, retrying for at most ``final_timeout`` seconds; returns the total points sent.
+    def stop(self, limit: float | None = None) -> int:
+        """Send what is left while MLflow accepts it, for at most ``limit`` seconds if given; returns the points sent.
 
-        Points still unsent then, or held by a request that does not return,
-        count as dropped. Without a run (never attached) nothing can be sent:
-        it reads to the end, counts the points as dropped and returns at once.
-        Returns within ``final_timeout`` + 1 s.
+        It gives up once MLflow has accepted nothing for ``final_timeout``
+        seconds (down, refusing, or a request that does not return): the
+        points unsent then count as dropped. Without a run (never attached)
+        nothing can be sent: it reads to the end, counts the points as dropped
+        and returns at once. Returns within ``final_timeout`` + 1 s of MLflow's
+        last accepted batch, and within ``limit`` + 1 s (a job stopped with a
+        grace period has only that long: what is left stays in its files).
         """
         with self._lock:
             if self._stopped:
                 return self._sent
             self._stopped = True
-        self._deadline = time.monotonic() + self.final_timeout
+        now = self._stop_at = time.monotonic()
+        self._limit_at = now + limit if limit is not None else math.inf
+        self._deadline = min(now + self.final_timeout, self._limit_at)
         self._stop.set()
         self._wake.set()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._final, name="danlu-metrics-final", daemon=True)
-            self._thread.start()
-        self._thread.join(timeout=max(0.0, self._deadline - time.monotonic()) + JOIN_GRACE)
+        # the forwarding thread hands over after its current request; the final flush is not niced
+        self._thread = threading.Thread(target=self._final, name="danlu-metrics-final", daemon=True)
+        self._thread.start()
+        while True:  # the deadline moves on with every batch MLflow accepts
+            self._thread.join(timeout=max(0.0, self._deadline - time.monotonic()) + JOIN_GRACE)
+            if not self._thread.is_alive() or time.monotonic() >= self._deadline + JOIN_GRACE:
+                break
         with self._lock:
             if self._thread.is_alive() and not self._abandoned:
                 self._abandoned = True
-                self._give_up(f"MLflow did not answer within the final {self.final_timeout:g} s")
+                self._give_up(f"the job's stop left {limit:g} s" if self._deadline >= self._limit_at
+                              else f"MLflow did not answer within the final {self.final_timeout:g} s")
             return self._sent
 
     # the thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
+        _lower_priority()
         failures, retry_at = 0, 0.0
         while not self._stop.is_set():
             send = self.client is not None and time.monotonic() >= retry_at
@@ -276,14 +300,13 @@ class MetricForwarder:
             with self._lock:
                 if self._retry_now:
                     self._retry_now, failures, retry_at = False, 0, 0.0
-        self._final()
 
     def _final(self) -> None:
         """The last flush: retry until everything is sent or the deadline passes, then count the rest as dropped."""
         failures = 0
         while True:
             try:
-                self._attempt(send=self.client is not None, deadline=self._deadline)
+                self._attempt(send=self.client is not None, final=True)
                 with self._lock:
                     if not self._pending or self._abandoned:
                         break
@@ -307,7 +330,9 @@ class MetricForwarder:
                 if self.client is None:
                     self._give_up("the job had no MLflow run")
                 else:
-                    self._give_up(f"not accepted within the final {self.final_timeout:g} s"
+                    self._give_up((f"the job's stop left {self._limit_at - self._stop_at:g} s"
+                                   if self._deadline >= self._limit_at else
+                                   f"MLflow accepted none for the final {self.final_timeout:g} s")
                                   + (f" ({_clip(self._last_error, 100)})" if self._last_error else ""))
 
     def _give_up(self, why: str) -> None:
@@ -319,24 +344,24 @@ class MetricForwarder:
             self._dropped += unsent
             self._note(("unsent",), f" not sent: {why}", unsent)
 
-    def _attempt(self, send: bool, deadline: float | None = None) -> int:
+    def _attempt(self, send: bool, final: bool = False) -> int:
         try:
             with self._work:
-                sent = self._drain(send, deadline)
+                sent = self._drain(send, final)
         except Exception as e:
             with self._lock:
                 self._last_error = _describe(e)
             raise
         return sent
 
-    def _drain(self, send: bool, deadline: float | None = None) -> int:
+    def _drain(self, send: bool, final: bool = False) -> int:
         """Read every file to its end, a chunk at a time, sending after each chunk (with _work held)."""
         sent = 0
         while True:
             more = self._collect()
             if send:
-                sent += self._send_pending(deadline)
-            if not more or self._abandoned:
+                sent += self._send_pending(final)
+            if not more or self._abandoned or (self._stop.is_set() and not final):  # the final flush goes on
                 return sent
 
     # reading ------------------------------------------------------------------------------------
@@ -456,8 +481,11 @@ class MetricForwarder:
         return dirs
 
     # sending ------------------------------------------------------------------------------------
-    def _send_pending(self, deadline: float | None = None) -> int:
-        """Send the buffer in batches; refused points are dropped, any other error puts the rest back and raises."""
+    def _send_pending(self, final: bool = False) -> int:
+        """Send the buffer in batches; refused points are dropped, any other error puts the rest back and raises.
+
+        In the final flush each accepted batch moves the deadline to ``final_timeout`` from now.
+        """
         from mlflow.entities import Metric
 
         sent, run_checked, batches = 0, False, 0
@@ -465,8 +493,10 @@ class MetricForwarder:
             with self._lock:
                 if self._abandoned or self.client is None or not self._pending:
                     return sent
-                if batches and deadline is not None and time.monotonic() >= deadline:
+                if batches and final and time.monotonic() >= self._deadline:
                     return sent  # past the deadline after at least one try
+                if self._stop.is_set() and not final:
+                    return sent  # the final flush takes over
                 batches += 1
                 client, run_id = self.client, self.run_id
                 batch = [self._pending.popleft() for _ in range(min(MAX_BATCH, len(self._pending)))]
@@ -496,6 +526,9 @@ class MetricForwarder:
                         self._sent += len(part)
                         self._in_flight -= len(part)
                         self._last_error = None
+                        if self._stop.is_set():
+                            self._deadline = max(self._deadline,
+                                                 min(time.monotonic() + self.final_timeout, self._limit_at))
                     sent += len(part)
             except BaseException:
                 with self._lock:
@@ -541,6 +574,17 @@ class MetricForwarder:
             return
         self._notes[key] = [count, unit, text]
         log.warning("metric forwarding: %s", _render(count, unit, text))
+
+
+def _lower_priority() -> None:
+    """Make the calling thread yield the CPU to the training processes (Linux: niceness is per thread)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+    except OSError:  # not permitted here: forwarding works the same
+        pass
 
 
 def _render(count: int | None, unit: str, text: str) -> str:

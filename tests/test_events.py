@@ -18,7 +18,9 @@ import hashlib
 import math
 import os
 import struct
+import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -40,7 +42,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard import writer as tensorboard_writer
 
 from danlu import autolog
-from danlu.events import MAX_BATCH, MAX_NOTES, MetricForwarder, RunNotActive, metric_key
+from danlu.events import MAX_BATCH, MAX_NOTES, NICE, MetricForwarder, RunNotActive, metric_key
 
 RUN = "run-1"
 
@@ -141,6 +143,17 @@ class HangingClient(RecordingClient):
     def accept(self, metrics):
         self.entered.set()
         self.release.wait(60)
+
+
+class SlowClient(RecordingClient):
+    """MLflow accepting every batch, each after ``delay`` seconds (a busy server, taking a heavy job's points)."""
+
+    def __init__(self, delay: float):
+        super().__init__()
+        self.delay = delay
+
+    def accept(self, metrics):
+        time.sleep(self.delay)
 
 
 # event files ----------------------------------------------------------------------------------------
@@ -463,7 +476,47 @@ def test_stop_gives_up_after_the_final_timeout(tmp_path):
 
     health = fwd.health()
     assert (health["points_sent"], health["points_dropped"], health["points_pending"]) == (0, 3, 0)
-    assert health["notes"] == ["3 points not sent: not accepted within the final 0.2 s (MLflow is unreachable)"]
+    assert health["notes"] == ["3 points not sent: MLflow accepted none for the final 0.2 s (MLflow is unreachable)"]
+
+
+def test_stop_sends_everything_while_mlflow_accepts_however_long_it_takes(tmp_path):
+    write_scalars(tmp_path / "tb", "loss", range(4 * MAX_BATCH))
+    client = SlowClient(delay=0.2)
+    fwd = forwarder(client, tmp_path, tmp_path / "tb", final_timeout=0.1)  # each batch takes longer than that
+
+    assert fwd.stop() == 4 * MAX_BATCH
+    assert fwd.health()["points_dropped"] == 0 and len(client.batches) == 4
+
+
+def test_a_limit_bounds_the_final_flush_and_says_so(tmp_path):
+    write_scalars(tmp_path / "tb", "loss", range(4 * MAX_BATCH))
+    fwd = forwarder(SlowClient(delay=0.2), tmp_path, tmp_path / "tb", final_timeout=60)
+
+    sent = fwd.stop(limit=0.3)  # a stopped job's grace
+
+    health = fwd.health()
+    assert sent < 4 * MAX_BATCH and health["points_dropped"] == 4 * MAX_BATCH - sent
+    assert health["notes"] == [f"{4 * MAX_BATCH - sent} points not sent: the job's stop left 0.3 s"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="niceness is per thread on Linux")
+def test_the_forwarding_thread_yields_the_cpu_to_training(tmp_path):
+    write_scalars(tmp_path / "tb", "loss", range(3))
+    niceness = []
+
+    class Client(RecordingClient):
+        def accept(self, metrics):
+            niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    fwd = forwarder(Client(), tmp_path, tmp_path / "tb", interval=60).start()  # one attempt, then waits
+    deadline = time.monotonic() + 30
+    while fwd.sent < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    write_scalars(tmp_path / "tb", "loss", range(3, 6))  # left for the final flush
+    fwd.stop()
+
+    assert niceness == [min(19, own + NICE), own]  # while the job runs; after it, at the runner's priority
 
 
 def test_stop_without_a_run_counts_everything_as_dropped(tmp_path):
@@ -761,9 +814,10 @@ def job(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(autolog, "_state", {"active": False, "mlflow": False})
     cls = tensorboard_writer.SummaryWriter
-    original_init = cls.__init__
+    original_init, original_add_scalar = cls.__init__, cls.add_scalar
+    monkeypatch.setattr(tensorboard_writer, "EventFileWriter", tensorboard_writer.EventFileWriter)
     yield jobdir
-    cls.__init__ = original_init
+    cls.__init__, cls.add_scalar = original_init, original_add_scalar
     if "_danlu_patched" in cls.__dict__:
         del cls._danlu_patched
     atexit.unregister(autolog.flush_writers)
@@ -804,6 +858,25 @@ def test_other_ranks_write_their_own_folder_without_registering(job, monkeypatch
 
     assert list((job / "tensorboard" / "rank-1").glob("events.out.tfevents.*"))
     assert not (job / "tensorboard" / "logdirs").exists()
+
+
+def test_a_job_writes_through_danlus_event_writer_and_tensorboard_reads_every_point(job):
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+    from danlu.eventwriter import EventFileWriter
+
+    autolog.activate()
+    with SummaryWriter() as writer:
+        assert isinstance(writer._get_file_writer().event_writer, EventFileWriter)
+        for step in range(300):
+            writer.add_scalar("loss", step / 7, step)
+            writer.add_scalar("acc", 1 - step / 300, step)
+
+    (path,) = (job / "tensorboard" / "rank-0").glob("events.out.tfevents.*")
+    events = [event_pb2.Event.FromString(record) for record in RawEventFileLoader(str(path)).Load()]  # CRC-checked
+    points = [(v.tag, e.step, v.simple_value) for e in events for v in e.summary.value]
+    assert points == [(tag, step, pytest.approx(value, rel=1e-6)) for step in range(300)
+                      for tag, value in (("loss", step / 7), ("acc", 1 - step / 300))]
 
 
 def test_forwarder_finds_what_an_unconfigured_writer_wrote(job):
