@@ -77,7 +77,7 @@ def mlflow(tmp_path_factory):
     """A real MLflow tracking server on loopback (no permissions: those are tested with danlu up)."""
     folder = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "danlu.hub.mlflowserver", "--host", "127.0.0.1", "--port", str(port),
                              "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--serve-artifacts",
                              "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
                             stdout=subprocess.DEVNULL, stderr=open(folder / "mlflow.log", "wb"),

@@ -51,7 +51,7 @@ def _missing() -> str | None:
 
 
 def notebook(kernel_name: str, display_name: str) -> dict:
-    """A parameters cell and a training cell that writes a few scalars and prints a known line."""
+    """A parameters cell and a training cell that writes a few scalars, logs a model and prints a known line."""
     def cell(source: str, tags: list[str] = ()) -> dict:
         return {"cell_type": "code", "execution_count": None, "metadata": {"tags": list(tags)} if tags else {},
                 "outputs": [], "source": source}
@@ -70,6 +70,8 @@ def notebook(kernel_name: str, display_name: str) -> dict:
         "        w.grad.zero_()\n"
         "    writer.add_scalar(\"loss\", loss.item(), step)\n"
         "writer.close()\n"
+        "import mlflow\n"
+        "mlflow.create_external_model(name=\"model\")  # what the sidebar registers as a model\n"
         "print(f\"danlu-ui-test finished: lr={lr}\")"
     )
     cells = [cell("lr = 0.1", ["parameters"]), cell(train)]

@@ -196,6 +196,11 @@ def test_server_gpus_are_exclusive_and_released(workbench):
     assert r.status_code in (201, 202), r.text
     kernel = RemoteKernel(wb, "carol", carol, path="gpu.ipynb")
     seen = kernel.execute("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")["stdout"].strip()
+    # the server's start asked for a warm runner of its profile's kernel, so carol's first job need not start one
+    deadline = time.monotonic() + 120
+    while not any("--warm" in p.cmdline() and "danlu-gpu-vision" in p.cmdline() for p in wb.processes()):
+        assert time.monotonic() < deadline, "no warm runner for gpu-vision after carol's server started"
+        time.sleep(0.5)
     ledger = wb.api("GET", "/allocations").json()["allocations"]
     assert [(a["holder_kind"], a["holder_id"], a["device"]) for a in ledger] == [("server", "carol", int(seen))]
     # a 2-GPU job must wait while carol's server holds one of the two devices
@@ -212,6 +217,23 @@ def test_server_gpus_are_exclusive_and_released(workbench):
     assert done["state"] == "succeeded", done
     assert done["attempts"][0]["devices"] == [0, 1]
     assert wb.api("GET", "/allocations").json()["allocations"] == []
+
+
+def test_warming_a_runner_is_for_oneself_and_a_profile_one_may_use(workbench):
+    wb = workbench
+    bob = wb.tokens["bob"]
+    r = wb.api("POST", "/runners/warm", token=bob, json={})
+    assert r.status_code == 202 and r.json() == {"user": "bob", "profile": "python", "warming": True}, r.text
+    r = wb.api("POST", "/runners/warm", token=bob, json={"user": "alice"})
+    assert r.status_code == 403 and r.json()["field"] == "user", r.text
+    r = wb.api("POST", "/runners/warm", token=bob, json={"profile": "gpu-vision"})
+    assert r.status_code == 403 and "vision" in r.json()["message"], r.text
+    r = wb.api("POST", "/runners/warm", token=bob, json={"profile": "nope"})
+    assert r.status_code == 404 and r.json()["field"] == "profile", r.text
+    r = wb.api("POST", "/runners/warm", token=bob, json={"user": "bob", "gpus": 1})
+    assert r.status_code == 422 and "gpus" in r.json()["message"], r.text
+    r = wb.api("POST", "/runners/warm", json={"user": "carol", "profile": "gpu-vision"})  # the hub's own token
+    assert r.status_code == 202 and r.json()["warming"] is True, r.text
 
 
 def test_mlflow_is_behind_the_hub_login(workbench):

@@ -16,22 +16,20 @@ import sys
 
 from danlu.jobdir import read_json, write_json_atomic
 from danlu.runner.base import JobRunner, RankError, Signalled
-from danlu.runner.kernels import job_env, prime, start_kernel
+from danlu.runner.kernels import execute_notebook, job_env, prime, start_kernel
 
 
 class KernelRunner(JobRunner):
     """One process: papermill on the profile's kernel (pre-started when warm)."""
 
     def execute(self) -> None:
-        import papermill
-
         spec = self.spec
         if self.km is None:
             self.km = start_kernel(spec["kernel_name"], cwd=spec["cwd"], env=self.env)
         prime(self.km, self.env, spec["cwd"])
-        papermill.execute_notebook(
-            str(self.jd.input_notebook), str(self.jd.output_notebook),
-            parameters=spec["parameters"], kernel_name=spec["kernel_name"], km=self.km,
+        execute_notebook(
+            self.km, str(self.jd.input_notebook), str(self.jd.output_notebook),
+            parameters=spec["parameters"], kernel_name=spec["kernel_name"],
             log_output=True, progress_bar=False, request_save_on_cell_execute=True,
             execution_timeout=spec.get("cell_timeout_seconds"),
         )
