@@ -89,9 +89,16 @@ render-k8s: install
 demo: install
 	$(BIN)/python examples/run_demo.py
 
+# Every benchmark, one after another (each bounded; together about 30-40 minutes on 2 cores). They print
+# their figures and ratios against baselines measured in the same run; docs/performance.md has the last ones.
 benchmarks: install
+	$(BIN)/python benchmarks/footprint.py
+	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/scheduler.py
+	$(BIN)/python benchmarks/history.py
 	$(BIN)/python benchmarks/submit_latency.py
-	$(BIN)/python benchmarks/logging_overhead.py
+	$(BIN)/python benchmarks/logging_overhead.py --case all
+	$(BIN)/python benchmarks/followers.py
 
 clean:
 	rm -rf $(VENV) .danlu build *.egg-info
