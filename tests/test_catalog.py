@@ -331,6 +331,7 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
             invalid.append(e.value.field)
         viewed = await manager.job_dict(job["id"])
         listed = await manager.views(await manager.list(ALICE))
+        sent = json.loads(await manager.page_json(ALICE))["jobs"]  # GET /jobs: its uses read for all at once
         for_alice = await manager.catalog.version(ALICE, "faces", 1)
         for_carol = await manager.catalog.version(CAROL, "faces", 1)
         for_admin = await manager.catalog.version(ADMIN, "faces", 1)
@@ -352,6 +353,7 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
                 for c in ("training", "evaluation")]  # one per version and context, however often asked
     assert viewed["inputs"] == expected and uses == expected
     assert [j["inputs"] for j in listed if j["id"] == job["id"]] == [expected]
+    assert [j["inputs"] for j in sent if j["id"] == job["id"]] == [expected]
     assert [(u["job_id"], u["owner"], u["context"]) for u in for_alice["used_by"]] == [
         (job["id"], "alice", "evaluation"), (job["id"], "alice", "training")]
     assert {u["attempt"] for u in for_alice["used_by"]} == {None}  # named at submission

@@ -510,6 +510,124 @@ async def test_the_manager_refuses_a_bad_cursor_before_reading(tmp_path):
             await manager.page(ALICE, cursor="nope")
 
 
+async def body_and_views(manager, who, **filters) -> tuple[str, str]:
+    """GET /jobs's body as the service sends it (:meth:`page_json`), and as :meth:`page` and :meth:`views`
+    say it (the ORM's objects, the views built one by one, the whole encoded at once)."""
+    sent = await manager.page_json(who, **filters)
+    jobs, cursor = await manager.page(who, **filters)
+    return sent, json.dumps({"jobs": await manager.views(jobs), "next_cursor": cursor})
+
+
+def without_clock(body: str) -> dict:
+    """A listing's body without what a running job's view takes from the clock."""
+    page = json.loads(body)
+    for view in page["jobs"]:
+        if view["state"] == "running":
+            view["elapsed_seconds"] = None
+    return page
+
+
+@in_loop
+async def test_a_listing_is_the_views_of_its_page_byte_for_byte_and_only_ended_jobs_are_kept(tmp_path):
+    backend = SlowBackend()
+    async with service(backend, tmp_path) as manager:
+        history = add_history(manager, 30)
+        done = await submit(manager, name="done", parameters={"lr": 0.5}, resources={"gpus": 1})
+        await until(lambda: len(backend.launches) == 1, "the first job to start")
+        backend.finish(done)
+        await final(manager, done)
+        running = await submit(manager, name="running", resources={"gpus": 2})
+        queued = await submit(manager, who=user("carol", "vision"), resources={"gpus": 2})
+        await until(lambda: len(backend.launches) == 2, "the second job to start")
+        cases = [(ADMIN, {}), (ALICE, {}), (ADMIN, {"owner": "carol"}), (ADMIN, {"states": ["queued", "running"]}),
+                 (ALICE, {"states": ["succeeded", "failed"]}), (ADMIN, {"queue": "b", "limit": 4}),
+                 (ADMIN, {"limit": 7, "cursor": listing.encode_cursor((history[9].created_at, history[9].id))})]
+        compared = []
+        for who, filters in cases * 2:  # the second time from the cache
+            sent, expected = await body_and_views(manager, who, **filters)
+            compared.append(without_clock(sent) == without_clock(expected))
+        ended, ended_expected = await body_and_views(manager, ADMIN, states=["succeeded", "failed"], limit=200)
+        cached = set(manager.view_cache._entries)
+        hits = manager.view_cache.hits
+        backend.finish(running)
+        await final(manager, running)
+
+    assert compared == [True] * len(cases) * 2
+    assert ended == ended_expected and json.loads(ended)["jobs"]  # every byte, separators included
+    assert cached == {j.id for j in history} | {done} and hits > 0  # never a queued or a running job's view
+    assert queued not in cached and running not in cached
+
+
+@in_loop
+async def test_a_kept_view_changes_with_anything_its_job_was_built_from(tmp_path):
+    from danlu.hub.service.models import Attempt, Dataset, DatasetUse, DatasetVersion
+
+    async with service(InstantBackend(), tmp_path) as manager:
+        job_id = await submit(manager, name="kept")
+        await final(manager, job_id)
+
+        async def view() -> dict:
+            [listed] = json.loads(await manager.page_json(ALICE))["jobs"]
+            return listed
+
+        async def change(fn) -> dict:
+            await manager.core.db(fn)
+            return await view()
+
+        first = await view()
+        again = await view()
+        hits = manager.view_cache.hits
+
+        def late_report(s):  # the runner's last tracking report, after the job ended
+            s.get(Job, job_id).tracking = {"run_id": "r1", "experiment_id": "7", "points_sent": 12}
+
+        def attempt_changed(s):
+            attempt = s.get(Job, job_id).attempts[0]
+            attempt.exit_code, attempt.reason = 3, "re-read"
+
+        def used_a_dataset(s):
+            s.add(Dataset(name="faces", created_by="alice"))
+            s.add(DatasetVersion(dataset="faces", version=1, digest="d" * 64, files=1, bytes=1, source="faces",
+                                 path="/data/faces", created_by="alice"))
+            s.flush()
+            s.add(DatasetUse(job_id=job_id, dataset="faces", version=1, digest="d" * 64, context="training"))
+
+        def renamed(s):
+            s.get(Job, job_id).name = "renamed"
+
+        tracked = await change(late_report)
+        exited = await change(attempt_changed)
+        used = await change(used_a_dataset)
+        named = await change(renamed)
+        with manager.core.sessions() as s:
+            attempts = s.query(Attempt).filter_by(job_id=job_id).count()
+
+    assert first == again and hits >= 1 and attempts == 1
+    assert (tracked["mlflow_run_id"], tracked["tracking"]["points_sent"]) == ("r1", 12)
+    assert tracked["mlflow_run_url"].endswith("/#/experiments/7/runs/r1")
+    assert (exited["attempts"][0]["exit_code"], exited["attempts"][0]["reason"]) == (3, "re-read")
+    assert [i["ref"] for i in used["inputs"]] == ["faces@1"] and named["name"] == "renamed"
+
+
+@in_loop
+async def test_a_kept_view_never_shows_a_job_to_a_caller_who_may_not_see_it(tmp_path):
+    async with service(InstantBackend(), tmp_path) as manager:
+        history = add_history(manager, 24)
+        everyone = json.loads(await manager.page_json(ADMIN, limit=1000))["jobs"]  # every view kept
+        for_alice = json.loads(await manager.page_json(ALICE, limit=1000))["jobs"]
+        failed = json.loads(await manager.page_json(ALICE, states=["failed", "succeeded"]))["jobs"]
+        for_bob = json.loads(await manager.page_json(BOB))["jobs"]
+        with pytest.raises(Forbidden):
+            await manager.page_json(ALICE, owner="carol")
+        kept = len(manager.view_cache)
+
+    assert [j["id"] for j in everyone] == [j.id for j in history] and kept == len(history)
+    assert [j["id"] for j in for_alice] == [j.id for j in history if j.owner == "alice"]
+    assert [j["id"] for j in failed] == [j.id for j in history
+                                         if j.owner == "alice" and j.state in ("failed", "succeeded")]
+    assert for_bob == []
+
+
 @in_loop
 async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp_path):
     from danlu.hub.service import rollups

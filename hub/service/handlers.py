@@ -53,10 +53,9 @@ class JobsHandler(APIHandler):
     async def get(self):
         who = self.principal()
         states = [s for s in (self.str_arg("state", "") or "").split(",") if s]
-        jobs, cursor = await self.jobs.page(
+        self.finish(await self.jobs.page_json(
             who, states=states, owner=self.str_arg("owner"), queue=self.str_arg("queue"),
-            limit=self.int_arg("limit", 200, minimum=1, maximum=1000), cursor=self.str_arg("cursor"))
-        self.write_json({"jobs": await self.jobs.views(jobs), "next_cursor": cursor})
+            limit=self.int_arg("limit", 200, minimum=1, maximum=1000), cursor=self.str_arg("cursor")))
 
     async def post(self):
         who = self.principal()

@@ -8,7 +8,9 @@ walks the pages sort above every cursor it holds: no job is listed twice or
 skipped. A cursor is opaque to clients (URL-safe base64 of the key, versioned);
 one that does not decode to a key is a 400 that names ``cursor``. Several
 states are read as one index range per state, merged here, because a database
-planner may otherwise read one state's rows whole and sort them.
+planner may otherwise read one state's rows whole and sort them. What the API
+shows of a page's jobs is read and encoded by :mod:`.views`; :func:`encode_page`
+puts their encoded views together.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def encode_cursor(key: Key) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+def encode_page(views: list[str], cursor: str | None) -> str:
+    """The body of ``GET /jobs`` from its jobs' encoded views: what ``json.dumps({"jobs": [...], "next_cursor":
+    cursor})`` gives, byte for byte, without decoding and encoding the views again."""
+    return '{"jobs": [' + ", ".join(views) + '], "next_cursor": ' + json.dumps(cursor) + "}"
+
+
 def decode_cursor(cursor: str) -> Key:
     """The key a cursor stands for; UsageError (400, field ``cursor``) for anything this service did not make."""
     def bad(why: str) -> UsageError:
@@ -67,11 +75,13 @@ def decode_cursor(cursor: str) -> Key:
     return when, job_id
 
 
-def page(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
-         after: Key | None) -> tuple[list[Job], Key | None]:
-    """Up to ``limit`` jobs below ``after`` (None: from the newest), and the key the next page starts below
-    (None: this was the last page)."""
-    def keys(state: str | None):
+def keys(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
+         after: Key | None) -> tuple[list[Key], Key | None]:
+    """The keys of up to ``limit`` jobs below ``after`` (None: from the newest), and the key the next page
+    starts below (None: this was the last page)."""
+    conn = session.connection()
+
+    def range_of(state: str | None):
         q = select(Job.created_at, Job.id).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
         if owner is not None:
             q = q.where(Job.owner == owner)
@@ -81,18 +91,25 @@ def page(session: Session, *, owner: str | None, states: list[str], queue: str |
             q = q.where(Job.queue == queue)
         if after is not None:
             q = q.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
-        return [tuple(row) for row in session.execute(q)]
+        return [tuple(row) for row in conn.execute(q)]
 
     if len(states) > 1:  # one index range per state, merged newest first
-        found = list(heapq.merge(*(keys(s) for s in sorted(set(states))), reverse=True))[: limit + 1]
+        found = list(heapq.merge(*(range_of(s) for s in sorted(set(states))), reverse=True))[: limit + 1]
     else:
-        found = keys(states[0] if states else None)
+        found = range_of(states[0] if states else None)
     more = len(found) > limit
     found = found[:limit]
+    return found, (found[-1] if more and found else None)
+
+
+def page(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
+         after: Key | None) -> tuple[list[Job], Key | None]:
+    """:func:`keys`' jobs as ``Job`` objects, and the key the next page starts below."""
+    found, last = keys(session, owner=owner, states=states, queue=queue, limit=limit, after=after)
     if not found:
         return [], None
     # a job's provenance (cell sources, installed distributions, manifests) can be tens of KiB that no listing
     # shows: left in the database, and an error to touch, for pages of up to 1000 jobs
     q = select(Job).options(defer(Job.provenance, raiseload=True), defer(Job.groups, raiseload=True))
     rows = {job.id: job for job in session.scalars(q.where(Job.id.in_([k[1] for k in found])))}
-    return [rows[k[1]] for k in found if k[1] in rows], (found[-1] if more else None)
+    return [rows[k[1]] for k in found if k[1] in rows], last

@@ -1,18 +1,48 @@
-"""What the API says about a job: its JSON model, and small helpers on job notebooks.
+"""What the API says about a job: its JSON model, read for many jobs at once and kept encoded; small
+helpers on job notebooks.
 
 Everything here comes from the database and the admission model: nothing is
 read from the job's folder, so a job cannot change what its record says.
+:func:`job_to_dict` is the model. A listing reads what the views of its jobs
+show with one Core select per table (:func:`read_stored`: the job's columns,
+JSON ones as their stored text, its attempts, its dataset uses), never the ORM's
+objects, and :class:`ViewCache` keeps the encoded view of each job in a final
+state with the values it was built from: a view is served from the cache only
+while the database still holds exactly those values, so no write, by whatever
+path, is hidden. A view says nothing about who asks for it; which jobs a caller
+may see is decided before any view is read (:mod:`.listing`, :mod:`.manager`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import re
+import threading
+from collections import OrderedDict
+from types import SimpleNamespace
+from typing import NamedTuple
 
-from danlu.hub.service.models import Job, isoformat, utcnow
+from sqlalchemy import Text, cast, select
+
+from danlu.hub.service.models import Attempt, DatasetUse, Job, isoformat, utcnow
+from danlu.hub.service.states import FINAL
 
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
+#: the encoded views kept, about 4 KiB each with what they were built from (20 MiB in all): every job that
+#: 200 users with 20 each poll, and an admin's page of 1000; beyond that, the least recently read are built
+#: again when read
+MAX_CACHED = 5_000
+#: what a job's view shows of its row (:func:`job_to_dict`), and the JSON columns among it, read as text
+VIEW_COLUMNS = ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority_class",
+                "priority", "nproc", "nnodes", "gpus", "gpu_type", "cpu", "memory", "retries", "timeout_seconds",
+                "experiment", "created_at", "started_at", "finished_at", "not_before", "mlflow_run_id", "reproduces")
+JSON_COLUMNS = ("parameters", "datasets", "source", "tracking", "backend_state")
+ATTEMPT_COLUMNS = ("number", "state", "reason", "failure", "devices", "flavor", "exit_code", "started_at",
+                   "finished_at")
+USE_COLUMNS = ("dataset", "version", "digest", "context")
+_FINAL = frozenset(s.value for s in FINAL)
 
 
 def cell_sha256(nb: dict) -> tuple[str, str]:
@@ -97,3 +127,111 @@ def job_to_dict(core, job: Job, inputs: list[dict] | None = None) -> dict:
         "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
         "reproduces": job.reproduces,  # the job this one re-runs (POST /jobs/{id}/reproduce)
     }
+
+
+# many jobs at once, and their encoded views ------------------------------------------------------------------
+class Stored(NamedTuple):
+    """What the database holds of one job's view: its :data:`VIEW_COLUMNS` then its :data:`JSON_COLUMNS` (as
+    stored text), its attempts' :data:`ATTEMPT_COLUMNS` (devices as text) by number, and its dataset uses'
+    :data:`USE_COLUMNS` in the order they were recorded. Equal values, equal view."""
+
+    job: tuple
+    attempts: tuple
+    uses: tuple
+
+    @property
+    def id(self) -> str:
+        return self.job[0]
+
+    @property
+    def state(self) -> str:
+        return self.job[3]
+
+
+def read_stored(s, ids: list[str]) -> dict[str, Stored]:
+    """:class:`Stored` of each of ``ids`` that exists: one select of the jobs' columns (never provenance or
+    groups, tens of KiB no view shows), one of their attempts, one of their dataset uses."""
+    if not ids:
+        return {}
+    ids = list(ids)
+    conn = s.connection()  # Core rows: none of the ORM's per-row work
+    texts = [cast(getattr(Job, c), Text) for c in JSON_COLUMNS]  # decoded only when a view is built
+    rows = conn.execute(select(*(getattr(Job, c) for c in VIEW_COLUMNS), *texts).where(Job.id.in_(ids))).all()
+    attempts: dict[str, list[tuple]] = {}
+    q = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
+                                  for c in ATTEMPT_COLUMNS))
+         .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.number))
+    for row in conn.execute(q):
+        attempts.setdefault(row[0], []).append(tuple(row[1:]))
+    uses: dict[str, list[tuple]] = {}
+    q = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
+         .where(DatasetUse.job_id.in_(ids)).order_by(DatasetUse.id))
+    for row in conn.execute(q):
+        uses.setdefault(row[0], []).append(tuple(row[1:]))
+    return {row[0]: Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ())))
+            for row in rows}
+
+
+def _decoded(text: str | None):
+    return json.loads(text) if text is not None else None
+
+
+def view_of(core, stored: Stored) -> dict:
+    """:func:`job_to_dict` of a :class:`Stored` job, with its dataset uses as its inputs."""
+    n = len(VIEW_COLUMNS)
+    job = SimpleNamespace(**dict(zip(VIEW_COLUMNS, stored.job[:n], strict=True)),
+                          **{c: _decoded(t) for c, t in zip(JSON_COLUMNS, stored.job[n:], strict=True)})
+    job.attempts = [SimpleNamespace(**dict(zip(ATTEMPT_COLUMNS, a, strict=True))) for a in stored.attempts]
+    for a in job.attempts:
+        a.devices = _decoded(a.devices)
+    inputs = [{"ref": f"{d}@{v}", "dataset": d, "version": v, "digest": digest, "context": context}
+              for d, v, digest, context in stored.uses]  # as catalog.use_to_dict says a use
+    return job_to_dict(core, job, inputs)
+
+
+class ViewCache:
+    """The encoded views of jobs in a final state, each with the :class:`Stored` values it was built from.
+
+    A final job's view depends on its row, its attempts and its dataset uses alone (the scheduler's
+    positions and the clock only show in queued and running jobs' views, which are always built anew),
+    and most of a listing is jobs that ended long ago. An entry is served only while what the database
+    holds equals what it was built from, so a runner's late report, an admin's change or a migration
+    shows at the next read, with no invalidation to forget. The least recently used go first beyond
+    ``size``. Used from the reader threads, hence the lock.
+    """
+
+    def __init__(self, size: int = MAX_CACHED):
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[str, tuple[Stored, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def encoded(self, core, jobs: list[Stored]) -> list[str]:
+        """``json.dumps`` of each job's view, in order."""
+        out: list[str | None] = [None] * len(jobs)
+        with self._lock:
+            for i, stored in enumerate(jobs):
+                entry = self._entries.get(stored.id)
+                if entry is not None and entry[0] == stored:
+                    self._entries.move_to_end(stored.id)
+                    out[i] = entry[1]
+                    self.hits += 1
+        built = []
+        for i, stored in enumerate(jobs):
+            if out[i] is None:
+                out[i] = json.dumps(view_of(core, stored))
+                if stored.state in _FINAL:
+                    built.append((stored, out[i]))
+        if built:
+            with self._lock:
+                self.misses += len(built)
+                for stored, text in built:
+                    self._entries[stored.id] = (stored, text)
+                    self._entries.move_to_end(stored.id)
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+        return out
