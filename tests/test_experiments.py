@@ -83,3 +83,80 @@ def test_an_experiment_found_writable_is_not_checked_again_for_a_minute(monkeypa
     now[0] += mlflow_access.CHECKED_FOR + 1
     asyncio.run(access.check_experiment("alice/sweep", "alice", False, exists))
     assert calls[-1] == ("check", "alice", "alice/sweep")
+
+
+class Store:
+    """MLflow's user store and experiments as MlflowAccess sees them (``MlflowUsers``): ``shared`` exists and its
+    default permission lets any MLflow user write it; someone not yet an MLflow user has no permission at all."""
+
+    def __init__(self, unreachable: int = 0):
+        self.users: set[str] = set()
+        self.calls: list[tuple] = []
+        self.unreachable = unreachable  # how many of the next ensure_user calls find MLflow down
+
+    async def ensure_user(self, name, admin=None):
+        from danlu.errors import Unreachable
+
+        self.calls.append(("user", name))
+        await asyncio.sleep(0)
+        if self.unreachable:
+            self.unreachable -= 1
+            raise Unreachable("MLflow is not answering", reason="mlflow_unreachable")
+        self.users.add(name)
+
+    async def check_experiment(self, name, owner, admin, user_exists):
+        from danlu.errors import PolicyError
+
+        self.calls.append(("check", owner, name))
+        if name == "shared" and owner not in self.users:
+            raise PolicyError(f"you may not log to experiment '{name}' (your permission: none)",
+                              reason="experiment_not_yours")
+
+
+def access_to(store):
+    from danlu.hub.service import mlflow_access
+
+    access = mlflow_access.MlflowAccess("http://127.0.0.1:1", "secret")
+    access.users = store
+    return access
+
+
+async def exists(name):
+    return True
+
+
+def test_a_new_experiment_needs_no_mlflow_user_and_an_existing_one_is_asked_for_one():
+    store = Store()
+    access = access_to(store)
+    asyncio.run(access.check_experiment("alice/first", "alice", False, exists))
+    new = list(store.calls)
+    asyncio.run(access.check_experiment("shared", "bob", False, exists))  # MLflow's default lets its users write
+
+    assert new == [("check", "alice", "alice/first")]  # nobody was made an MLflow user for it
+    assert store.calls[1:] == [("check", "bob", "shared"), ("user", "bob"), ("check", "bob", "shared")]
+
+
+def test_an_mlflow_user_begun_in_the_background_is_made_once_and_a_start_joins_it():
+    store = Store()
+    access = access_to(store)
+
+    async def server_started_then_job_started():
+        access.prepare_user("alice")  # her server started (POST /runners/warm) or her job was accepted
+        access.prepare_user("alice")
+        await access.ensure_user("alice")  # her job's start
+        await access.ensure_user("alice")  # and her next one's
+
+    asyncio.run(server_started_then_job_started())
+    assert store.calls == [("user", "alice")] and store.users == {"alice"}
+
+
+def test_an_mlflow_user_is_asked_for_again_after_mlflow_did_not_answer():
+    store = Store(unreachable=1)
+    access = access_to(store)
+
+    async def twice():
+        await access.ensure_user("alice")  # a job's start while MLflow is down: the job reports that itself
+        await access.ensure_user("alice")  # the next start asks again, and MLflow answers
+
+    asyncio.run(twice())
+    assert store.calls == [("user", "alice"), ("user", "alice")] and store.users == {"alice"}

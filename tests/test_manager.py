@@ -32,6 +32,7 @@ from .fakes import (
     FailingBackend,
     FailsAfterLaunchBackend,
     FakeBackend,
+    FakeGroups,
     GatedBackend,
     HostileBackend,
     InstantBackend,
@@ -230,6 +231,114 @@ async def test_a_start_that_raises_after_launching_says_it_could_not_start(tmp_p
         done = await final(manager, await submit(manager))
 
     assert done["reason"] == "infrastructure failure: could not start: the cluster's API timed out"
+
+
+# what a submission waits for --------------------------------------------------------------------------------
+class GatedUsers:
+    """MLflow's user store as MlflowAccess sees it (``MlflowUsers``): making a user waits for :attr:`gate`;
+    no experiment exists yet, so every one is writable."""
+
+    def __init__(self):
+        self.gate = asyncio.Event()
+        self.made: list[str] = []
+        self.checked: list[tuple[str, str]] = []
+
+    async def ensure_user(self, name, admin=None):
+        await self.gate.wait()
+        self.made.append(name)
+
+    async def check_experiment(self, name, owner, admin, user_exists):
+        self.checked.append((owner, name))
+
+
+def gated_mlflow() -> tuple:
+    from danlu.hub.service.mlflow_access import MlflowAccess
+
+    access = MlflowAccess("http://127.0.0.1:1", "secret")
+    access.users = GatedUsers()
+    return access, access.users
+
+
+@in_loop
+async def test_a_first_submission_does_not_wait_for_mlflow_to_make_its_owner_a_user(tmp_path):
+    backend = InstantBackend()
+    mlflow, users = gated_mlflow()
+    manager = make_manager(backend, tmp_path / "state", mlflow=mlflow)
+    async with serving(manager):
+        status, answer = await bounded(manager.submit(ALICE, job(source={"notebook_path": "work/mnist.ipynb"})))
+        started_before = list(backend.launches)
+        await manager.warm(user("carol", "vision"), {})  # carol's server started: hers is begun now
+        users.gate.set()  # MLflow answers: the job's start, which waited for alice to be its user, goes on
+        done = await final(manager, answer["id"])
+        await until(lambda: "carol" in users.made, "carol to be made an MLflow user")
+
+    assert status == 201 and started_before == [] and done["state"] == "succeeded"
+    assert users.checked == [("alice", "alice/mnist")] and sorted(users.made) == ["alice", "carol"]
+
+
+class GatedGroups(FakeGroups):
+    """The hub's directory, answering only once :attr:`gate` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def groups_of(self, username, fallback=()):
+        await self.gate.wait()
+        return await super().groups_of(username, fallback)
+
+
+@in_loop
+async def test_a_submission_asks_the_hub_and_mlflow_at_once_and_refuses_in_the_usual_order(tmp_path):
+    mlflow, users = gated_mlflow()
+    users.gate.set()
+    groups = GatedGroups()
+    manager = make_manager(InstantBackend(), tmp_path / "state", mlflow=mlflow, groups=groups)
+    async with serving(manager):
+        submitting = asyncio.ensure_future(manager.submit(ALICE, job()))
+        await until(lambda: users.checked, "MLflow to be asked about the experiment")
+        asked_before_groups = not submitting.done()
+        groups.gate.set()
+        status, _ = await bounded(submitting)
+        with pytest.raises(ValidationError) as bad_notebook:  # the notebook first, whatever else is wrong
+            await manager.submit(ALICE, {"notebook": {"nbformat": 3}, "profile": "nope"})
+        with pytest.raises(NotFound) as bad_profile:  # then the profile, although MLflow was asked meanwhile
+            await manager.submit(ALICE, job(profile="nope", experiment="alice/refused"))
+
+    assert asked_before_groups and status == 201
+    assert bad_notebook.value.field == "notebook" and bad_profile.value.field == "profile"
+
+
+@in_loop
+async def test_notebooks_are_checked_off_the_event_loop_two_at_a_time(tmp_path, monkeypatch):
+    import threading
+
+    from danlu.hub.service import submission, validation
+
+    check, gate, lock = validation.check_notebook, threading.Event(), threading.Lock()
+    seen = {"threads": set(), "now": 0, "most": 0}
+
+    def slow_check(nb):  # a large notebook's check, as long as the test wants
+        with lock:
+            seen["threads"].add(threading.current_thread().name)
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+        gate.wait(30)
+        with lock:
+            seen["now"] -= 1
+        return check(nb)
+
+    monkeypatch.setattr(validation, "check_notebook", slow_check)
+    async with service(InstantBackend(), tmp_path) as manager:
+        submitting = [asyncio.ensure_future(manager.submit(ALICE, job())) for _ in range(3)]
+        await until(lambda: seen["now"] == submission.NOTEBOOK_CHECKS, "two checks to be under way")
+        listed = json.loads(await bounded(manager.page_json(ALICE)))  # the loop answers meanwhile
+        gate.set()
+        answers = await bounded(asyncio.gather(*submitting))
+
+    assert listed == {"jobs": [], "next_cursor": None} and [status for status, _ in answers] == [201] * 3
+    assert seen["most"] == submission.NOTEBOOK_CHECKS and threading.current_thread().name not in seen["threads"]
+    assert all(name.startswith("danlu-notebook") for name in seen["threads"])
 
 
 # cancels and preemption -----------------------------------------------------------------------------------

@@ -341,6 +341,8 @@ class JobManager:
         warm = getattr(self.core.backend, "warm", None)  # only the local backend keeps warm runners
         if warm is not None:
             self.core.spawn(warm(profile.kernel_name, account))
+        if self.core.mlflow is not None:  # their first job's start finds them an MLflow user already
+            self.core.mlflow.prepare_user(user)
         return {"user": user, "profile": profile.slug, "warming": warm is not None}
 
     def metrics_text(self, principal) -> bytes:
@@ -366,6 +368,7 @@ class JobManager:
         await self.supervisor.close()
         self.core.cancel_tasks()
         await self.core.backend.shutdown()
+        self.submission.close()
         self.core.close()
 
 

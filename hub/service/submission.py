@@ -16,16 +16,27 @@ needs). That row is the job's
 spec: what runs, and as whom, comes from here at every start, never from a
 file the job could write. A dry run answers with the same checks and one
 admission pass on a copy of the model.
+
+What a submission waits for besides its own checks -- the notebook's validation
+(on a thread of its own: a 64 MiB notebook takes seconds, which the event loop
+must spend answering others), the owner's groups (the hub) and whether they may
+write the experiment (MLflow) -- is begun at once and awaited where each is
+needed, so a first submission waits for the slowest, not the sum; errors are
+still reported in the same order. Making the owner an MLflow user, which a new
+experiment does not need, is begun once the job is accepted, in the background.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 import os
 import re
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from danlu.datasets import TRAINING
@@ -39,12 +50,20 @@ from danlu.hub.service.scheduler import DRAINING, Scheduler
 from danlu.hub.service.states import JobState
 from danlu.hub.service.views import cell_sha256
 
+#: notebooks validated at once, each on a thread (more wait their turn): they are bounded in size by the request
+#: body, and more threads would only share one GIL
+NOTEBOOK_CHECKS = 2
+
 
 class Submission:
     def __init__(self, core: Core, scheduler: Scheduler, catalog=None):
         self.core = core
         self.scheduler = scheduler
         self.catalog = catalog
+        self._notebooks = ThreadPoolExecutor(max_workers=NOTEBOOK_CHECKS, thread_name_prefix="danlu-notebook")
+
+    def close(self) -> None:
+        self._notebooks.shutdown(wait=False, cancel_futures=True)
 
     def _workdir(self, home: Path, cwd: str) -> Path:
         workdir = home / cwd
@@ -62,8 +81,6 @@ class Submission:
                      pins: dict[int, dict] | None = None) -> tuple[int, dict]:
         """Accept a job; ``reproduces`` and ``pins`` (dataset index -> the digest a plain path must still have)
         come from :meth:`~.reproduction.Reproduction.reproduce`, never from a request body."""
-        core = self.core
-        settings, jobs = core.settings, core.settings.jobs
         if not isinstance(body, dict):
             raise ValidationError("the request body must be a JSON object", field="body",
                                   fix="send {\"notebook\": {...}} with Content-Type: application/json")
@@ -71,9 +88,18 @@ class Submission:
         if not principal.is_user:
             raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user",
                             fix="submit with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)")
+        async with _background() as begin:
+            return await self._submit(principal, body, begin, reproduces, pins)
+
+    async def _submit(self, principal, body: dict, begin, reproduces: str | None,
+                      pins: dict[int, dict] | None) -> tuple[int, dict]:
+        core = self.core
+        settings, jobs = core.settings, core.settings.jobs
         owner = principal.name
         nb = body["notebook"]
-        node = validation.check_notebook(nb)
+        checked = begin(asyncio.get_running_loop().run_in_executor(self._notebooks, validation.check_notebook, nb))
+        groups_of = begin(core.groups.groups_of(owner, fallback=principal.groups))
+        node = await checked
         params = body.get("parameters", {})
         validation.check_parameters(params)
         resources = {"nproc": 1, "gpus": 0, "nodes": 1, **body.get("resources", {})}
@@ -108,8 +134,12 @@ class Submission:
         source = dict(body.get("source", {}))
         if source.get("notebook_path"):
             source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
+        stem = PurePosixPath(source.get("notebook_path") or "").stem
+        experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
+        writable = (begin(core.mlflow.check_experiment(experiment, owner, principal.admin, core.groups.exists))
+                    if core.mlflow is not None else None)
         account = settings.account(owner)  # refuses a user without a Unix account when they are on
-        groups = await core.groups.groups_of(owner, fallback=principal.groups)
+        groups = await groups_of
         profile = core.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
                                           gpu_field="resources.gpus")
         queue = quotas.queue_for(settings, body.get("queue"), groups, admin=principal.admin)
@@ -132,11 +162,9 @@ class Submission:
                                                         roots=settings.dataset_roots, field=field)
                 entry = {"name": name, "path": str(path), **(pins or {}).get(i, {})}
             datasets.append({**entry, "context": context})
-        stem = PurePosixPath(source.get("notebook_path") or "").stem
         name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
-        experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
-        if core.mlflow is not None:
-            await core.mlflow.check_experiment(experiment, owner, principal.admin, core.groups.exists)
+        if writable is not None:
+            await writable
         cell_id, sha = cell_sha256(nb)
         source.setdefault("cell_id", cell_id)
         # the job runs on its profile's kernel, whatever the notebook was saved with
@@ -165,6 +193,8 @@ class Submission:
         async with core.lock:
             await core.db(_insert, job, notebook, after)
             core.pending[job.id] = workload_of(job)
+        if core.mlflow is not None:
+            core.mlflow.prepare_user(owner)  # done before the job's start needs it, usually
         core.log.info("job %s submitted by %s (%s, queue %s, %s)", job.id, owner, profile.slug, queue, resources)
         await self.scheduler.schedule()
         return 201, {"id": job.id}
@@ -205,6 +235,31 @@ class Submission:
         return {"dry_run": True, "admitted": admitted, "reason": reason, "queue": probe.team,
                 "queue_position": decision.positions.get(probe.id), "profile": profile.slug, "resources": resources,
                 "notebook": dict(rendered)}
+
+
+@contextlib.asynccontextmanager
+async def _background():
+    """``begin(awaitable)``: run it from now on and await it later; whatever has not been awaited when the
+    block ends (a check before it refused the job) is cancelled, and its outcome dropped."""
+    begun: list[asyncio.Future] = []
+
+    def begin(awaitable) -> asyncio.Future:
+        future = asyncio.ensure_future(awaitable)
+        begun.append(future)
+        return future
+
+    try:
+        yield begin
+    finally:
+        for future in begun:
+            if not future.done():
+                future.cancel()
+            future.add_done_callback(_drop)
+
+
+def _drop(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: a refused job's other checks need not be reported
 
 
 def _dataset_item(i: int, item) -> tuple[str, str, str]:
