@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 
 from danlu.errors import DanluError
 from danlu.hub.service.web import APIHandler
@@ -59,17 +60,16 @@ class JobsPageHandler(APIHandler):
 
     async def get(self):
         who = self.principal()
-        jobs = await self.jobs.list(who, limit=200)
+        # the views GET /jobs sends, built off the event loop (and, for ended jobs, kept encoded)
         rows = []
-        for job in jobs:
-            info = self.jobs.to_dict(job)
+        for info in json.loads(await self.jobs.page_json(who, limit=200))["jobs"]:
             links = [f'<a href="{html.escape(info["logs_url"])}">log</a>']
-            if job.state in ("running", "succeeded", "failed"):
+            if info["state"] in ("running", "succeeded", "failed"):
                 links.append(f'<a href="{html.escape(info["output_url"])}?format=html">output</a>')
             if info["mlflow_run_url"]:
                 links.append(f'<a href="{html.escape(info["mlflow_run_url"])}">MLflow run</a>')
-            rows.append(f"<tr><td><code>{html.escape(job.id)}</code></td><td>{html.escape(job.name)}</td>"
-                        f"<td>{html.escape(job.owner)}</td><td>{html.escape(job.state)}</td>"
+            rows.append(f"<tr><td><code>{html.escape(info['id'])}</code></td><td>{html.escape(info['name'])}</td>"
+                        f"<td>{html.escape(info['owner'])}</td><td>{html.escape(info['state'])}</td>"
                         f"<td>{html.escape(info['reason'] or '')}</td><td>{info['created_at']}</td>"
                         f"<td>{' · '.join(links)}</td></tr>")
         self.set_header("Content-Type", "text/html; charset=utf-8")
