@@ -40,6 +40,13 @@ VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_fr
 STEPS = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.integers(0, 20_000))
 WALLS = st.one_of(st.sampled_from([0.0, -0.0, 1.7e9]), st.floats(allow_nan=True, allow_infinity=True))
 SCALARS = st.lists(st.tuples(TAGS, VALUES, STEPS, WALLS), min_size=1, max_size=60)
+# the usual batch, encoded by column: every record with a wall time (any but 0.0) and steps of one varint length
+# (k bytes, 0 to 8), tags of one length or of many
+SET_WALLS = st.one_of(st.sampled_from([-0.0, 5e-324, 1.7e9]), st.floats(allow_nan=True, allow_infinity=True)).filter(
+    lambda w: struct.pack("<d", w) != bytes(8))
+USUAL = st.integers(0, 8).flatmap(lambda k: st.lists(st.tuples(
+    st.one_of(TAGS, st.sampled_from(["loss/class_00", "loss/class_01", "acc/top1_top5"])), VALUES,
+    st.integers(1 << 7 * (k - 1), (1 << 7 * k) - 1) if k else st.just(0), SET_WALLS), min_size=1, max_size=60))
 
 
 def tensorboard_record(payload: bytes) -> bytes:
@@ -55,6 +62,11 @@ def tensorboard_scalar(tag, value, step, wall) -> bytes:
     if step is not None:
         event.step = int(step)
     return tensorboard_record(event.SerializeToString())
+
+
+def packed(items: list[tuple]) -> list[bytes]:
+    """Items as the writer queues them."""
+    return [eventwriter.ITEM.pack(*item) for item in items]
 
 
 def records(path) -> list[bytes]:
@@ -93,7 +105,18 @@ def test_scalars_are_encoded_as_tensorboard_writes_them(scalars):
     encoder = ScalarEncoder()
     items = [(encoder.tag_id(tag), value, step or 0, wall) for tag, value, step, wall in scalars]
 
-    assert encode(encoder, items, {}) == b"".join(tensorboard_scalar(*s) for s in scalars)
+    assert encode(encoder, packed(items), {}) == b"".join(tensorboard_scalar(*s) for s in scalars)
+
+
+@PROPERTIES
+@given(USUAL)
+@example([(f"loss/class_{i % 3:02d}", i / 7, 4000 + i // 3, 1.7e9 + i / 1000) for i in range(30)])  # one length
+@example([("loss", 0.5, 2**56 - 1, 1.7e9), ("lr", -1e300, 2**49, -0.0)])  # 8-byte steps, two lengths
+def test_usual_batches_are_encoded_as_tensorboard_writes_them(scalars):
+    encoder = ScalarEncoder()
+    items = [(encoder.tag_id(tag), value, step, wall) for tag, value, step, wall in scalars]
+
+    assert encode(encoder, packed(items), {}) == b"".join(tensorboard_scalar(*s) for s in scalars)
 
 
 def test_other_events_keep_their_place_between_scalars():
@@ -104,7 +127,7 @@ def test_other_events_keep_their_place_between_scalars():
     items[2:2] = [(-1, 0.0, 0, 0.0)]
     items[5:5] = [(-2, 0.0, 0, 0.0), (-3, 0.0, 0, 0.0)]
 
-    data = encode(encoder, items, {0: other, 1: other, 2: other})
+    data = encode(encoder, packed(items), {0: other, 1: other, 2: other})
 
     expected = [tensorboard_scalar(*s) for s in scalars]
     expected[2:2] = [tensorboard_record(other)]
@@ -160,6 +183,109 @@ def test_what_torch_refuses_is_refused_the_same_way(fast_writer, tmp_path):
 
     (path,) = tmp_path.glob("events.out.tfevents.*")
     assert path.read_bytes().endswith(tensorboard_scalar(b"bytes tag", 1.0, 1, 5.0))
+
+
+# calls that torch refuses, each with what it raises; the tag "loss" is known to the fast path by then
+BAD_CALLS = [
+    ("loss", torch.ones(2), 1, None),  # several elements
+    ("loss", "abc", 1, None),  # not a number
+    ("loss", None, 1, None),
+    ("loss", [1.0], 1, None),
+    ("loss", 1.0, 2**63, None),  # steps outside int64
+    ("loss", 1.0, -2**63 - 1, None),
+    ("loss", 1.0, "x", None),
+    ("loss", 1.0, 1, "noon"),  # a wall time that is not a number
+    (["loss"], 1.0, 1, None),  # tags that are not strings, one unhashable
+    (5, 1.0, 1, None),
+]
+
+
+def errors_and_points(tmp_path, calls) -> tuple[list, list]:
+    """What each call raises (type and message; None when it does not), and the (tag, step, value) written."""
+    raised = []
+    with SummaryWriter(log_dir=str(tmp_path)) as writer:
+        for tag, value, step, wall in calls:
+            try:
+                writer.add_scalar(tag, value, step, walltime=wall)
+                raised.append(None)
+            except Exception as e:  # noqa: BLE001 - what torch raises is the point
+                raised.append((type(e), str(e)))
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    events = [event_pb2.Event.FromString(r) for r in records(path)[1:]]
+    return raised, [(e.summary.value[0].tag, e.step, e.summary.value[0].simple_value) for e in events]
+
+
+def test_bad_calls_between_good_ones_fail_as_torchs_and_the_rest_keeps_its_order(tmp_path, monkeypatch):
+    good = [("loss", i / 4, i, None) for i in range(4)]  # the fast path's calls, once the tag is known
+    calls = [good[0]]
+    for bad in BAD_CALLS:
+        calls += [bad, good[1], good[2]]
+    calls += [good[3]]
+    torch_raised, torch_points = errors_and_points(tmp_path / "torch", calls)
+
+    cls = tensorboard_writer.SummaryWriter
+    monkeypatch.setattr(cls, "add_scalar", cls.add_scalar)
+    monkeypatch.setattr(tensorboard_writer, "EventFileWriter", tensorboard_writer.EventFileWriter)
+    eventwriter.activate(tensorboard_writer)
+    checked = []  # the calls that reach the writer's checked path
+    monkeypatch.setattr(eventwriter.EventFileWriter, "add_scalar",
+                        lambda self, *args, _f=eventwriter.EventFileWriter.add_scalar: checked.append(args)
+                        or _f(self, *args))
+    danlu_raised, danlu_points = errors_and_points(tmp_path / "danlu", calls)
+
+    assert danlu_raised == torch_raised
+    assert [r is None for r in danlu_raised].count(False) == len(BAD_CALLS)
+    assert danlu_points == torch_points == [(tag, step, value) for (tag, value, step, _), r
+                                            in zip(calls, danlu_raised, strict=True) if r is None]
+    assert len(checked) == 1 + len(BAD_CALLS)  # the first call and the bad ones: the fast path took the rest
+
+
+def test_a_writer_closed_under_the_summary_writer_refuses_as_tensorboards_does(fast_writer, tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("loss", 1.0, 0)  # known to the fast path
+    writer.file_writer.close()  # the FileWriter, not the SummaryWriter
+
+    with pytest.raises(OSError, match="closed"):
+        writer.add_scalar("loss", 2.0, 1)
+
+
+def test_an_error_in_the_writers_thread_fails_the_next_call(fast_writer, tmp_path, monkeypatch):
+    writer = SummaryWriter(log_dir=str(tmp_path), flush_secs=0.01)
+    writer.add_scalar("loss", 1.0, 0)
+    event_writer = writer.file_writer.event_writer
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(eventwriter.os, "write", full)
+    writer.add_scalar("loss", 2.0, 1)
+    deadline = time.monotonic() + 30
+    while event_writer._error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    with pytest.raises(OSError, match="No space left"):
+        writer.add_scalar("loss", 3.0, 2)
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
+
+
+def test_another_event_writer_under_the_summary_writer_gets_every_call(fast_writer, tmp_path):
+    class Recording:  # as TensorBoard's own writer, which a remote log dir keeps
+        def __init__(self):
+            self.events = []
+
+        def add_event(self, event):
+            self.events.append(event)
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("loss", 1.0, 0)
+    recording = writer.file_writer.event_writer = Recording()
+    writer.add_scalar("loss", 2.0, 1)
+    writer.add_scalar("lr", 0.5, 1)
+
+    assert [(e.step, e.summary.value[0].tag, e.summary.value[0].simple_value) for e in recording.events] == [
+        (1, "loss", 2.0), (1, "lr", 0.5)]
 
 
 def test_records_reach_the_file_within_flush_secs_without_a_flush(fast_writer, tmp_path):
