@@ -1,10 +1,11 @@
 """Service tier, in a browser: the lab extension clicked through against a real ``danlu up``.
 
 Starts a workbench (dummy login, the default profiles), creates alice, starts
-her server with the ``python`` profile, writes a small notebook into her home
-and runs the Playwright/Galata tests of ``extensions/lab/ui-tests`` against
-``/user/alice/lab`` with Debian's Chromium (Playwright never downloads a
-browser). Galata's page fixture needs ``window.jupyterapp`` and its helper lab
+her server with the ``python`` profile, writes a small notebook and a catalog
+dataset (which the training cell reads, so a model's lineage has a dataset
+version) into her home and runs the Playwright/Galata tests of
+``extensions/lab/ui-tests`` against ``/user/alice/lab`` with Debian's Chromium
+(Playwright never downloads a browser). Galata's page fixture needs ``window.jupyterapp`` and its helper lab
 extension: alice's own Jupyter config turns both on (``~/.jupyter`` and
 ``~/.local/share/jupyter/labextensions`` in her home), so the workbench itself
 runs unmodified. Screenshots land in ``extensions/lab/ui-tests/screenshots/``
@@ -33,6 +34,7 @@ SERVER_EXTENSION = ROOT / "extensions" / "server" / "__init__.py"
 CHROMIUM = os.environ.get("DANLU_UI_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "ui-tests"
 FOLDER, NOTEBOOK = "ui-tests", "train.ipynb"
+DATASET = "ui-points"  # registered by alice; the training cell reads it, so lineage has a dataset version
 
 
 def _missing() -> str | None:
@@ -57,9 +59,11 @@ def notebook(kernel_name: str, display_name: str) -> dict:
                 "outputs": [], "source": source}
 
     train = (
+        "import danlu\n"
         "import torch\n"
         "from torch.utils.tensorboard import SummaryWriter\n"
         "\n"
+        "rows = (danlu.dataset(\"ui-points\") / \"points.csv\").read_text().splitlines()  # a catalog dataset\n"
         "writer = SummaryWriter()\n"
         "w = torch.zeros(1, requires_grad=True)\n"
         "for step in range(20):\n"
@@ -115,6 +119,14 @@ def lab(tmp_path_factory):
         display = specs["kernelspecs"][name]["spec"]["display_name"]
         r = requests.put(f"{api}/contents/{FOLDER}", headers=headers, json={"type": "directory"}, timeout=30)
         assert r.status_code in (200, 201), r.text
+        r = requests.put(f"{api}/contents/{FOLDER}/data", headers=headers, json={"type": "directory"}, timeout=30)
+        assert r.status_code in (200, 201), r.text
+        r = requests.put(f"{api}/contents/{FOLDER}/data/points.csv", headers=headers, timeout=30,
+                         json={"type": "file", "format": "text", "content": "x,y\n1,2\n2,4\n3,6\n"})
+        assert r.status_code in (200, 201), r.text
+        r = wb.api("POST", "/datasets", token=token, json={
+            "name": DATASET, "path": f"{FOLDER}/data", "description": "three points on a line (the UI tests' data)"})
+        assert r.status_code in (200, 201), r.text
         r = requests.put(f"{api}/contents/{FOLDER}/{NOTEBOOK}", headers=headers, timeout=30,
                          json={"type": "notebook", "format": "json", "content": notebook(name, display)})
         assert r.status_code in (200, 201), r.text
@@ -127,7 +139,9 @@ def test_lab_extension_in_the_browser(lab):
     env = {**os.environ,
            "DANLU_UI_HUB_URL": lab.url, "DANLU_UI_USER": "alice",
            "DANLU_UI_FOLDER": FOLDER, "DANLU_UI_NOTEBOOK": NOTEBOOK,
-           "DANLU_UI_CHROMIUM": CHROMIUM, "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
+           "DANLU_UI_CHROMIUM": CHROMIUM, "DANLU_UI_DATASET": DATASET,
+           # an admin (admins may always decide on a model version), who approves alice's in the lineage scenario
+           "DANLU_UI_APPROVER_TOKEN": lab.admin_token, "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
            "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": "1"}
     try:
         done = subprocess.run(["npx", "--no-install", "playwright", "test"], cwd=UI_TESTS, env=env,

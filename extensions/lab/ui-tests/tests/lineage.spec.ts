@@ -9,14 +9,22 @@
  * and output notebooks and its log as the run's artifacts, which is what a
  * registration without a logged model takes.
  *
- * One scenario: run the training cell as a job, register its run as a model
- * with the Experiments row's "Register model" button (a bad name first, which
- * the dialog refuses), see the version's approval in the row, open its lineage
- * tab, check the graph against GET danlu/api/lineage/..., click a node and take
- * the screenshot docs/images/lab-lineage.png (with DANLU_UI_DOCS_IMAGES=1).
+ * One scenario: run the training cell (which reads the catalog dataset that
+ * tests/test_lab_ui.py registered) as a job, register its run as a model with
+ * the Experiments row's "Register model" button (a bad name first, which the
+ * dialog refuses), see the version's approval in the row, have an approver (an
+ * admin, through the jobs API: DANLU_UI_APPROVER_TOKEN) approve it, open its
+ * lineage tab, check the graph against GET danlu/api/lineage/... (the whole
+ * chain: dataset version, environment, notebook and cell, job, run, model
+ * version, approval), click a node and take the screenshot
+ * docs/images/lab-lineage.png (with DANLU_UI_DOCS_IMAGES=1).
  */
 import { danluApi, expect, FOLDER, shot, test } from './fixtures';
 import { openNotebook, runCellAsJob, showRuns, waitSucceeded } from './jobs';
+
+const HUB_URL = (process.env.DANLU_UI_HUB_URL || 'http://127.0.0.1:8000').replace(/\/$/, '');
+const APPROVER_TOKEN = process.env.DANLU_UI_APPROVER_TOKEN || '';
+const DATASET = process.env.DANLU_UI_DATASET || '';
 
 /** Whether an answer is the jobs service saying it has no such endpoint (the models API is not there). */
 async function noModelsApi(response: { status(): number; text(): Promise<string> }): Promise<boolean> {
@@ -103,6 +111,19 @@ test.describe('Danlu models and lineage', () => {
       await expect(entry.locator('.danlu-approval')).toHaveText(registered.approval);
     });
 
+    await test.step('an approver approves it (the jobs API, as an admin)', async () => {
+      test.skip(!APPROVER_TOKEN, 'DANLU_UI_APPROVER_TOKEN is not set (tests/test_lab_ui.py sets it)');
+      const decided = await page.request.post(
+        `${HUB_URL}/services/danlu/api/v1/models/${encodeURIComponent(name)}/versions/${version}/decisions`,
+        {
+          headers: { Authorization: `token ${APPROVER_TOKEN}` },
+          data: { decision: 'approve', comment: 'trained on ui-points; fine for the docs' }
+        }
+      );
+      expect(decided.status(), `POST .../decisions: ${await decided.text()}`).toBe(200);
+      expect((await decided.json()).approval).toBe('approved');
+    });
+
     await test.step('open its lineage and check the graph against the API', async () => {
       const row = page.locator(`tr[data-run-id="${runId}"]`);
       await row.getByRole('button', { name: `Open lineage of ${name} version ${version}` }).click();
@@ -115,7 +136,14 @@ test.describe('Danlu models and lineage', () => {
       const ids = new Set<string>(lineage.nodes.map((n: { id: string }) => n.id));
       await expect(graph.locator('g.danlu-lineage-node')).toHaveCount(ids.size);
       const kinds = new Set<string>(lineage.nodes.map((n: { kind: string }) => n.kind));
-      for (const kind of ['model_version', 'run', 'job']) {
+      const expected = ['model_version', 'run', 'job', 'notebook', 'cell', 'environment'];
+      if (DATASET) {
+        expected.push('dataset_version');
+      }
+      if (APPROVER_TOKEN) {
+        expected.push('approval');
+      }
+      for (const kind of expected) {
         expect(kinds, `the lineage has a ${kind} node`).toContain(kind);
         await expect(graph.locator(`g.danlu-lineage-node[data-kind="${kind}"]`).first()).toBeVisible();
       }
