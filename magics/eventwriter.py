@@ -97,10 +97,9 @@ class ScalarEncoder:
         self._templates: list[bytes] = []
         self._layout_of = np.full((0, 11, 2), -1, dtype=np.int64)  # [tag, step bytes (0: none), wall time written]
         self._rows = np.zeros((0, 64), dtype=np.uint8)
-        self._lengths: list[int] = []  # record length per layout
-        self._registers: list[int] = []  # CRC register of the layout's fixed bytes
-        self._length_arr = np.zeros(0, dtype=np.int64)
-        self._register_arr = np.zeros(0, dtype=np.uint32)
+        self._layouts = 0  # layouts made; the arrays below have room for len(self._rows)
+        self._length_arr = np.zeros(0, dtype=np.int64)  # record length per layout
+        self._register_arr = np.zeros(0, dtype=np.uint32)  # CRC register of the layout's fixed bytes
 
     def tag_id(self, tag: str) -> int:
         """The tag's index, or -1 when it goes through protobuf (not UTF-8, too long, past :data:`MAX_TAGS`)."""
@@ -139,18 +138,21 @@ class ScalarEncoder:
         payload += self._templates[tid] + bytes(4)
         head = struct.pack("<QI", len(payload), header_crc(len(payload)))
         row = head + payload + bytes(4)
-        if len(row) > self._rows.shape[1] or len(self._lengths) == len(self._rows):
-            grown = np.zeros((max(16, 2 * len(self._rows)), max(len(row), self._rows.shape[1])), dtype=np.uint8)
+        layout = self._layouts
+        if len(row) > self._rows.shape[1] or layout == len(self._rows):  # grown by doubling: a tag per step
+            count = max(16, 2 * len(self._rows)) if layout == len(self._rows) else len(self._rows)  # stays cheap
+            grown = np.zeros((count, max(len(row), self._rows.shape[1])), dtype=np.uint8)
             grown[:len(self._rows), :self._rows.shape[1]] = self._rows
             self._rows = grown
-        layout = len(self._lengths)
+            more = count - len(self._length_arr)
+            self._length_arr = np.concatenate([self._length_arr, np.zeros(more, dtype=np.int64)])
+            self._register_arr = np.concatenate([self._register_arr, np.zeros(more, dtype=np.uint32)])
         self._rows[layout, :len(row)] = np.frombuffer(row, dtype=np.uint8)
         self._rows[layout, len(row):] = 0
-        self._lengths.append(len(row))
-        self._registers.append(_register(payload))
+        self._length_arr[layout] = len(row)
+        self._register_arr[layout] = _register(payload)
+        self._layouts = layout + 1
         self._layout_of[tid, steps, wall] = layout
-        self._length_arr = np.array(self._lengths, dtype=np.int64)
-        self._register_arr = np.array(self._registers, dtype=np.uint32)
 
     def encode(self, tids: np.ndarray, values: np.ndarray, steps: np.ndarray, walls: np.ndarray) -> bytes:
         """The records, in order, of scalars given by column: tag index, value, step (int64), wall time."""

@@ -119,6 +119,16 @@ def test_usual_batches_are_encoded_as_tensorboard_writes_them(scalars):
     assert encode(encoder, packed(items), {}) == b"".join(tensorboard_scalar(*s) for s in scalars)
 
 
+def test_a_tag_per_step_is_encoded_as_tensorboard_writes_it():
+    encoder = ScalarEncoder()  # layouts grow past their first room many times over, in one batch and across batches
+    scalars = [(f"step_{step}/loss", step / 3, step, 1.7e9 + step) for step in range(3000)]
+    items = [(encoder.tag_id(tag), value, step, wall) for tag, value, step, wall in scalars]
+
+    data = b"".join(encode(encoder, packed(items[start:start + 700]), {}) for start in range(0, len(items), 700))
+
+    assert data == b"".join(tensorboard_scalar(*s) for s in scalars)
+
+
 def test_other_events_keep_their_place_between_scalars():
     encoder = ScalarEncoder()
     other = event_pb2.Event(wall_time=1.0, summary=histogram("w", np.arange(100.0), 10)).SerializeToString()
