@@ -75,14 +75,14 @@ def decode_cursor(cursor: str) -> Key:
     return when, job_id
 
 
-def keys(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
-         after: Key | None) -> tuple[list[Key], Key | None]:
-    """The keys of up to ``limit`` jobs below ``after`` (None: from the newest), and the key the next page
-    starts below (None: this was the last page)."""
-    conn = session.connection()
+def rows(session: Session, columns: list, *, owner: str | None, states: list[str], queue: str | None,
+         limit: int, after: Key | None) -> tuple[list[tuple[Key, tuple]], Key | None]:
+    """Up to ``limit`` jobs below ``after`` (None: from the newest), each as its key and its ``columns``, and
+    the key the next page starts below (None: this was the last page)."""
+    conn = session.connection()  # Core rows: none of the ORM's per-row work
 
-    def range_of(state: str | None):
-        q = select(Job.created_at, Job.id).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    def range_of(state: str | None) -> list[tuple[Key, tuple]]:
+        q = select(Job.created_at, Job.id, *columns).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
         if owner is not None:
             q = q.where(Job.owner == owner)
         if state is not None:
@@ -91,15 +91,23 @@ def keys(session: Session, *, owner: str | None, states: list[str], queue: str |
             q = q.where(Job.queue == queue)
         if after is not None:
             q = q.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
-        return [tuple(row) for row in conn.execute(q)]
+        return [((row[0], row[1]), tuple(row[2:])) for row in conn.execute(q)]
 
     if len(states) > 1:  # one index range per state, merged newest first
-        found = list(heapq.merge(*(range_of(s) for s in sorted(set(states))), reverse=True))[: limit + 1]
+        ranges = (range_of(s) for s in sorted(set(states)))
+        found = list(heapq.merge(*ranges, key=lambda found: found[0], reverse=True))[: limit + 1]
     else:
         found = range_of(states[0] if states else None)
     more = len(found) > limit
     found = found[:limit]
-    return found, (found[-1] if more and found else None)
+    return found, (found[-1][0] if more and found else None)
+
+
+def keys(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
+         after: Key | None) -> tuple[list[Key], Key | None]:
+    """:func:`rows` with no columns: the keys of a page, and the key the next page starts below."""
+    found, last = rows(session, [], owner=owner, states=states, queue=queue, limit=limit, after=after)
+    return [key for key, _ in found], last
 
 
 def page(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,

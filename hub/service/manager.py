@@ -117,18 +117,18 @@ class JobManager:
                         queue: str | None = None, limit: int = 200, cursor: str | None = None) -> str:
         """:meth:`page` with :meth:`views` of its jobs, as the body of ``GET /jobs`` (JSON text, the same bytes).
 
-        Read, built and encoded in one go on a reader thread: the page's keys, what its jobs' views show
-        (one select per table, no ORM objects), and each view encoded, or taken from :attr:`view_cache` when
-        the job has ended and its stored values are those the cached view was built from. Which jobs are on
-        the page is decided by the caller's filter alone; the cache only ever answers for those.
+        Read, built and encoded in one go on a reader thread: what its jobs' views show, read with the
+        page itself, then their attempts and dataset uses (a select each, no ORM objects), and each view
+        encoded, or taken from :attr:`view_cache` when the job has ended and its stored values are those
+        the cached view was built from. Which jobs are on the page is decided by the caller's filter
+        alone; the cache only ever answers for those.
         """
         who, after = self._listing(principal, states, owner, cursor)
 
         def body(s) -> str:
-            found, last = listing.keys(s, owner=who, states=list(states or []), queue=queue, limit=limit,
-                                       after=after)
-            stored = views.read_stored(s, [key[1] for key in found])
-            jobs = [stored[key[1]] for key in found if key[1] in stored]
+            found, last = listing.rows(s, views.stored_columns(), owner=who, states=list(states or []),
+                                       queue=queue, limit=limit, after=after)
+            jobs = views.stored(s, [row for _key, row in found])
             return listing.encode_page(self.view_cache.encoded(self.core, jobs),
                                        listing.encode_cursor(last) if last is not None else None)
 

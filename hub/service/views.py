@@ -4,9 +4,9 @@ helpers on job notebooks.
 Everything here comes from the database and the admission model: nothing is
 read from the job's folder, so a job cannot change what its record says.
 :func:`job_to_dict` is the model. A listing reads what the views of its jobs
-show with one Core select per table (:func:`read_stored`: the job's columns,
-JSON ones as their stored text, its attempts, its dataset uses), never the ORM's
-objects, and :class:`ViewCache` keeps the encoded view of each job in a final
+show with one Core select per table (:func:`stored_columns` read with the page,
+JSON ones as their stored text, then :func:`stored`: the attempts, the dataset
+uses), never the ORM's objects, and :class:`ViewCache` keeps the encoded view of each job in a final
 state with the values it was built from: a view is served from the cache only
 while the database still holds exactly those values, so no write, by whatever
 path, is hidden. A view says nothing about who asks for it; which jobs a caller
@@ -148,15 +148,20 @@ class Stored(NamedTuple):
         return self.job[3]
 
 
-def read_stored(s, ids: list[str]) -> dict[str, Stored]:
-    """:class:`Stored` of each of ``ids`` that exists: one select of the jobs' columns (never provenance or
-    groups, tens of KiB no view shows), one of their attempts, one of their dataset uses."""
-    if not ids:
-        return {}
-    ids = list(ids)
+def stored_columns() -> list:
+    """What to select of a job for :func:`stored`: its :data:`VIEW_COLUMNS`, then its :data:`JSON_COLUMNS` as the
+    text the database holds (decoded only when a view is built; never provenance or groups, tens of KiB
+    that no view shows)."""
+    return [*(getattr(Job, c) for c in VIEW_COLUMNS), *(cast(getattr(Job, c), Text) for c in JSON_COLUMNS)]
+
+
+def stored(s, rows: list[tuple]) -> list[Stored]:
+    """:class:`Stored` of jobs read as :func:`stored_columns`, in order: their attempts in one select, their
+    dataset uses in another."""
+    if not rows:
+        return []
     conn = s.connection()  # Core rows: none of the ORM's per-row work
-    texts = [cast(getattr(Job, c), Text) for c in JSON_COLUMNS]  # decoded only when a view is built
-    rows = conn.execute(select(*(getattr(Job, c) for c in VIEW_COLUMNS), *texts).where(Job.id.in_(ids))).all()
+    ids = [row[0] for row in rows]
     attempts: dict[str, list[tuple]] = {}
     q = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
                                   for c in ATTEMPT_COLUMNS))
@@ -168,8 +173,7 @@ def read_stored(s, ids: list[str]) -> dict[str, Stored]:
          .where(DatasetUse.job_id.in_(ids)).order_by(DatasetUse.id))
     for row in conn.execute(q):
         uses.setdefault(row[0], []).append(tuple(row[1:]))
-    return {row[0]: Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ())))
-            for row in rows}
+    return [Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ()))) for row in rows]
 
 
 def _decoded(text: str | None):
