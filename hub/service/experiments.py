@@ -22,16 +22,23 @@ EXPERIMENT_ID = re.compile(r"^[0-9]{1,19}$")  # MLflow's ids (a job's runner rep
 
 
 def experiments_of(session: Session, owner: str) -> list[dict]:
-    """The MLflow experiments holding ``owner``'s job runs: id, name, runs and the latest run's start, by name."""
-    groups = session.execute(
-        select(Job.experiment, func.count(), func.max(Job.created_at))
-        .where(Job.owner == owner, Job.mlflow_run_id.is_not(None))
-        .group_by(Job.experiment)).all()
+    """The MLflow experiments holding ``owner``'s job runs: id, name, runs and the latest run's start, by name.
+
+    One select: each experiment's runs counted, its latest start, and the latest job's tracking (whose
+    report names the experiment's id), ranked within the experiment; Core rows, no ORM objects.
+    """
+    mine = (Job.owner == owner, Job.mlflow_run_id.is_not(None))
+    by_experiment = {"partition_by": Job.experiment}
+    ranked = select(
+        Job.experiment, Job.tracking,
+        func.count().over(**by_experiment).label("runs"),
+        func.max(Job.created_at).over(**by_experiment).label("latest"),
+        func.row_number().over(**by_experiment, order_by=(Job.created_at.desc(), Job.id.desc())).label("rank"),
+    ).where(*mine).subquery()
+    rows = session.connection().execute(
+        select(ranked.c.experiment, ranked.c.tracking, ranked.c.runs, ranked.c.latest).where(ranked.c.rank == 1))
     out = []
-    for name, runs, latest in groups:
-        tracking = session.scalars(
-            select(Job.tracking).where(Job.owner == owner, Job.experiment == name, Job.mlflow_run_id.is_not(None))
-            .order_by(Job.created_at.desc()).limit(1)).first()
+    for name, tracking, runs, latest in rows:
         experiment_id = tracking.get("experiment_id") if isinstance(tracking, dict) else None
         out.append({"experiment_id": experiment_id if isinstance(experiment_id, str)
                     and EXPERIMENT_ID.match(experiment_id) else None,
