@@ -91,7 +91,7 @@ def rows(session: Session, columns: list, *, owner: str | None, states: list[str
             q = q.where(Job.queue == queue)
         if after is not None:
             q = q.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
-        return [((row[0], row[1]), tuple(row[2:])) for row in conn.execute(q)]
+        return [((row[0], row[1]), tuple(row[2:])) for row in conn.execute(q).all()]
 
     if len(states) > 1:  # one index range per state, merged newest first
         ranges = (range_of(s) for s in sorted(set(states)))

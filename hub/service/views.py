@@ -166,12 +166,12 @@ def stored(s, rows: list[tuple]) -> list[Stored]:
     q = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
                                   for c in ATTEMPT_COLUMNS))
          .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.number))
-    for row in conn.execute(q):
+    for row in conn.execute(q).all():
         attempts.setdefault(row[0], []).append(tuple(row[1:]))
     uses: dict[str, list[tuple]] = {}
     q = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
          .where(DatasetUse.job_id.in_(ids)).order_by(DatasetUse.id))
-    for row in conn.execute(q):
+    for row in conn.execute(q).all():
         uses.setdefault(row[0], []).append(tuple(row[1:]))
     return [Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ()))) for row in rows]
 
