@@ -195,6 +195,32 @@ def test_a_waiting_job_with_stopping_victims_preempts_no_more():
     assert not model.admitted["l1"].stopping
 
 
+def test_a_cohort_preempts_for_one_workload_per_pass():
+    """As Kueue: once a workload of a cohort has preempted in a pass, the cohort's others that do not fit wait
+    for what they lack, and look for victims in the next pass."""
+    model = shared()
+    fill(model, job("v1", "vision", priority=LOW), job("v2", "vision", priority=LOW, created=1),
+         job("n1", "nlp", priority=LOW), job("n2", "nlp", priority=LOW, created=1))
+    pending = [job("hv", "vision", priority=HIGH, created=2), job("hn", "nlp", priority=HIGH, created=3)]
+
+    first = model.cycle(pending, now=4)
+    assert pairs(first.preempted) == [("v2", "hv")]
+    assert first.waiting["hn"] == "waiting for 1 `sim` GPU: nlp uses 2/2, cohort has 0 to lend, 0 free on the machine"
+
+    second = model.cycle(pending, now=5)
+    assert pairs(second.preempted) == [("n2", "hn")]
+
+
+def test_teams_in_no_cohort_each_preempt_in_the_same_pass():
+    model = Model([Team("a", nominal={"gpu/sim": 2}), Team("b", nominal={"gpu/sim": 2})], SIM4, cpu=16)
+    fill(model, job("a1", "a", priority=LOW), job("a2", "a", priority=LOW, created=1),
+         job("b1", "b", priority=LOW), job("b2", "b", priority=LOW, created=1))
+
+    decision = model.cycle([job("ha", "a", priority=HIGH, created=2), job("hb", "b", priority=HIGH, created=3)], now=4)
+
+    assert pairs(decision.preempted) == [("a2", "ha"), ("b2", "hb")]
+
+
 # reclaim within a cohort ----------------------------------------------------------------------------------
 
 

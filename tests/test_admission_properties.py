@@ -18,6 +18,8 @@ always hold:
 
 (g) a pass decides exactly what a copy of the model decides from scratch (the
     backlog the model keeps between passes and its caches change no decision);
+(h) in one pass, a cohort preempts for one workload at most (a team in no cohort
+    for its own), as Kueue does;
 
 and at the end (e): once submissions stop, servers close and jobs keep
 completing (victims released and resubmitted), every workload that fits on the
@@ -223,6 +225,11 @@ class AdmissionMachine(RuleBasedStateMachine):
                     assert victim.priority < for_whom.priority
 
         assert not set(admitted) & set(victims), "admitted and preempted in the same pass"
+        # (h) as Kueue: in one pass, a cohort preempts for one workload at most (a team in no cohort for its own)
+        preemptors = {for_whom.id: for_whom for _, for_whom in decision.preempted}.values()
+        circles = [("cohort", self.model.teams[p.team].cohort) if self.model.teams[p.team].cohort else ("team", p.team)
+                   for p in preemptors]
+        assert len(circles) == len(set(circles)), f"one cohort preempted for several workloads in a pass: {circles}"
         for wid in self.stopping:
             self.stopping[wid] += 1
         for victim in victims:

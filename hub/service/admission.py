@@ -26,6 +26,14 @@ machine and on a cluster (where it renders to Kueue objects):
   team's lower priorities and borrow. A workload is never preempted in the pass
   that admitted it, and a preemptor counts only its own victims as freed, so
   preemption settles when no job ends;
+* as in Kueue's scheduler, a **cohort preempts for one workload per pass** (a team
+  in no cohort counts as a cohort of its own): once a workload of the cohort has
+  chosen victims, the cohort's other workloads that do not fit wait, with what they
+  lack as their reason, and look for victims in a later pass, where the first of
+  them in the order above goes first. (Kueue, in its classic mode, also stops a
+  cohort's preemptions after an admission in it; Danlu does not, or a busy cohort
+  would never preempt.) A cohort's preemptions thus take a pass each, which keeps a
+  pass after many jobs ended from trying victims for every workload that does not fit;
 * a workload that asks for more than the machine or its team could ever have
   (nominal quota plus borrowing limit, and what the cohort may lend) is told so
   at once and holds nothing back.
@@ -116,6 +124,7 @@ class Model(Preemption):
         self._backlog = Backlog()
         self._pass = 0
         self._reclaiming: dict[str, dict[str, dict[str, float]]] = {}  # in a pass: see cycle()
+        self._preempted_in: set[tuple[str, str]] = set()  # in a pass: the circles (see _circle) that preempted
         self._held_for_others = False
 
     def __deepcopy__(self, memo) -> Model:
@@ -419,6 +428,7 @@ class Model(Preemption):
         heap: list[tuple] = []
         # cohort -> team -> what its waiting preemptors need: no other team's borrower takes it in this pass
         self._reclaiming = {}
+        self._preempted_in = set()
         self._held_for_others = False
         if self.nominated:
             self.nominated = {wid for wid in self.nominated if wid in backlog.by_id}
@@ -574,7 +584,7 @@ class Model(Preemption):
         if wl.id in self.nominated and wl.id in self._cached(
                 ("preemptors",), lambda: {v.stopping_for for v in self.admitted.values() if v.stopping}):
             reason = "waiting for the jobs it preempted to stop"
-        elif preempt:
+        elif preempt and self._circle(team) not in self._preempted_in:
             victims = self._preemption(wl, held_back, admitted_now)
             for victim in victims:
                 self._run(victim, -1.0)
@@ -584,6 +594,7 @@ class Model(Preemption):
                 decision.preempted.append((victim, wl))
             if victims:
                 self._version += 1  # the victims are no longer candidates
+                self._preempted_in.add(self._circle(team))
                 self.nominated.add(wl.id)
                 reason = f"preempting {len(victims)} job(s) to start"
         if wl.id in self.nominated or now - wl.created > self.starvation_seconds:
@@ -596,6 +607,11 @@ class Model(Preemption):
             for resource, amount in self._needs(wl).items():
                 mine[resource] += amount
         return reason
+
+    @staticmethod
+    def _circle(team: Team) -> tuple[str, str]:
+        """Who shares one preemption per pass: the team's cohort, or the team itself when it is in none."""
+        return ("cohort", team.cohort) if team.cohort else ("team", team.name)
 
     @staticmethod
     def _held_back(reserved: dict[int, dict[str, float]], priority: int) -> dict[str, float]:
