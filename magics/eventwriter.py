@@ -572,22 +572,26 @@ def activate(writer_module) -> None:
 
     def add_scalar(self, tag, scalar_value, global_step=None, walltime=None, new_style=False,
                    double_precision=False):
+        # The common call, queued here in the fewest steps: a tag already seen, a float, an int step, no wall time,
+        # an open writer (torch sets file_writer and all_writers together: the file_writer is the one
+        # _get_file_writer() returns). Every other call, and one that fails here, goes through writer.add_scalar
+        # or torch.
+        if (type(tag) is str and type(scalar_value) is float and type(global_step) is int and walltime is None
+                and not (new_style or double_precision)):
+            try:
+                writer = self.file_writer.event_writer
+                item = pack(writer._tags[tag], scalar_value, global_step, now())
+            except (AttributeError, KeyError, struct.error):  # closed (no file_writer) or another event writer;
+                pass  # a new tag, or a writer closed under the SummaryWriter; a step outside int64
+            else:
+                queue = writer._queue
+                queue.append(item)
+                if len(queue) >= writer._limit:
+                    writer._write()
+                return
         file_writer = self.file_writer  # what _get_file_writer() returns while the writer is open
         if file_writer is not None and self.all_writers is not None and not (new_style or double_precision):
             writer = file_writer.event_writer
-            # The common call, queued here in the fewest steps: a tag already seen, a float, an int step and no
-            # wall time. Every other call, and one that fails here, goes through writer.add_scalar.
-            if type(tag) is str and type(scalar_value) is float and type(global_step) is int and walltime is None:
-                try:
-                    item = pack(writer._tags[tag], scalar_value, global_step, now())
-                except (KeyError, struct.error, AttributeError):  # a new tag or a closed writer; a step outside
-                    pass  # int64; TensorBoard's writer (a remote log dir)
-                else:
-                    queue = writer._queue
-                    queue.append(item)
-                    if len(queue) >= writer._limit:
-                        writer._write()
-                    return
             if type(writer) is EventFileWriter and writer.add_scalar(tag, scalar_value, global_step, walltime):
                 return
         original(self, tag, scalar_value, global_step, walltime, new_style, double_precision)
