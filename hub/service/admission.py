@@ -77,8 +77,27 @@ class Rooms(dict):
         self.model, self.team, self.freed = model, team, freed
 
     def __missing__(self, resource: str) -> float:
-        room = self[resource] = self.model.limit(self.team, resource, self.freed)
+        room = self[resource] = self.model.limit(self.team, resource, self.freed) if self.freed else \
+            self.model._limit_now(self.team, resource)
         return room
+
+
+class Ask:
+    """What the model works out once about an *ask* (a team and a request, :attr:`Workload.ask`) and reads on
+    every pass: the request's amounts, the GPU flavors it may use with their resource keys, why it can never
+    start (None: it can), what it holds back while it starves, and what it waits for, in words."""
+
+    __slots__ = ("name", "team", "cohort", "circle", "cpu", "memory", "gpus", "keys", "never", "needs", "what")
+
+    def __init__(self, model: Model, wl: Workload):
+        request, team = wl.request, model.teams.get(wl.team)
+        self.name, self.team, self.cohort = wl.team, team, team.cohort if team else None
+        self.circle = model._circles.get(wl.team)
+        self.cpu, self.memory, self.gpus = request.cpu, request.memory, request.gpus
+        self.keys = model._flavor_keys(team, request) if team is not None and request.gpus else []
+        self.never = model.impossible(wl)
+        self.needs = model._needs(wl) if team is not None else {}
+        self.what: dict[str | None, str] = {}  # resource short -> what a workload of it waits for, in words
 
 
 class Model(Preemption):
@@ -100,8 +119,11 @@ class Model(Preemption):
         self._changes: dict[str, int] = defaultdict(int)  # per cohort (or lone team): its admissions, releases, victims
         self._running_changes: dict[str, int] = defaultdict(int)  # per team: its running jobs came or went
         self._cache: dict[tuple, tuple[int, object]] = {}
-        self._never: dict[int, str | None] = {}
+        self._rooms_of: dict[str, tuple[int, Rooms]] = {}  # team -> its cohort's changes, and its Rooms then
+        self._never: dict[int, str | None] = {}  # ask -> why it can never start (None: it can)
         self._static: dict[tuple, object] = {}  # what depends on the configuration only (ceilings, needs)
+        self._worded: dict[tuple, str] = {}  # where a team stands, in words, by the figures they show
+        self._asks: dict[int, Ask] = {}  # ask -> what is worked out once about it
         self.admitted: dict[str, Workload] = {}
         self._running: dict[str, dict[str, Workload]] = defaultdict(dict)  # admitted jobs not stopping, by team
         # what those jobs hold, by team, priority and resource: a bound on what preemption could free
@@ -124,7 +146,9 @@ class Model(Preemption):
         self._backlog = Backlog()
         self._pass = 0
         self._reclaiming: dict[str, dict[str, dict[str, float]]] = {}  # in a pass: see cycle()
-        self._preempted_in: set[tuple[str, str]] = set()  # in a pass: the circles (see _circle) that preempted
+        # who shares one preemption per pass: a team's cohort, or the team itself when it is in none
+        self._circles = {t.name: ("cohort", t.cohort) if t.cohort else ("team", t.name) for t in teams}
+        self._preempted_in: set[tuple[str, str]] = set()  # in a pass: the circles that preempted
         self._held_for_others = False
 
     def __deepcopy__(self, memo) -> Model:
@@ -134,7 +158,7 @@ class Model(Preemption):
         clone = object.__new__(Model)
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            setattr(clone, name, {} if name == "_cache" else copy.deepcopy(value, memo))
+            setattr(clone, name, {} if name in ("_cache", "_rooms_of") else copy.deepcopy(value, memo))
         return clone
 
     # accounting ----------------------------------------------------------------------
@@ -251,6 +275,20 @@ class Model(Preemption):
         ceiling = nominal + team.borrowing_limit.get(resource, INF) - used
         return min(ceiling, self._cohort_room(team, resource, freed))
 
+    def _limit_now(self, team: Team, resource: str) -> float:
+        """:meth:`limit` with nothing freed, in one step (what :class:`Rooms` reads on every pass)."""
+        nominal = team.nominal
+        if not (resource.startswith("gpu/") or resource in nominal):  # not quoted
+            return INF
+        used = self.used[team.name][resource]
+        if not team.cohort:
+            return nominal.get(resource, 0.0) - used
+        cohort = team.cohort
+        room = self._pool[cohort][resource] - self._kept[cohort][resource]
+        if resource in team.lending_limit:  # what it keeps is its own
+            room += self._keeps(team, resource, used)
+        return min(nominal.get(resource, 0.0) + team.borrowing_limit.get(resource, INF) - used, room)
+
     def lendable(self, team: Team, resource: str) -> float:
         """What the team could borrow from its cohort right now."""
         if not team.cohort:
@@ -301,10 +339,10 @@ class Model(Preemption):
 
     def _rooms(self, team: Team) -> Rooms:
         """What the team's quota and cohort let it use now, remembered until its cohort changes."""
-        key, changes = ("rooms", team.name), self._changes[team.cohort or team.name]
-        hit = self._cache.get(key)
+        changes = self._changes[team.cohort or team.name]
+        hit = self._rooms_of.get(team.name)
         if hit is None or hit[0] != changes:
-            hit = self._cache[key] = (changes, Rooms(self, team))
+            hit = self._rooms_of[team.name] = (changes, Rooms(self, team))
         return hit[1]
 
     def rooms_with(self, team: Team, freed: Freed) -> Rooms:
@@ -341,9 +379,10 @@ class Model(Preemption):
 
     def impossible(self, wl: Workload) -> str | None:
         """Why a workload can never be admitted (more than the machine or its team could ever have)."""
-        if wl.group not in self._never:
-            self._never[wl.group] = self._impossible(wl)
-        return self._never[wl.group]
+        ask = wl.ask
+        if ask not in self._never:
+            self._never[ask] = self._impossible(wl)
+        return self._never[ask]
 
     def _impossible(self, wl: Workload) -> str | None:
         team = self.teams.get(wl.team)
@@ -415,8 +454,12 @@ class Model(Preemption):
         of which only the oldest is tried: when it does not fit, the rest wait with the same reason.
         The groups of one team and request (an *ask*) differ only in priority: when the first of them
         does not fit and can preempt nothing, the lower ones cannot either (they fit no better and may
-        preempt no more), so they wait with the same reason at once. A pass thus costs a few steps per
-        ask, group and admission, plus set operations over the pending list (:class:`Backlog`)."""
+        preempt no more), so they wait with the same reason at once. Once a cohort has preempted in the
+        pass, its workloads only try to fit: an ask that a smaller or higher-priority one of its team
+        already showed to be short of something, or that lacks something even with nothing held back,
+        waits at once (:meth:`_short_of`). A pass thus costs a few steps per ask, group and admission,
+        a victim search per ask at most until each cohort preempts, plus set operations over the pending
+        list (:class:`Backlog`)."""
         backlog = self._backlog
         backlog.sync(pending)
         live = backlog.live
@@ -436,25 +479,50 @@ class Model(Preemption):
                 wl = backlog.by_id[wid]
                 backlog.detach(wl)
                 serial += 1
-                heap.append(((0, 0, -wl.priority, wl.created, wl.id), serial, wl, None, 0))
-        reasons: dict[int, object] = {}  # group -> why its workloads wait (worded once the pass is done)
+                heap.append((0, -wl.priority, wl.created, wl.id, serial, wl, None, 0, self._ask(wl)))
+        # group -> why its workloads wait: words, or [workload, resource short], worded once the pass is done
+        reasons: dict[int, object] = {}
+        raised: list[tuple[list, Ask]] = []  # those lists, with their asks
         backlog.tidy()
+        asks = self._asks
         for groups in backlog.asks.values():
             wl = groups[0].head(live)
+            ask = asks.get(groups[0].ask) or self._ask(wl)
             serial += 1
-            heap.append(((1, self._borrows(wl), -wl.priority, wl.created, wl.id), serial, wl, groups, 0))
+            heap.append((2 if ask.cohort and self._borrows_now(ask) else 1, -wl.priority, wl.created, wl.id, serial, wl,
+                         groups, 0, ask))
         heapq.heapify(heap)
         admitted_now: set[str] = set()
         own: dict[str, object] = {}  # preemptors' reasons
-        failed: dict[str, list[tuple]] = defaultdict(list)  # team -> (workload, resource short): nothing to preempt
+        failed: dict[str, list[list]] = defaultdict(list)  # team -> [workload, resource short]: nothing to preempt
+        # team -> "raw" -> resource -> the least found short of it with nothing held back in this pass, and
+        # "held" -> resource -> (priority, amount) found short of it with what that priority holds back
+        short_of: dict[str, dict[str, dict]] = {}
         while heap:
-            key, _, wl, groups, index = heapq.heappop(heap)
-            if groups is not None and wl.team in failed and not self.impossible(wl):
-                short = self._short_like(wl, failed[wl.team])
-                if short is not None:  # a smaller ask of its team found no room and nothing to preempt
-                    self._wait_alike(groups[index:], (wl, short), now, reserved, reasons, live)
-                    continue
-            reason = self._consider(wl, now, preempt, decision, reserved, admitted_now)
+            order, _, _, _, _, wl, groups, index, ask = heapq.heappop(heap)
+            if groups is not None:
+                if preempt and ask.circle not in self._preempted_in:  # it may look for victims
+                    if wl.team in failed and ask.never is None:
+                        short = self._short_like(wl, failed[wl.team])
+                        if short is not None:  # a smaller ask of its team found no room and nothing to preempt
+                            reason = [wl, short]
+                            raised.append((reason, ask))
+                            self._wait_alike(groups, index, ask, reason, now, reserved, reasons, live)
+                            continue
+                elif ask.never is None and ask.team is not None and not ask.team.held:
+                    short = self._short_of(wl, ask, short_of)
+                    if short is not None:  # it does not fit, and looks for no victims in this pass
+                        reason = reasons[groups[index].gid] = [wl, short]
+                        raised.append((reason, ask))
+                        if now - wl.created > self.starvation_seconds:
+                            self._hold(ask, wl.priority, reserved)
+                        failed[wl.team].append(reason)
+                        if index + 1 < len(groups):
+                            self._wait_alike(groups, index + 1, ask, reason, now, reserved, reasons, live)
+                        continue
+            reason = self._consider(wl, ask, now, preempt, decision, reserved, admitted_now)
+            if type(reason) is list:
+                raised.append((reason, ask))
             if groups is None:  # a preemptor, on its own
                 if reason is None:
                     backlog.remove(wl)
@@ -466,29 +534,36 @@ class Model(Preemption):
                 nxt, index = self._next_of(groups, index, live)
                 if nxt is not None:
                     serial += 1
-                    heapq.heappush(heap, ((1, key[1], -nxt.priority, nxt.created, nxt.id), serial, nxt, groups,
-                                          index))
+                    heapq.heappush(heap, (order, -nxt.priority, nxt.created, nxt.id, serial, nxt, groups, index, ask))
                 continue
             reasons[groups[index].gid] = reason
             if wl.id in self.nominated:  # it preempted: a lower priority of its ask may preempt others
                 nxt, index = self._next_of(groups, index + 1, live)
                 if nxt is not None:
                     serial += 1
-                    heapq.heappush(heap, ((1, key[1], -nxt.priority, nxt.created, nxt.id), serial, nxt, groups,
-                                          index))
+                    heapq.heappush(heap, (order, -nxt.priority, nxt.created, nxt.id, serial, nxt, groups, index, ask))
                 continue
             # (short because of what another team's preemptors hold back: says nothing of asks that do not borrow)
-            if isinstance(reason, tuple) and not self._held_for_others:
+            if type(reason) is list and not self._held_for_others:
                 failed[wl.team].append(reason)
-            self._wait_alike(groups[index + 1:], reason, now, reserved, reasons, live)
-        words: dict[int, tuple] = {}  # alike groups share one reason object: word each once
-        for table in (reasons, own):
-            for key, reason in table.items():
-                if isinstance(reason, tuple):  # (workload, resource short): worded from the state after the pass
-                    said = words.get(id(reason))
-                    if said is None:
-                        said = words[id(reason)] = (reason, self._reason_parts(*reason))
-                    table[key] = said[1]
+                self._found_short(short_of, *reason)
+            if index + 1 < len(groups):
+                self._wait_alike(groups, index + 1, ask, reason, now, reserved, reasons, live)
+        # alike groups share one reason: [workload, resource short] becomes [what it waits for, where its team
+        # stands], worded from the state after the pass, once for all of them (a Waiting joins the two when read)
+        states: dict[tuple[str, str], str] = {}
+        for reason, ask in raised:
+            wl, resource = reason
+            what = ask.what.get(resource)
+            if what is None:
+                what = ask.what[resource] = "waiting" if resource is None else self._what(wl, resource)
+            if resource is None or resource == "gpu":  # these words say it all
+                reason[0], reason[1] = what, ""
+                continue
+            state = states.get((ask.name, resource))
+            if state is None:
+                state = states[ask.name, resource] = ": " + self._words(ask.team, resource)
+            reason[0], reason[1] = what, state
         decision.waiting = Waiting(backlog.ids.copy(), reasons, own)
         return decision
 
@@ -502,7 +577,7 @@ class Model(Preemption):
             index += 1
         return None, index
 
-    def _short_like(self, wl: Workload, failed: list[tuple]) -> str | None:
+    def _short_like(self, wl: Workload, failed: list[list]) -> str | None:
         """The resource ``wl`` is short of, when an ask of its team that it dominates already found no room
         and nothing to preempt in this pass: then ``wl`` fits nowhere either (it asks for at least as much
         of everything, on no other flavor, at no higher priority: more is held back from it) and may preempt
@@ -525,6 +600,64 @@ class Model(Preemption):
             return short
         return None
 
+    def _found_short(self, short_of: dict, wl: Workload, resource: str | None) -> None:
+        """Remember that ``wl`` found too little of ``resource`` (of GPUs: on every flavor it may use) in this pass,
+        with what workloads of its priority and higher hold back."""
+        if resource is None:
+            return
+        facts = short_of.get(wl.team)
+        if facts is None:
+            facts = short_of[wl.team] = {"raw": {}, "held": {}}
+        facts = facts["held"]
+        request = wl.request
+        if resource == "cpu" or resource == "memory":
+            facts.setdefault(resource, []).append((wl.priority, request.cpu if resource == "cpu" else request.memory))
+        else:
+            for _, key in self._flavor_keys(self.teams[wl.team], request):
+                facts.setdefault(key, []).append((wl.priority, request.gpus))
+
+    def _short_of(self, wl: Workload, ask: Ask, short_of: dict[str, dict]) -> str | None:
+        """A resource ``wl`` is short of (of GPUs: on every flavor it may use), each either because it finds too
+        little of it even with nothing held back, or because a workload of its team found too little of it in
+        this pass and ``wl`` asks for at least as much: with nothing held back (``short_of[team]["raw"]``), or at
+        the same or a higher priority (``short_of[team]["held"]``). Room only shrinks in a pass and more is held
+        back from a lower priority, so it is short of it too. None if there is none. Unlike :meth:`_short_like`,
+        this says nothing of what it could preempt. CPU first, then memory, then GPUs."""
+        facts = short_of.get(ask.name)
+        if facts is None:
+            facts = short_of[ask.name] = {"raw": {}, "held": {}}
+        raw, held, priority, rooms = facts["raw"], facts["held"], wl.priority, None
+        for resource in ("cpu", "memory"):  # (the model's capacity names both)
+            amount = ask.cpu if resource == "cpu" else ask.memory
+            if amount:
+                if amount >= raw.get(resource, INF):
+                    return resource
+                if rooms is None:
+                    rooms = self._rooms(ask.team)
+                if amount > min(rooms[resource], self.capacity[resource] - self.total_used[resource]) + 1e-9:
+                    raw[resource] = amount
+                    return resource
+                for level, least in held.get(resource, ()):
+                    if level >= priority and amount >= least:
+                        return resource
+        gpus = ask.gpus
+        if not gpus:
+            return None
+        for _, key in ask.keys:
+            if gpus >= raw.get(key, INF):
+                continue
+            if rooms is None:
+                rooms = self._rooms(ask.team)
+            if gpus > min(rooms[key], self.capacity[key] - self.total_used[key]) + 1e-9:
+                raw[key] = gpus
+                continue
+            for level, least in held.get(key, ()):
+                if level >= priority and gpus >= least:
+                    break
+            else:
+                return None
+        return ask.keys[0][1] if ask.keys else None
+
     def _flavor_set(self, wl: Workload) -> frozenset:
         key = ("flavor set", wl.team, wl.request.gpu_flavor)
         found = self._static.get(key)
@@ -532,33 +665,28 @@ class Model(Preemption):
             found = self._static[key] = frozenset(self._flavors(self.teams[wl.team], wl.request))
         return found
 
-    def _wait_alike(self, groups: list, reason: object, now: float, reserved: dict, reasons: dict,
-                    live: dict) -> None:
-        """Lower priorities of an ask whose first group does not fit and may preempt nothing: they wait for
-        the same reason, and the starving among them hold back what they need, as if each were tried."""
-        for group in groups:
+    def _wait_alike(self, groups: list, start: int, ask: Ask, reason: object, now: float, reserved: dict,
+                    reasons: dict, live: dict) -> None:
+        """Lower priorities of an ask (its groups from ``start`` on) whose first group does not fit and may preempt
+        nothing: they wait for the same reason, and when it is a shortage (not a held queue, not an impossible
+        ask), the starving first workloads among them hold back what they need from their team's others, as if
+        each were tried."""
+        starving = now - self.starvation_seconds if type(reason) is list else None  # created before: starving
+        for index in range(start, len(groups)):
+            group = groups[index]
             if group.size:
                 reasons[group.gid] = reason
-        if isinstance(reason, tuple):  # short of something (not held, not impossible)
-            self._reserve(groups, now, reserved, live)
+                if starving is not None and group.heap[0][0] < starving:  # the top is at most as old as the oldest
+                    if group.head(live).created < starving:
+                        self._hold(ask, group.priority, reserved)
 
-    def _reserve(self, groups: list, now: float, reserved: dict, live: dict) -> None:
-        """The starving first workloads of ``groups`` hold back what they need from their team's others."""
-        starving = now - self.starvation_seconds  # created before: starving
-        for group in groups:
-            if group.size and group.heap[0][0] < starving:  # the heap's top is at most as old as its oldest
-                head = group.head(live)
-                if head.created < starving:
-                    for resource, amount in self._needs(head).items():
-                        reserved[head.team][head.priority][resource] += amount
-
-    def _consider(self, wl: Workload, now: float, preempt: bool, decision: Decision, reserved: dict,
+    def _consider(self, wl: Workload, ask: Ask, now: float, preempt: bool, decision: Decision, reserved: dict,
                   admitted_now: set[str]) -> object:
         """Admit ``wl`` (None), or preempt for it, or say why it waits (words, or what ``reason`` words)."""
-        team = self.teams.get(wl.team)
+        team = ask.team
         if team is None or team.held:
             return f"queue {wl.team} is held by an admin" if team else f"no team {wl.team}"
-        never = self.impossible(wl)
+        never = ask.never
         if never:
             return f"{never}: it can never start"
         held_back = self._held_back(reserved[wl.team], wl.priority) if wl.team in reserved else None
@@ -580,11 +708,11 @@ class Model(Preemption):
             admitted_now.add(wl.id)
             self.nominated.discard(wl.id)
             return None
-        reason: object = (wl, why)
+        reason: object = [wl, why]  # worded once the pass is done (see cycle)
         if wl.id in self.nominated and wl.id in self._cached(
                 ("preemptors",), lambda: {v.stopping_for for v in self.admitted.values() if v.stopping}):
             reason = "waiting for the jobs it preempted to stop"
-        elif preempt and self._circle(team) not in self._preempted_in:
+        elif preempt and ask.circle not in self._preempted_in:
             victims = self._preemption(wl, held_back, admitted_now)
             for victim in victims:
                 self._run(victim, -1.0)
@@ -594,14 +722,11 @@ class Model(Preemption):
                 decision.preempted.append((victim, wl))
             if victims:
                 self._version += 1  # the victims are no longer candidates
-                self._preempted_in.add(self._circle(team))
+                self._preempted_in.add(ask.circle)
                 self.nominated.add(wl.id)
                 reason = f"preempting {len(victims)} job(s) to start"
         if wl.id in self.nominated or now - wl.created > self.starvation_seconds:
-            # a starving workload, or one that preempted (its victims free only part of what it needs),
-            # holds back what it needs from its team's workloads of the same or a lower priority
-            for resource, amount in self._needs(wl).items():
-                reserved[wl.team][wl.priority][resource] += amount
+            self._hold(ask, wl.priority, reserved)
         if wl.id in self.nominated and team.cohort:  # and one that preempted, from its cohort's borrowers
             mine = self._reclaiming.setdefault(team.cohort, {}).setdefault(wl.team, defaultdict(float))
             for resource, amount in self._needs(wl).items():
@@ -609,9 +734,13 @@ class Model(Preemption):
         return reason
 
     @staticmethod
-    def _circle(team: Team) -> tuple[str, str]:
-        """Who shares one preemption per pass: the team's cohort, or the team itself when it is in none."""
-        return ("cohort", team.cohort) if team.cohort else ("team", team.name)
+    def _hold(ask: Ask, priority: int, reserved: dict) -> None:
+        """A workload of ``ask`` and ``priority`` (starving, or one that preempted: its victims free only part of
+        what it needs) holds back what it needs from its team's workloads of the same or a lower priority."""
+        if ask.needs:
+            held = reserved[ask.name][priority]
+            for resource, amount in ask.needs.items():
+                held[resource] += amount
 
     @staticmethod
     def _held_back(reserved: dict[int, dict[str, float]], priority: int) -> dict[str, float]:
@@ -623,12 +752,30 @@ class Model(Preemption):
                     out[resource] += amount
         return out
 
+    def _ask(self, wl: Workload) -> Ask:
+        ask = self._asks.get(wl.ask)
+        if ask is None:
+            ask = self._asks[wl.ask] = Ask(self, wl)
+        return ask
+
     def _borrows(self, wl: Workload) -> bool:
         """Whether the workload would have to borrow (it fits in no flavor within its team's nominal quota)."""
-        team = self.teams.get(wl.team)
-        if team is None or not team.cohort:
+        ask = self._ask(wl)
+        return bool(ask.cohort) and self._borrows_now(ask)
+
+    def _borrows_now(self, ask: Ask) -> bool:
+        """:meth:`_borrows` for a workload of ``ask``, whose team is in a cohort: :meth:`within_nominal` for
+        each of its flavors, with CPU and memory looked at once."""
+        used, nominal = self.used[ask.name], ask.team.nominal
+        if (ask.cpu and "cpu" in nominal and used["cpu"] + ask.cpu > nominal["cpu"] + 1e-9
+                or ask.memory and "memory" in nominal and used["memory"] + ask.memory > nominal["memory"] + 1e-9):
+            return True
+        if not ask.gpus:
             return False
-        return not any(self.within_nominal(wl, f) for f in self._flavors(team, wl.request))
+        for _, key in ask.keys:
+            if used[key] + ask.gpus <= nominal.get(key, 0.0) + 1e-9:
+                return False
+        return True
 
     def estimate(self, pending: list[Workload], ends: dict[str, float], durations: dict[str, float],
                  now: float, limit: int = 200) -> dict[str, float]:
@@ -699,14 +846,22 @@ class Model(Preemption):
         return self._cached(("state", team.name, resource), lambda: ": " + self._words(team, resource))
 
     def _words(self, team: Team, resource: str) -> str:
-        show = gib if resource == "memory" else (lambda v: f"{v:g}")
+        """Where the team stands on the resource, in words (remembered by the figures they show)."""
         used = self.used[team.name][resource]
-        nominal = team.nominal.get(resource, 0.0)
-        quota = f"/{show(nominal)}" if self._quoted(team, resource) else ""
-        parts = [f"{team.name} uses {show(used)}{quota}"]
-        if team.cohort:
-            parts.append(f"cohort has {show(self.lendable(team, resource))} to lend")
-        free = self.capacity.get(resource, 0.0) - self.total_used[resource]
-        if resource.startswith("gpu/") or resource == "cpu":
-            parts.append(f"{free:g} free on the machine")
-        return ", ".join(parts)
+        lend = self.lendable(team, resource) if team.cohort else None
+        free = self.capacity.get(resource, 0.0) - self.total_used[resource] \
+            if resource.startswith("gpu/") or resource == "cpu" else None
+        key = (team.name, resource, used, lend, free)
+        words = self._worded.get(key)
+        if words is None:
+            if len(self._worded) > 10_000:
+                self._worded.clear()
+            show = gib if resource == "memory" else (lambda v: f"{v:g}")
+            quota = f"/{show(team.nominal.get(resource, 0.0))}" if self._quoted(team, resource) else ""
+            parts = [f"{team.name} uses {show(used)}{quota}"]
+            if lend is not None:
+                parts.append(f"cohort has {show(lend)} to lend")
+            if free is not None:
+                parts.append(f"{free:g} free on the machine")
+            words = self._worded[key] = ", ".join(parts)
+        return words
