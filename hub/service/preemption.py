@@ -10,8 +10,10 @@ uses more than its nominal quota of what is reclaimed, and the preemptor must
 then fit within its own; failing that, only its own team's jobs, the preemptor
 allowed to borrow. Before any of that, a bound on what the candidates hold
 (:meth:`Preemption._bound_for`, cached per team and per cohort) rules out most
-hopeless attempts cheaply. :class:`Freed` is what a set of victims would give
-back, by team and in total, as the capacity arithmetic takes it.
+hopeless attempts cheaply. Which workloads look for victims at all is the
+pass's business (:meth:`~danlu.hub.service.admission.Model.cycle`: one
+preemptor per cohort and pass). :class:`Freed` is what a set of victims would
+give back, by team and in total, as the capacity arithmetic takes it.
 """
 
 from __future__ import annotations
@@ -153,27 +155,39 @@ class Preemption:
 
     def _still_borrowing(self, name: str, needed: tuple | None, freed: Freed) -> bool:
         """Whether team ``name`` uses more than its nominal quota of one of ``needed`` with ``freed`` given back."""
-        team, used = self.teams[name], self.used[name]
-        return any(used[r] - freed.of(name, r) > team.nominal.get(r, 0.0) + 1e-9
-                   for r in needed or () if self._quoted(team, r))
+        used, nominal, given = self.used[name], self.teams[name].nominal, freed.by_team.get(name)
+        for r in needed or ():
+            if (r.startswith("gpu/") or r in nominal) and \
+                    used[r] - (given.get(r, 0.0) if given else 0.0) > nominal.get(r, 0.0) + 1e-9:
+                return True
+        return False
 
     def _needed(self, wl: Workload, team: Team) -> tuple | None:
         """What ``wl`` may reclaim from its cohort's borrowers: the resources it would use within its team's
         nominal quota and is short of now (None: it reclaims nothing)."""
         if team.reclaim == "never" or not team.cohort:
             return None
-        mine = tuple(key for f, key in self._flavor_keys(team, wl.request) if self.within_nominal(wl, f)) \
-            if wl.request.gpus else ()
-        if not (mine or (not wl.request.gpus and self.within_nominal(wl, None))):
-            return None
+        request, used, nominal = wl.request, self.used[team.name], team.nominal
+        for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
+            if amount and resource in nominal and used[resource] + amount > nominal[resource] + 1e-9:
+                return None  # beyond its nominal quota on every flavor (:meth:`within_nominal`)
         # as Kueue: only what it is short of (a borrower of something else gives back nothing it lacks, and
         # reclaiming it anyway lets the two teams take turns preempting each other for ever)
-        rooms, total, capacity, request = self._rooms(team), self.total_used, self.capacity, wl.request
-        short = tuple(key for key in mine
-                      if request.gpus > min(rooms[key], capacity[key] - total[key]) + 1e-9)
-        short += tuple(r for r, a in (("cpu", request.cpu), ("memory", request.memory))
-                       if a and a > min(rooms[r], capacity.get(r, 0.0) - total[r]) + 1e-9)
-        return short or None
+        rooms, total, capacity = self._rooms(team), self.total_used, self.capacity
+        short = []
+        if request.gpus:
+            gpus, within = request.gpus, False
+            for _, key in self._flavor_keys(team, request):
+                if used[key] + gpus <= nominal.get(key, 0.0) + 1e-9:  # a flavor it would use within its quota
+                    within = True
+                    if gpus > min(rooms[key], capacity[key] - total[key]) + 1e-9:
+                        short.append(key)
+            if not within:
+                return None
+        for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
+            if amount and amount > min(rooms[resource], capacity.get(resource, 0.0) - total[resource]) + 1e-9:
+                short.append(resource)
+        return tuple(short) or None
 
     def _bound_for(self, wl: Workload | None, team: Team, priority: int, needed: tuple | None) -> dict[str, float]:
         """At most what preempting for a workload of ``team`` and ``priority`` could give back, by resource: what
@@ -184,7 +198,7 @@ class Preemption:
         if hit is None or hit[0] != changes:
             out: dict[str, float] = defaultdict(float)
             if team.within_team == "lower_priority":
-                self._add_use(out, team.name, lambda level: level < priority)
+                self._add_use(out, team.name, priority)
             hit = self._cache[key] = (changes, out)
         if needed is None:
             return hit[1]
@@ -193,16 +207,17 @@ class Preemption:
         hit = self._cache.get(key)
         if hit is None or hit[0][0] != changes[0] or hit[0][1] is not within:
             out = defaultdict(float, within)
+            below = None if team.reclaim == "any" else priority
             for name in self.cohorts[team.cohort]:
                 if name != team.name and self._running[name] and self._borrowing(self.teams[name], needed):
-                    self._add_use(out, name, lambda level: team.reclaim == "any" or level < priority)
+                    self._add_use(out, name, below)
             hit = self._cache[key] = (changes, out)
         return hit[1]
 
-    def _add_use(self, out: dict[str, float], team: str, levels) -> None:
-        """Add to ``out`` what the running jobs of ``team`` hold, at the priorities ``levels`` accepts."""
+    def _add_use(self, out: dict[str, float], team: str, below: int | None) -> None:
+        """Add to ``out`` what the running jobs of ``team`` hold, at priorities below ``below`` (None: all)."""
         for level, use in self._running_use[team].items():
-            if levels(level):
+            if below is None or level < below:
                 for resource, amount in use.items():
                     out[resource] += amount
 
@@ -245,5 +260,8 @@ class Preemption:
 
     def _borrowing(self, team: Team, resources: list[str]) -> bool:
         """Whether the team uses more than its nominal quota of one of ``resources``."""
-        used = self.used[team.name]
-        return any(used[r] > team.nominal.get(r, 0.0) + 1e-9 for r in resources if self._quoted(team, r))
+        used, nominal = self.used[team.name], team.nominal
+        for r in resources:
+            if (r.startswith("gpu/") or r in nominal) and used[r] > nominal.get(r, 0.0) + 1e-9:  # quoted, beyond
+                return True
+        return False
