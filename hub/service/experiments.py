@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from danlu.hub.service.models import Job
@@ -21,24 +21,30 @@ from danlu.hub.service.models import Job
 EXPERIMENT_ID = re.compile(r"^[0-9]{1,19}$")  # MLflow's ids (a job's runner reports it: checked, not trusted)
 
 
-def experiments_of(session: Session, owner: str) -> list[dict]:
-    """The MLflow experiments holding ``owner``'s job runs: id, name, runs and the latest run's start, by name.
-
-    One select: each experiment's runs counted, its latest start, and the latest job's tracking (whose
-    report names the experiment's id), ranked within the experiment; Core rows, no ORM objects.
-    """
-    mine = (Job.owner == owner, Job.mlflow_run_id.is_not(None))
+def _ranked():
+    """Each experiment's runs counted, its latest start, and its latest job's tracking (whose report names the
+    experiment's id), ranked within the experiment."""
     by_experiment = {"partition_by": Job.experiment}
     ranked = select(
         Job.experiment, Job.tracking,
         func.count().over(**by_experiment).label("runs"),
         func.max(Job.created_at).over(**by_experiment).label("latest"),
         func.row_number().over(**by_experiment, order_by=(Job.created_at.desc(), Job.id.desc())).label("rank"),
-    ).where(*mine).subquery()
-    rows = session.connection().execute(
-        select(ranked.c.experiment, ranked.c.tracking, ranked.c.runs, ranked.c.latest).where(ranked.c.rank == 1))
+    ).where(Job.owner == bindparam("owner", type_=Job.owner.type), Job.mlflow_run_id.is_not(None)).subquery()
+    return select(ranked.c.experiment, ranked.c.tracking, ranked.c.runs, ranked.c.latest).where(ranked.c.rank == 1)
+
+
+# built once: SQLAlchemy then finds its compiled form by the statement itself
+_LATEST = _ranked()
+
+
+def experiments_of(session: Session, owner: str) -> list[dict]:
+    """The MLflow experiments holding ``owner``'s job runs: id, name, runs and the latest run's start, by name.
+
+    One select (Core rows, no ORM objects) for what took one per experiment.
+    """
     out = []
-    for name, tracking, runs, latest in rows:
+    for name, tracking, runs, latest in session.connection().execute(_LATEST, {"owner": owner}).all():
         experiment_id = tracking.get("experiment_id") if isinstance(tracking, dict) else None
         out.append({"experiment_id": experiment_id if isinstance(experiment_id, str)
                     and EXPERIMENT_ID.match(experiment_id) else None,

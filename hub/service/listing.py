@@ -21,7 +21,7 @@ import datetime as dt
 import heapq
 import json
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Integer, Select, bindparam, select, tuple_
 from sqlalchemy.orm import Session, defer
 
 from danlu.errors import UsageError
@@ -75,23 +75,20 @@ def decode_cursor(cursor: str) -> Key:
     return when, job_id
 
 
-def rows(session: Session, columns: list, *, owner: str | None, states: list[str], queue: str | None,
+def rows(session: Session, columns: tuple = (), *, owner: str | None, states: list[str], queue: str | None,
          limit: int, after: Key | None) -> tuple[list[tuple[Key, tuple]], Key | None]:
-    """Up to ``limit`` jobs below ``after`` (None: from the newest), each as its key and its ``columns``, and
-    the key the next page starts below (None: this was the last page)."""
+    """Up to ``limit`` jobs below ``after`` (None: from the newest), each as its key and its ``columns`` (a
+    tuple kept by the caller, such as :data:`.views.STORED_COLUMNS`), and the key the next page starts below
+    (None: this was the last page)."""
     conn = session.connection()  # Core rows: none of the ORM's per-row work
+    q = _range(columns, owner is not None, bool(states), bool(queue), after is not None)
+    params = {"limit": limit + 1, "owner": owner, "queue": queue}
+    if after is not None:
+        params["after_at"], params["after_id"] = after
 
     def range_of(state: str | None) -> list[tuple[Key, tuple]]:
-        q = select(Job.created_at, Job.id, *columns).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
-        if owner is not None:
-            q = q.where(Job.owner == owner)
-        if state is not None:
-            q = q.where(Job.state == state)
-        if queue:
-            q = q.where(Job.queue == queue)
-        if after is not None:
-            q = q.where(tuple_(Job.created_at, Job.id) < tuple_(*after))
-        return [((row[0], row[1]), tuple(row[2:])) for row in conn.execute(q).all()]
+        found = conn.execute(q, {**params, "state": state}).all()
+        return [((row[0], row[1]), tuple(row[2:])) for row in found]
 
     if len(states) > 1:  # one index range per state, merged newest first
         ranges = (range_of(s) for s in sorted(set(states)))
@@ -103,10 +100,35 @@ def rows(session: Session, columns: list, *, owner: str | None, states: list[str
     return found, (found[-1][0] if more and found else None)
 
 
+#: the statement of a range, per tuple of columns and filters given: built once, SQLAlchemy finds its compiled
+#: form by the statement itself (building one per request cost more than running it, under 200 users)
+_ranges: dict[tuple, tuple[tuple, Select]] = {}
+
+
+def _range(columns: tuple, owner: bool, state: bool, queue: bool, after: bool) -> Select:
+    key = (id(columns), owner, state, queue, after)
+    hit = _ranges.get(key)
+    if hit is not None and hit[0] is columns:
+        return hit[1]
+    q = (select(Job.created_at, Job.id, *columns).order_by(Job.created_at.desc(), Job.id.desc())
+         .limit(bindparam("limit", type_=Integer())))
+    if owner:
+        q = q.where(Job.owner == bindparam("owner", type_=Job.owner.type))
+    if state:
+        q = q.where(Job.state == bindparam("state", type_=Job.state.type))
+    if queue:
+        q = q.where(Job.queue == bindparam("queue", type_=Job.queue.type))
+    if after:
+        q = q.where(tuple_(Job.created_at, Job.id) < tuple_(bindparam("after_at", type_=Job.created_at.type),
+                                                            bindparam("after_id", type_=Job.id.type)))
+    _ranges[key] = (columns, q)  # the columns kept, so their id stays theirs
+    return q
+
+
 def keys(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
          after: Key | None) -> tuple[list[Key], Key | None]:
     """:func:`rows` with no columns: the keys of a page, and the key the next page starts below."""
-    found, last = rows(session, [], owner=owner, states=states, queue=queue, limit=limit, after=after)
+    found, last = rows(session, (), owner=owner, states=states, queue=queue, limit=limit, after=after)
     return [key for key, _ in found], last
 
 

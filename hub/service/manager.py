@@ -126,7 +126,7 @@ class JobManager:
         who, after = self._listing(principal, states, owner, cursor)
 
         def body(s) -> str:
-            found, last = listing.rows(s, views.stored_columns(), owner=who, states=list(states or []),
+            found, last = listing.rows(s, views.STORED_COLUMNS, owner=who, states=list(states or []),
                                        queue=queue, limit=limit, after=after)
             jobs = views.stored(s, [row for _key, row in found])
             return listing.encode_page(self.view_cache.encoded(self.core, jobs),

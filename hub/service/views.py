@@ -4,7 +4,7 @@ helpers on job notebooks.
 Everything here comes from the database and the admission model: nothing is
 read from the job's folder, so a job cannot change what its record says.
 :func:`job_to_dict` is the model. A listing reads what the views of its jobs
-show with one Core select per table (:func:`stored_columns` read with the page,
+show with one Core select per table (:data:`STORED_COLUMNS` read with the page,
 JSON ones as their stored text, then :func:`stored`: the attempts, the dataset
 uses), never the ORM's objects, and :class:`ViewCache` keeps the encoded view of each job in a final
 state with the values it was built from: a view is served from the cache only
@@ -24,7 +24,7 @@ from collections import OrderedDict
 from types import SimpleNamespace
 from typing import NamedTuple
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, bindparam, cast, select
 
 from danlu.hub.service.models import Attempt, DatasetUse, Job, isoformat, utcnow
 from danlu.hub.service.states import FINAL
@@ -148,30 +148,29 @@ class Stored(NamedTuple):
         return self.job[3]
 
 
-def stored_columns() -> list:
-    """What to select of a job for :func:`stored`: its :data:`VIEW_COLUMNS`, then its :data:`JSON_COLUMNS` as the
-    text the database holds (decoded only when a view is built; never provenance or groups, tens of KiB
-    that no view shows)."""
-    return [*(getattr(Job, c) for c in VIEW_COLUMNS), *(cast(getattr(Job, c), Text) for c in JSON_COLUMNS)]
+#: what to select of a job for :func:`stored`: its :data:`VIEW_COLUMNS`, then its :data:`JSON_COLUMNS` as the text
+#: the database holds (decoded only when a view is built; never provenance or groups, tens of KiB no view shows)
+STORED_COLUMNS = (*(getattr(Job, c) for c in VIEW_COLUMNS), *(cast(getattr(Job, c), Text) for c in JSON_COLUMNS))
+# built once: SQLAlchemy then finds their compiled forms by the statements themselves
+_ATTEMPTS = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
+                                      for c in ATTEMPT_COLUMNS))
+             .where(Attempt.job_id.in_(bindparam("ids", expanding=True))).order_by(Attempt.job_id, Attempt.number))
+_USES = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
+         .where(DatasetUse.job_id.in_(bindparam("ids", expanding=True))).order_by(DatasetUse.id))
 
 
 def stored(s, rows: list[tuple]) -> list[Stored]:
-    """:class:`Stored` of jobs read as :func:`stored_columns`, in order: their attempts in one select, their
+    """:class:`Stored` of jobs read as :data:`STORED_COLUMNS`, in order: their attempts in one select, their
     dataset uses in another."""
     if not rows:
         return []
     conn = s.connection()  # Core rows: none of the ORM's per-row work
-    ids = [row[0] for row in rows]
+    ids = {"ids": [row[0] for row in rows]}
     attempts: dict[str, list[tuple]] = {}
-    q = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
-                                  for c in ATTEMPT_COLUMNS))
-         .where(Attempt.job_id.in_(ids)).order_by(Attempt.job_id, Attempt.number))
-    for row in conn.execute(q).all():
+    for row in conn.execute(_ATTEMPTS, ids).all():
         attempts.setdefault(row[0], []).append(tuple(row[1:]))
     uses: dict[str, list[tuple]] = {}
-    q = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
-         .where(DatasetUse.job_id.in_(ids)).order_by(DatasetUse.id))
-    for row in conn.execute(q).all():
+    for row in conn.execute(_USES, ids).all():
         uses.setdefault(row[0], []).append(tuple(row[1:]))
     return [Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ()))) for row in rows]
 
