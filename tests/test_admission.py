@@ -786,6 +786,25 @@ def test_a_lower_priority_job_does_not_take_what_a_preemptor_counted_on():
     assert "p" in model.admitted
 
 
+def test_a_preemptor_that_finds_no_more_victims_holds_nothing_back_from_other_teams():
+    # p preempted b1 for CPU, then a server took what b1 freed. p still does not fit and has nothing left to
+    # preempt: it no longer holds back what it needs from team a's borrowers, or a2 never starts (and with a
+    # job of a that preempts its own for that CPU, a's jobs take turns preempting each other for ever: the
+    # settling property test found that).
+    model = Model([Team("a", nominal={"gpu/sim": 2}, cohort="c"), Team("b", nominal={"gpu/sim": 2}, cohort="c")],
+                  SIM4, cpu=4)
+    fill(model, job("a1", "a"), job("b1", "b", priority=LOW))
+    p = job("p", "b", priority=HIGH, cpu=3.0, created=1)
+    assert pairs(model.cycle([p], now=1).preempted) == [("b1", "p")]
+    model.release("b1")
+    assert model.try_server(server("s", "a", 0), now=2)[0]
+
+    decision = model.cycle([p, job("a2", "a", 2, created=2)], now=2)
+
+    assert ids(decision.admitted) == ["a2"]
+    assert decision.waiting == {"p": "waiting for 3 CPUs: b uses 0, cohort has 0 to lend, 1 free on the machine"}
+
+
 # the backlog the model keeps between passes ---------------------------------------------------------------
 
 

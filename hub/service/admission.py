@@ -25,7 +25,12 @@ machine and on a cluster (where it renders to Kueue objects):
   then fit within its own nominal quota; failing that, it may take its own
   team's lower priorities and borrow. A workload is never preempted in the pass
   that admitted it, and a preemptor counts only its own victims as freed, so
-  preemption settles when no job ends;
+  preemption settles when no job ends. A preemptor goes first in the next passes
+  and holds back what it needs from its team's lower priorities and from its
+  cohort's borrowers until it starts; if, once its victims have stopped, it still
+  does not fit and finds nothing more to preempt, its preemption is over and it
+  waits like any other workload (held back for good, what it needs could keep
+  another team from starting for ever);
 * as in Kueue's scheduler, a **cohort preempts for one workload per pass** (a team
   in no cohort counts as a cohort of its own): once a workload of the cohort has
   chosen victims, the cohort's other workloads that do not fit wait, with what they
@@ -473,8 +478,10 @@ class Model(Preemption):
         self._reclaiming = {}
         self._preempted_in = set()
         self._held_for_others = False
-        if self.nominated:
+        if self.nominated or backlog.detached:
             self.nominated = {wid for wid in self.nominated if wid in backlog.by_id}
+            for wl in [w for w in backlog.detached if w.id not in self.nominated]:
+                backlog.attach(wl)  # its preemption is over: it waits with its alike ones again
             for wid in self.nominated:
                 wl = backlog.by_id[wid]
                 backlog.detach(wl)
@@ -725,6 +732,10 @@ class Model(Preemption):
                 self._preempted_in.add(ask.circle)
                 self.nominated.add(wl.id)
                 reason = f"preempting {len(victims)} job(s) to start"
+            elif wl.id in self.nominated:
+                # its victims have stopped and it finds no more: its preemption is over, and it no longer holds
+                # back from its cohort's borrowers what it needs (held for good, it could stall them for ever)
+                self.nominated.discard(wl.id)
         if wl.id in self.nominated or now - wl.created > self.starvation_seconds:
             self._hold(ask, wl.priority, reserved)
         if wl.id in self.nominated and team.cohort:  # and one that preempted, from its cohort's borrowers

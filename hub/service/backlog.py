@@ -66,6 +66,7 @@ class Backlog:
         self.groups: dict[int, Group] = {}
         self.asks: dict[int, list[Group]] = {}  # ask -> its groups, highest priority first
         self.emptied: set[int] = set()  # asks with a group that became empty
+        self.detached: set[Workload] = set()  # pending workloads in no group
         self._serial = itertools.count()
         self._edits = workloads._EDITS[0]
 
@@ -91,14 +92,7 @@ class Backlog:
                         break
 
     def _add(self, wl: Workload) -> None:
-        gid = wl.group
-        group = self.groups.get(gid)
-        if group is None:
-            group = self.groups[gid] = Group(gid, wl.ask, wl.priority)
-            ask = self.asks.setdefault(wl.ask, [])
-            ask.insert(bisect.bisect([-g.priority for g in ask], -wl.priority), group)
-        heapq.heappush(group.heap, (wl.created, wl.id, next(self._serial), wl))
-        group.size += 1
+        gid = self._join(wl)
         live_before = self.by_id.get(wl.id)
         if live_before is not None and live_before in self.live:  # the caller replaced it: the new one counts
             self.remove(live_before)
@@ -115,6 +109,7 @@ class Backlog:
             del self.ids[wl.id]
             del self.by_id[wl.id]
         if gid == DETACHED:
+            self.detached.discard(wl)
             return
         group = self.groups[gid]
         group.size -= 1
@@ -131,11 +126,30 @@ class Backlog:
         if gid is None or gid == DETACHED:
             return
         self.live[wl] = self.ids[wl.id] = DETACHED
+        self.detached.add(wl)
         group = self.groups[gid]
         group.size -= 1
         if group.size == 0:
             group.heap.clear()
             self.emptied.add(group.ask)
+
+    def attach(self, wl: Workload) -> None:
+        """Put a detached workload back in its group (it is considered with its alike ones again)."""
+        if self.live.get(wl) == DETACHED:
+            self.detached.discard(wl)
+            self.live[wl] = self.ids[wl.id] = self._join(wl)
+
+    def _join(self, wl: Workload) -> int:
+        """Count ``wl`` in its group (made when missing), and return the group's id."""
+        gid = wl.group
+        group = self.groups.get(gid)
+        if group is None:
+            group = self.groups[gid] = Group(gid, wl.ask, wl.priority)
+            ask = self.asks.setdefault(wl.ask, [])
+            ask.insert(bisect.bisect([-g.priority for g in ask], -wl.priority), group)
+        heapq.heappush(group.heap, (wl.created, wl.id, next(self._serial), wl))
+        group.size += 1
+        return gid
 
     def tidy(self) -> None:
         """Drop the groups that became empty (and asks left with none)."""
