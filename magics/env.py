@@ -101,6 +101,6 @@ UI_FOLDER = Var("DANLU_UI_FOLDER", "Browser tests: the folder of that notebook."
 UI_ARTIFACTS = Var("DANLU_UI_ARTIFACTS", "Browser tests: where screenshots and traces go.")
 UI_DOCS_IMAGES = Var("DANLU_UI_DOCS_IMAGES", "Browser tests: where screenshots for the docs go, if set.")
 UI_DATASET = Var("DANLU_UI_DATASET", "Browser tests: the dataset the lineage test registered for the job.")
-UI_APPROVER_TOKEN = Var("DANLU_UI_APPROVER_TOKEN", "Browser tests: an admin's API token, to approve the registered model.")
+UI_APPROVER_TOKEN = Var("DANLU_UI_APPROVER_TOKEN", "Browser tests: an admin's API token, to approve the model.")
 
 ALL: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
