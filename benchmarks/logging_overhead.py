@@ -35,8 +35,9 @@ Each case runs three variants of the same loop:
   the scalars to a real MLflow run on a local ``mlflow server`` (SQLite), as it
   does for a job.
 
-Each run is a fresh subprocess; the variants rotate in order across
-``--reps`` repetitions and the ratios are of medians. The time measured is the
+Each run is a fresh subprocess, started after a sync and a pause (:func:`settle`);
+the variants rotate in order across ``--reps`` repetitions and the ratios are
+of medians. The time measured is the
 loop's, from creating the writer to closing it (interpreter start and imports
 excluded). In a deployment MLflow is a service on another machine; here it
 shares the 2 cores, so while a loop runs its server is reniced to +19, its
@@ -84,6 +85,7 @@ VARIANTS = ("none", "plain", "danlu")
 CHILD_TIMEOUT = 1800  # seconds a loop may take
 DRAIN_TIMEOUT = 60.0  # the forwarder's final_timeout: seconds with nothing accepted before it gives up
 SERVER_NICE = 19  # while a loop runs: MLflow is on another machine in a deployment
+SETTLE_SECONDS = 3.0  # the pause before each loop, after a sync
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,18 @@ def same_value(a: float, b: float) -> bool:
 
 
 # the harness -------------------------------------------------------------------------------
+def settle(seconds: float = SETTLE_SECONDS) -> None:
+    """Start each loop on a settled machine: the previous run's files written back, then a pause.
+
+    The variants rotate in a fixed cycle, so each follows the same one: danlu follows plain, whose heavy
+    loop leaves its event files' dirty pages to be written back while the next loop runs. Without this,
+    one run on 2 cores took danlu's heavy loop 30.9 s in both repetitions where it followed plain, and
+    27.5 s in the one where it ran first (none: 25.9 to 27.3 s).
+    """
+    os.sync()
+    time.sleep(seconds)
+
+
 def run_child(variant: str, case: Case, steps: int, child_env: dict, logdir: Path | None = None) -> dict:
     """Run the loop in a fresh interpreter; returns {'seconds', 'cpu_seconds'} of the loop."""
     cmd = [sys.executable, __file__, "--child", variant, "--case", case.name, "--steps", str(steps)]
@@ -372,6 +386,7 @@ class Harness:
             order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
             line, folders = [], {}
             for variant in order:
+                settle()
                 folder = folders[variant] = self.tmp / f"{case.name}-{variant}-{rep}"
                 if variant == "danlu":
                     result, fwd = self.run_danlu(case, steps, folder)
