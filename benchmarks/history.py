@@ -14,9 +14,9 @@ same calls on a small database measured in the same run:
   ``--baseline-jobs`` jobs (default 1,000) and 10,000 audit records (the
   rest of the same shape as a submit record: the two logs differ only in
   length), and the same samples.
-* **rollup**: :func:`danlu.hub.service.rollups.roll_up` pass after pass, as the
+* **rollup**: :func:`danlu.hub.service.usage.rollups.roll_up` pass after pass, as the
   jobs service runs them after an upgrade, until the watermark has caught up;
-  then :func:`~danlu.hub.service.rollups.expire_samples` with the default
+  then :func:`~danlu.hub.service.usage.rollups.expire_samples` with the default
   retention (14 days).
 * **HTTP on loopback, the path users hit**: a real workbench (``danlu up``,
   :class:`danlu.hub.testing.Workbench`) started on the filled database
@@ -34,7 +34,7 @@ same calls on a small database measured in the same run:
   that start an hour earlier each time (nothing cached), and
   ``GET /audit/verify`` (``--verify-runs`` times, with the jobs service's
   resident memory sampled every 10 ms while it runs).
-* **audit verification in process**: :func:`danlu.hub.service.audit.verify`
+* **audit verification in process**: :func:`danlu.hub.service.store.audit.verify`
   on each database's session, its time and its peak of Python allocations
   (``tracemalloc``): the same at 10,000 and 100,000 records if it streams.
 
@@ -72,8 +72,12 @@ from sqlalchemy import create_engine, func, insert, make_url, select, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from danlu import env  # noqa: E402
-from danlu.hub.service import audit, db, listing, rollups  # noqa: E402
-from danlu.hub.service.models import (  # noqa: E402
+from danlu.hub.service.store import (
+    audit,  # noqa: E402
+    listing,
+)
+from danlu.hub.service.store import database as db
+from danlu.hub.service.store.orm import (  # noqa: E402
     Attempt,
     AuditRecord,
     GpuSample,
@@ -83,6 +87,7 @@ from danlu.hub.service.models import (  # noqa: E402
     make_sessionmaker,
     utcnow,
 )
+from danlu.hub.service.usage import rollups
 from danlu.hub.testing import Workbench  # noqa: E402
 
 SEED = 20261214

@@ -256,7 +256,7 @@ def add_history(wb: Workbench, names: list[str], per_user: int) -> None:
     """
     import datetime as dt
 
-    from danlu.hub.service.models import Job, make_sessionmaker
+    from danlu.hub.service.store.orm import Job, make_sessionmaker
 
     sessions = make_sessionmaker(f"sqlite:///{wb.state / 'danlu.sqlite'}")
     now = dt.datetime.utcnow()

@@ -2,7 +2,7 @@
 
 What is measured, in one run, in process, with a fixed seed, on no network at all:
 
-* **a decision** is one call of :meth:`danlu.hub.service.admission.Model.cycle`:
+* **a decision** is one call of :meth:`danlu.hub.service.admission.model.Model.cycle`:
   a full admission pass over every pending job, which returns a ``Decision``
   in which each of them is admitted, preempting, or waiting with its reason
   (a look-up per job; the pass words one reason per group of alike jobs). The
@@ -68,7 +68,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from danlu.hub.service.admission import Model, Request, Team, Workload, gpu_key
+from danlu.hub.service.admission.model import Model, Request, Team, Workload, gpu_key
 
 SEED = 20240601
 TARGET_RATE = 1000.0  # admissions/s at 10,000 pending

@@ -102,7 +102,7 @@ class DanluUp(Application):
         settings = load_settings(self.config_file, {"ip": self.ip, "port": self.port, "state_dir": self.state_dir})
         profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
         from danlu.hub import gpus
-        from danlu.hub.service import quotas
+        from danlu.hub.service.admission import quotas
 
         quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
         if not settings.profiles_file.exists():
@@ -143,8 +143,8 @@ class DanluUp(Application):
 
     def upgrade_database(self, settings: Settings) -> None:
         """Bring the jobs database to this Danlu's schema (after a backup), and carry over old job inputs."""
-        from danlu.hub.service import db
-        from danlu.hub.service.models import make_sessionmaker
+        from danlu.hub.service.store import database as db
+        from danlu.hub.service.store.orm import make_sessionmaker
 
         done = db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
         db.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
@@ -332,7 +332,7 @@ class DanluUp(Application):
             except subprocess.TimeoutExpired:
                 proctree.kill_matching(hub.pid, grace=0)
         try:
-            from danlu.hub.service.recovery import interrupt_running_jobs
+            from danlu.hub.service.jobs.recovery import interrupt_running_jobs
 
             requeued = interrupt_running_jobs(settings)
             if requeued:

@@ -4,7 +4,7 @@ Devices are declared in danlu.yaml (``gpus.declared``: groups of ``count`` and
 ``flavor``) or detected through NVML (``pynvml``, when installed) and then
 ``nvidia-smi``. Declared devices win, which makes allocation testable on a
 machine without GPUs. The inventory is a plain list; who holds which device is
-the jobs service's ledger (:mod:`danlu.hub.service.ledger`).
+the jobs service's ledger (:mod:`danlu.hub.service.store.ledger`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ builds a dict, :func:`render` returns all of them, :func:`to_yaml` writes them a
 one multi-document stream for ``kubectl apply -f -``. Nothing here talks to a cluster.
 
 How danlu.yaml maps onto Kueue (the in-memory model in
-:mod:`danlu.hub.service.admission` makes the same decisions on one machine):
+:mod:`danlu.hub.service.admission.model` makes the same decisions on one machine):
 
 * each GPU flavor (``gpus.declared[].flavor`` or the detected one) is a
   **ResourceFlavor**, with the ``node_labels`` and ``tolerations`` declared for it
@@ -51,7 +51,7 @@ How danlu.yaml maps onto Kueue (the in-memory model in
   class: whoever submits a job labels it with Danlu's default class.
 
 Admins' live changes (held queues, changed quotas, kept in the database) can be
-passed as ``overrides``, like :func:`danlu.hub.service.quotas.build_teams` takes
+passed as ``overrides``, like :func:`danlu.hub.service.admission.quotas.build_teams` takes
 them; a held team's ClusterQueue gets ``stopPolicy: Hold``.
 """
 
@@ -65,7 +65,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub.config import DEFAULT_QUEUE, Settings, parse_size
 from danlu.hub.gpus import GPU
-from danlu.hub.service import quotas
+from danlu.hub.service.admission import quotas
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 GPU_RESOURCE = "nvidia.com/gpu"

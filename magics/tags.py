@@ -3,7 +3,7 @@
 The job runner tags every run with these; the lab extension's server part
 finds a user's runs (``USER``) and a run's job (``JOB_ID``) by them; the
 docs list them (docs/user-guide.md, "What lands in MLflow"). The jobs service tags the
-model versions it registers (``danlu.hub.service.model_registry``).
+model versions it registers (``danlu.hub.service.registry.versions``).
 """
 
 from __future__ import annotations

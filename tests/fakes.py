@@ -3,7 +3,7 @@
 Each fake keeps the backend contract of :mod:`danlu.hub.backends.base`. Its "runner" is an asyncio task on
 a :class:`FakeMachine` that, like a real runner, knows only its :class:`~danlu.hub.backends.base.Launch`
 (the job, the attempt, the attempt's token) and tells the service anything only through the runner API:
-the manager's :class:`~danlu.hub.service.reports.Reports`, called in-process where a real runner makes an
+the manager's :class:`~danlu.hub.service.jobs.runner_api.Reports`, called in-process where a real runner makes an
 HTTP request. The machine outlives any one JobManager, as real runners outlive a SIGKILLed service, and
 its runners reach whichever service is up now (:meth:`FakeMachine.attach`), waiting while none is.
 
@@ -22,7 +22,7 @@ its runners reach whichever service is up now (:meth:`FakeMachine.attach`), wait
 ===========================  =================================================================================
 
 :func:`make_manager` builds a :class:`~danlu.hub.service.manager.JobManager` the way
-:mod:`danlu.hub.service.app` does, on a fresh SQLite database (:func:`danlu.hub.service.db.prepare`), with
+:mod:`danlu.hub.service.app` does, on a fresh SQLite database (:func:`danlu.hub.service.store.database.prepare`), with
 the builtin profile (opened to GPUs, :func:`gpu_profiles`), two declared GPUs of flavor ``sim``,
 :class:`FakeGroups` for the hub's user directory, no MLflow, and a runner API address nothing listens on.
 """
@@ -45,9 +45,9 @@ from danlu.hub import gpus, scopes
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import ProfileSet, builtin_profiles
-from danlu.hub.service import db
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.manager import JobManager
+from danlu.hub.service.store import database as db
 from danlu.states import FINAL
 
 UNUSED_API = "http://127.0.0.1:1/unused"

@@ -3,7 +3,7 @@
 :class:`RunnerAPIService` wires a :class:`~danlu.hub.service.manager.JobManager` the way
 :mod:`danlu.hub.service.app` does -- kernelspecs of the builtin profile under ``<state>/share/jupyter``,
 the backend from a factory, the database in the state folder -- and serves over HTTP, on a loopback port,
-only the runner API (:func:`danlu.hub.service.runner_handlers.routes`): runners fetch their spec and report
+only the runner API (:func:`danlu.hub.service.api.runner.routes`): runners fetch their spec and report
 there with their attempt's token, exactly as under ``danlu up``. Tests call the manager directly. It runs on
 an event loop of its own in a background thread (:class:`LoopThread`), so one service can be shared by a
 module's tests; :meth:`RunnerAPIService.restart` stops it as a SIGKILL would leave things (running jobs go on)
@@ -28,7 +28,7 @@ from danlu.hub.backends.base import Backend
 from danlu.hub.config import Settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles
-from danlu.hub.service import runner_handlers
+from danlu.hub.service.api import runner as runner_handlers
 from danlu.hub.service.manager import JobManager
 from danlu.states import FINAL
 

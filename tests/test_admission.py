@@ -1,4 +1,4 @@
-"""Pure tests of the admission model: :class:`danlu.hub.service.admission.Model`.
+"""Pure tests of the admission model: :class:`danlu.hub.service.admission.model.Model`.
 
 Example by example, the Kueue semantics the model promises: nominal quotas,
 cohorts with borrowing and lending limits, priorities, all-or-nothing admission,
@@ -18,8 +18,8 @@ import pytest
 
 from danlu.hub.config import load_settings
 from danlu.hub.gpus import inventory
-from danlu.hub.service.admission import Model, Request, Team, Workload
-from danlu.hub.service.quotas import build_model
+from danlu.hub.service.admission.model import Model, Request, Team, Workload
+from danlu.hub.service.admission.quotas import build_model
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "config" / "shared-workstation.yaml"
 LOW, NORMAL, HIGH = 100, 1000, 10000

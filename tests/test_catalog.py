@@ -22,7 +22,7 @@ import pytest
 from danlu import cli
 from danlu.datasets import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
-from danlu.hub.service import catalog
+from danlu.hub.service.datasets import catalog
 from danlu.runner.base import describe_error
 
 from .fakes import FakeBackend, SlowBackend, admin, final, make_manager, make_settings, notebook, serving, until, user
@@ -445,7 +445,7 @@ def test_with_unix_accounts_the_files_are_read_in_a_child_process_as_the_user(tm
 
     from danlu.errors import ValidationError
     from danlu.hub.accounts import Account
-    from danlu.hub.service import catalog
+    from danlu.hub.service.datasets import catalog
 
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)

@@ -24,7 +24,7 @@ import yaml
 from danlu import env
 from danlu.hub.config import load_settings
 from danlu.hub.mlflow_auth import password
-from danlu.hub.service.mlflow_access import MlflowAccess
+from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.testing import free_port
 from danlu.jobdir import JobDir
 

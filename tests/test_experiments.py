@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from danlu.errors import Forbidden
-from danlu.hub.service.models import Job
+from danlu.hub.service.store.orm import Job
 
 from .fakes import FakeBackend, admin, make_manager, user
 
@@ -56,7 +56,7 @@ def test_only_admins_ask_for_someone_elses(manager):
 
 
 def test_an_experiment_found_writable_is_not_checked_again_for_a_minute(monkeypatch):
-    from danlu.hub.service import mlflow_access
+    from danlu.hub.service import mlflow_client as mlflow_access
 
     calls = []
 
@@ -114,7 +114,7 @@ class Store:
 
 
 def access_to(store):
-    from danlu.hub.service import mlflow_access
+    from danlu.hub.service import mlflow_client as mlflow_access
 
     access = mlflow_access.MlflowAccess("http://127.0.0.1:1", "secret")
     access.users = store

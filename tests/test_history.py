@@ -18,8 +18,11 @@ import pytest
 from sqlalchemy import delete, func, insert, select, update
 
 from danlu.hub.config import load_settings
-from danlu.hub.service import audit, db, rollups, usage
-from danlu.hub.service.models import Attempt, AuditRecord, GpuSample, Job, ServerUsage, UsageRollup
+from danlu.hub.service.store import audit
+from danlu.hub.service.store import database as db
+from danlu.hub.service.store.orm import Attempt, AuditRecord, GpuSample, Job, ServerUsage, UsageRollup
+from danlu.hub.service.usage import reports as usage
+from danlu.hub.service.usage import rollups
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from danlu.hub import gpus, kueue
 from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.k8s import manifests, names
 from danlu.hub.profiles import ProfileSet, builtin_profiles
-from danlu.hub.service.mlflow_access import MlflowAccess
+from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.testing import free_port
 
 from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user

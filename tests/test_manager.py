@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from danlu.errors import Conflict, Forbidden, NotFound, UsageError, ValidationError
-from danlu.hub.service import listing, supervisor
-from danlu.hub.service.models import Job, utcnow
+from danlu.hub.service.jobs import supervisor
 from danlu.hub.service.states import Ending, JobState, next_state
+from danlu.hub.service.store import listing
+from danlu.hub.service.store.orm import Job, utcnow
 
 from .fakes import (
     UNUSED_API,
@@ -252,7 +253,7 @@ class GatedUsers:
 
 
 def gated_mlflow() -> tuple:
-    from danlu.hub.service.mlflow_access import MlflowAccess
+    from danlu.hub.service.mlflow_client import MlflowAccess
 
     access = MlflowAccess("http://127.0.0.1:1", "secret")
     access.users = GatedUsers()
@@ -313,7 +314,8 @@ async def test_a_submission_asks_the_hub_and_mlflow_at_once_and_refuses_in_the_u
 async def test_notebooks_are_checked_off_the_event_loop_two_at_a_time(tmp_path, monkeypatch):
     import threading
 
-    from danlu.hub.service import submission, validation
+    from danlu.hub.service import validation
+    from danlu.hub.service.jobs import submission
 
     check, gate, lock = validation.check_notebook, threading.Event(), threading.Lock()
     seen = {"threads": set(), "now": 0, "most": 0}
@@ -669,7 +671,7 @@ async def test_a_listing_is_the_views_of_its_page_byte_for_byte_and_only_ended_j
 
 @in_loop
 async def test_a_kept_view_changes_with_anything_its_job_was_built_from(tmp_path):
-    from danlu.hub.service.models import Attempt, Dataset, DatasetUse, DatasetVersion
+    from danlu.hub.service.store.orm import Attempt, Dataset, DatasetUse, DatasetVersion
 
     async with service(InstantBackend(), tmp_path) as manager:
         job_id = await submit(manager, name="kept")
@@ -739,8 +741,8 @@ async def test_a_kept_view_never_shows_a_job_to_a_caller_who_may_not_see_it(tmp_
 
 @in_loop
 async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp_path):
-    from danlu.hub.service import rollups
-    from danlu.hub.service.models import Attempt, GpuSample, UsageRollup, isoformat
+    from danlu.hub.service.store.orm import Attempt, GpuSample, UsageRollup, isoformat
+    from danlu.hub.service.usage import rollups
 
     hour = rollups.floor_hour(utcnow()) - dt.timedelta(hours=3)
     backend = InstantBackend()

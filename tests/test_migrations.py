@@ -24,9 +24,10 @@ from sqlalchemy import MetaData, create_engine, inspect, make_url, select, text
 
 from danlu import env
 from danlu.errors import ConfigError
-from danlu.hub.service import audit, db
-from danlu.hub.service.models import Allocation, Attempt, Base, Job, JobInput, make_sessionmaker
-from danlu.hub.service.views import cell_sha256
+from danlu.hub.service.jobs.views import cell_sha256
+from danlu.hub.service.store import audit
+from danlu.hub.service.store import database as db
+from danlu.hub.service.store.orm import Allocation, Attempt, Base, Job, JobInput, make_sessionmaker
 
 FIXTURE = Path(__file__).parent / "fixtures" / "danlu-0.1.0.sql"
 POSTGRES_URL = env.TEST_POSTGRES_URL.get()

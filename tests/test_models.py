@@ -36,7 +36,7 @@ from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationEr
 from danlu.hub import mlflow_auth
 from danlu.hub.config import load_settings
 from danlu.hub.mlflow_auth import MlflowUsers, password
-from danlu.hub.service.mlflow_access import MlflowAccess
+from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.testing import free_port
 
 from .fakes import FakeBackend, FakeGroups, FakeRun, admin, make_manager, make_settings, notebook, serving, until, user
@@ -546,7 +546,7 @@ class TrainingBackend(EvaluatingBackend):
 
 @in_loop
 async def test_lineage_walks_from_a_version_to_its_data_environment_and_approvals(tmp_path, mlflow_server):
-    from danlu.hub.service.lineage import KINDS, model_lineage
+    from danlu.hub.service.registry.lineage import KINDS, model_lineage
 
     mlflow = mlflow_server
     name = f"traced-{uuid.uuid4().hex[:6]}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from danlu.hub.config import Settings
-from danlu.hub.service import db, recovery
-from danlu.hub.service.models import Attempt, Job, utcnow
+from danlu.hub.service.jobs import recovery
+from danlu.hub.service.store import database as db
+from danlu.hub.service.store.orm import Attempt, Job, utcnow
 
 
 def _job(job_id: str, state: str, backend_state, report=None) -> Job:

@@ -34,8 +34,8 @@ from danlu import cli, tags
 from danlu.errors import Conflict, NotFound, ValidationError
 from danlu.hub.backends.local import LocalBackend
 from danlu.hub.profiles import ProfileSet
-from danlu.hub.service.mlflow_access import MlflowAccess
-from danlu.hub.service.models import DatasetVersion, Job, JobInput
+from danlu.hub.service.mlflow_client import MlflowAccess
+from danlu.hub.service.store.orm import DatasetVersion, Job, JobInput
 from danlu.hub.service.validation import check_schema
 from danlu.hub.testing import free_port
 from danlu.train import build_job_notebook

@@ -88,7 +88,7 @@ def test_the_openapi_document_names_the_same_states():
 
 
 def test_lineage_kinds_are_one_list_in_the_service_the_document_and_the_lab():
-    from danlu.hub.service.lineage import KINDS
+    from danlu.hub.service.registry.lineage import KINDS
     from danlu.hub.service.validation import openapi
 
     node = openapi()["components"]["schemas"]["Lineage"]["properties"]["nodes"]["items"]

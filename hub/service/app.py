@@ -33,12 +33,15 @@ from danlu.hub import gpus as gpu_inventory
 from danlu.hub.backends import backends
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import builtin_profiles, load_profiles
-from danlu.hub.service import culling, db, handlers, provenance, validation
+from danlu.hub.service import culling, validation
+from danlu.hub.service.api import jobs as handlers
+from danlu.hub.service.api.web import MAX_BODY, NotFoundHandler
 from danlu.hub.service.auth import GroupDirectory
+from danlu.hub.service.jobs import provenance
 from danlu.hub.service.manager import JobManager
-from danlu.hub.service.mlflow_access import MlflowAccess
-from danlu.hub.service.models import make_sessionmaker
-from danlu.hub.service.web import MAX_BODY, NotFoundHandler
+from danlu.hub.service.mlflow_client import MlflowAccess
+from danlu.hub.service.store import database as db
+from danlu.hub.service.store.orm import make_sessionmaker
 
 
 def hold_lock(path, wait: float = 30.0):

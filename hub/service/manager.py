@@ -1,12 +1,13 @@
 """The jobs service's facade: everything the HTTP handlers call, with no HTTP in it.
 
-:class:`JobManager` builds the parts -- :class:`~.submission.Submission`,
-:class:`~.scheduler.Scheduler`, :class:`~.supervisor.Supervisor` (the
-execution manager), :class:`~.reports.Reports` (the runner API),
-:class:`~.queues.Queues`, :class:`~.servers.Servers`, :class:`~.catalog.Catalog` (datasets),
-:class:`~.reproduction.Reproduction` (re-running a job, comparing two),
-:class:`~.model_registry.ModelRegistry` (models, evaluations, approvals) -- around one
-:class:`~.core.Core`, and answers for a caller: who may see or control which
+:class:`JobManager` builds the parts -- :class:`~danlu.hub.service.jobs.submission.Submission`,
+:class:`~danlu.hub.service.jobs.scheduler.Scheduler`, :class:`~danlu.hub.service.jobs.supervisor.Supervisor` (the
+execution manager), :class:`~danlu.hub.service.jobs.runner_api.Reports` (the runner API),
+:class:`~danlu.hub.service.jobs.queues.Queues`, :class:`~danlu.hub.service.jobs.servers.Servers`,
+:class:`~danlu.hub.service.datasets.catalog.Catalog` (datasets),
+:class:`~danlu.hub.service.jobs.reproduction.Reproduction` (re-running a job, comparing two),
+:class:`~danlu.hub.service.registry.versions.ModelRegistry` (models, evaluations, approvals) -- around one
+:class:`~danlu.hub.service.jobs.core.Core`, and answers for a caller: who may see or control which
 job (404, never 403, for someone else's), reading a job's log and notebooks
 through the backend, the audit log, usage, allocations. Authorization lives
 here, not in the handlers.
@@ -20,21 +21,23 @@ import os
 from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
-from danlu.hub.service import audit, listing, outputs, usage, views
-from danlu.hub.service.catalog import Catalog, uses_of_jobs
-from danlu.hub.service.core import Core
-from danlu.hub.service.experiments import experiments_of
-from danlu.hub.service.model_registry import ModelRegistry
-from danlu.hub.service.models import AuditRecord, Flag, Job, JobInput, utcnow
-from danlu.hub.service.queues import ADMIN_FIX, Queues, require_admin
-from danlu.hub.service.reports import Reports
-from danlu.hub.service.reproduction import Reproduction
-from danlu.hub.service.scheduler import Scheduler
-from danlu.hub.service.servers import Servers
+from danlu.hub.service.datasets.catalog import Catalog, uses_of_jobs
+from danlu.hub.service.jobs import outputs, views
+from danlu.hub.service.jobs.core import Core
+from danlu.hub.service.jobs.experiments import experiments_of
+from danlu.hub.service.jobs.queues import ADMIN_FIX, Queues, require_admin
+from danlu.hub.service.jobs.reproduction import Reproduction
+from danlu.hub.service.jobs.runner_api import Reports
+from danlu.hub.service.jobs.scheduler import Scheduler
+from danlu.hub.service.jobs.servers import Servers
+from danlu.hub.service.jobs.submission import Submission
+from danlu.hub.service.jobs.supervisor import Supervisor, handed_over
+from danlu.hub.service.jobs.views import JOB_ID, job_to_dict
+from danlu.hub.service.registry.versions import ModelRegistry
 from danlu.hub.service.states import FINAL, JobState, transition
-from danlu.hub.service.submission import Submission
-from danlu.hub.service.supervisor import Supervisor, handed_over
-from danlu.hub.service.views import JOB_ID, job_to_dict
+from danlu.hub.service.store import audit, listing
+from danlu.hub.service.store.orm import AuditRecord, Flag, Job, JobInput, utcnow
+from danlu.hub.service.usage import reports as usage
 
 
 class JobManager:

@@ -307,8 +307,8 @@ def test_document_and_routes_agree():
     """Every path and method of the document has a handler, and every route and method is in the document."""
     from tornado import web
 
-    from danlu.hub.service import handlers
-    from danlu.hub.service.web import METHODS as HANDLED
+    from danlu.hub.service.api import jobs as handlers
+    from danlu.hub.service.api.web import METHODS as HANDLED
 
     samples = {"id": JOB, "attempt": "1", "name": "research", "holder": "alice", "version": "1", "rank": "0",
                "alias": "champion", "other": JOB}

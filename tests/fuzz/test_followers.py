@@ -19,7 +19,7 @@ import psutil
 import pytest
 import requests
 
-from danlu.hub.service.handlers import MAX_FOLLOWERS_PER_USER
+from danlu.hub.service.api.jobs import MAX_FOLLOWERS_PER_USER
 
 pytestmark = pytest.mark.service
 

@@ -1,0 +1,197 @@
+"""The runner API: the one channel through which a running job tells the service anything.
+
+A runner authenticates every call with its attempt's job token (the service
+keeps only its sha256, cleared when the attempt ends), which binds it to one
+attempt of one job: it can fetch that attempt's spec, ask why it is being
+stopped, report its MLflow run, what only the job knows of its provenance
+(the seed its code set, git's dirty state, a plain dataset's digest:
+:func:`~.provenance.merge_report`) and how it ended, and -- for
+``danlu.dataset`` in its code -- resolve a catalog version as the job's owner
+(whose name and groups come from the job's row, never from the request),
+which is recorded as a use of the version. Nothing it sends can change who or
+what runs, or any other job's record. Reports are validated
+against the OpenAPI document (``RunnerEvent``); an authenticated runner that
+sends something invalid gets a 422 and its attempt fails with a reason that
+says so, unless a valid report follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import re
+from pathlib import Path
+
+from danlu.datasets import TRAINING
+from danlu.errors import DanluError, Forbidden, ValidationError
+from danlu.hub.service import validation
+from danlu.hub.service.auth import Principal
+from danlu.hub.service.datasets.catalog import Catalog, manifest_of, record_uses
+from danlu.hub.service.jobs import outputs, provenance
+from danlu.hub.service.jobs.core import Core
+from danlu.hub.service.jobs.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
+from danlu.hub.service.store.orm import Job, JobInput
+
+MAX_OUTPUT = 64 * 2**20  # an executed notebook a runner hands over (the same bound as a submitted one)
+TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
+REFUSED = "this token does not belong to a running attempt of this job"
+TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <its attempt's job token>'"
+
+
+class Reports:
+    def __init__(self, core: Core, supervisor: Supervisor, catalog: Catalog | None = None):
+        self.core = core
+        self.supervisor = supervisor
+        self.catalog = catalog or Catalog(core)
+
+    async def spec(self, job_id: str, attempt: int, token: str) -> dict:
+        core = self.core
+        spec = await core.db(_spec, job_id, attempt, _hash(token))
+        owner = spec["owner"]
+        home = core.backend.user_home(owner) or str(core.settings.user_home(owner))
+        spec.update({
+            "kernel_name": core.profiles.get(spec["profile"]).kernel_name,
+            "cwd": str(Path(home) / spec["cwd_relative"]),
+            "env": {"HOME": home, "USER": owner},
+            "mlflow_env": core.mlflow.env_for(owner) if core.mlflow is not None else {},
+        })
+        return spec
+
+    async def stop(self, job_id: str, attempt: int, token: str) -> dict:
+        reason, grace = await self.core.read(_stop, job_id, attempt, _hash(token))
+        return {"reason": reason or None, "grace": grace}
+
+    async def output(self, job_id: str, attempt: int, token: str, rank: int, body: bytes) -> dict:
+        """Keep rank ``rank``'s executed notebook, from a runner whose folder the service cannot read (a pod)."""
+        nproc = await self.core.read(_nproc, job_id, attempt, _hash(token))
+        if rank >= nproc:
+            raise ValidationError(f"job {job_id} has ranks 0-{nproc - 1}", field="rank", reason="no_such_rank")
+        notebook = await asyncio.to_thread(validation.parse_json, body, max_bytes=MAX_OUTPUT)
+        if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+            raise ValidationError("the output is not a notebook (a JSON object with a list of cells)", field="body")
+        await asyncio.to_thread(outputs.keep, self.core.settings.state_dir, job_id, rank, body)
+        return {"kept": len(body)}
+
+    async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
+        digest = _hash(token)
+        await self.core.read(_check, job_id, attempt, digest)
+        try:
+            validation.check_schema("RunnerEvent", body)
+        except ValidationError as e:
+            await self.core.db(_invalid, job_id, attempt, digest, str(e))
+            raise
+        await self.core.db(_record, job_id, attempt, digest, body)
+        if body["event"] == "finished":
+            self.supervisor.reap_after_report(job_id, attempt)
+        return {"recorded": body["event"]}
+
+
+    async def owner(self, job_id: str, attempt: int, token: str) -> Principal:
+        """The job's owner as a principal with no scopes (a job gets no admin's override), if the token is this
+        attempt's; their groups are looked up again when they are needed, the job's own as the fallback."""
+        owner, groups = await self.core.read(_owner, job_id, attempt, _hash(token))
+        return Principal(name=owner, kind="user", groups=tuple(groups))
+
+    async def dataset(self, job_id: str, attempt: int, token: str, owner: Principal, body) -> dict:
+        """``danlu.dataset`` in a job: the version ``body["ref"]`` as the owner may read it, its manifest to
+        verify against, and a recorded use. The token was checked (:meth:`owner`) before the body was read."""
+        validation.check_schema("RunnerDatasetRequest", body)
+        entry = await self.catalog.resolve(owner, body["ref"], "ref")
+        context = body.get("context", TRAINING)
+        manifest = await self.core.read(manifest_of, entry["dataset"], entry["version"])
+        await self.core.db(_use, job_id, attempt, _hash(token), {**entry, "context": context})
+        return {"ref": entry["name"], "dataset": entry["dataset"], "version": entry["version"],
+                "digest": entry["digest"], "path": entry["path"], "context": context, "manifest": manifest}
+
+
+def _hash(token: str) -> str:
+    if not isinstance(token, str) or not TOKEN.match(token):
+        raise DanluError(REFUSED, status=401, reason="bad_job_token", fix=TOKEN_FIX)
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _attempt(s, job_id: str, number: int, digest: str):
+    job = s.get(Job, job_id)
+    attempt = job.attempts[-1] if job is not None and job.attempts else None
+    if (attempt is None or not (job.state in ACTIVE_STATES or handed_over(job)) or attempt.number != number
+            or not attempt.token_hash or not hmac.compare_digest(attempt.token_hash, digest)):
+        raise Forbidden(REFUSED, reason="bad_job_token", fix=TOKEN_FIX)
+    if handed_over(job):  # its runner runs: the backend's queue admitted it before the watcher saw that
+        _admit(s, job_id, number)
+    return job, attempt
+
+
+def _check(s, job_id: str, number: int, digest: str) -> None:
+    _attempt(s, job_id, number, digest)
+
+
+def _owner(s, job_id: str, number: int, digest: str) -> tuple[str, list]:
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    return job.owner, [g for g in job.groups or [] if isinstance(g, str)]
+
+
+def _use(s, job_id: str, number: int, digest: str, entry: dict) -> None:
+    _attempt(s, job_id, number, digest)  # still this attempt's, in the transaction that records the use
+    record_uses(s, job_id, number, [entry])
+
+
+def _nproc(s, job_id: str, number: int, digest: str) -> int:
+    """The job's ranks (processes on every node)."""
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    return int(job.nproc) * int(job.nnodes or 1)
+
+
+def _spec(s, job_id: str, number: int, digest: str) -> dict:
+    job, attempt = _attempt(s, job_id, number, digest)
+    notebook = s.get(JobInput, job_id)
+    if notebook is None:
+        raise DanluError(f"job {job_id} has no notebook on record", status=409, reason="no_input")
+    job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
+    tracking = job.tracking if isinstance(job.tracking, dict) else {}
+    return {
+        "job_id": job.id, "attempt": attempt.number, "name": job.name, "owner": job.owner, "profile": job.profile,
+        "nproc": job.nproc, "nnodes": job.nnodes, "gpus": job.gpus // max(1, job.nnodes),  # per node
+        "devices": list(attempt.devices or []), "queue": job.queue,
+        "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
+        "datasets": [{**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("dataset") else d
+                     for d in job.datasets or []], "experiment": job.experiment, "source": job.source,
+        "cell_sha256": job.cell_sha256,
+        "environment": (job.provenance or {}).get("environment") if isinstance(job.provenance, dict) else None,
+        "tracking": {"run_id": tracking.get("run_id") or job.mlflow_run_id,
+                     "experiment_id": tracking.get("experiment_id")},
+    }
+
+
+def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float]:
+    job, attempt = _attempt(s, job_id, number, digest)
+    reason = attempt.stop_reason or ("preempted" if job.state == "preempted" else "")
+    return reason, float(attempt.stop_grace or 0.0)
+
+
+def _tracking(data: dict) -> dict:
+    return {k: data.get(k) for k in ("run_id", "experiment_id", "points_sent", "points_dropped", "notes")}
+
+
+def _record(s, job_id: str, number: int, digest: str, body: dict) -> None:
+    job, attempt = _attempt(s, job_id, number, digest)
+    if body["event"] == "tracking":
+        job.tracking = _tracking(body)
+    elif body["event"] == "provenance":
+        job.provenance = provenance.merge_report(job.provenance, body)
+        return
+    else:
+        attempt.report = {k: body.get(k) for k in ("state", "reason", "exit_code", "infrastructure", "notes")}
+        if body.get("tracking"):
+            job.tracking = _tracking(body["tracking"])
+    if (job.tracking or {}).get("run_id"):
+        job.mlflow_run_id = job.tracking["run_id"]
+
+
+def _invalid(s, job_id: str, number: int, digest: str, problem: str) -> None:
+    _job, attempt = _attempt(s, job_id, number, digest)
+    report = attempt.report if isinstance(attempt.report, dict) else {}
+    if not report.get("state"):
+        attempt.report = {"state": "failed", "reason": f"the job sent an invalid report ({problem[:300]})",
+                          "infrastructure": False, "exit_code": None, "notes": []}

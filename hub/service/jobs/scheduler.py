@@ -1,0 +1,316 @@
+"""Admission passes: what starts, what is preempted, what waits and why; time limits; estimates.
+
+:class:`Scheduler` runs one pass at a time under the core's lock: the pure
+admission :class:`~danlu.hub.service.admission.model.Model` decides, then the whole
+decision is recorded in one transaction (ledger rows, ``queued -> running``
+with a new attempt and the hash of its job token, ``running -> preempted``
+with an audit record). Only after the commit does the supervisor start the
+admitted attempts and stop the victims. A pass that cannot be recorded
+leaves nothing behind: the model is rebuilt from the database and the next
+pass decides again. Passes run after every event that can change the answer
+and every ``interval`` seconds (:meth:`run_forever`), which also stops jobs
+past their time limit, samples GPU utilization and, every minute, rolls usage
+up and expires old samples (:mod:`~danlu.hub.service.usage.rollups`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import statistics
+import time
+
+from sqlalchemy import select
+
+from danlu.hub.service.admission import quotas
+from danlu.hub.service.admission.model import Decision, Request, Workload
+from danlu.hub.service.jobs.core import Core, ts, workload_of
+from danlu.hub.service.jobs.supervisor import ACTIVE_STATES, Supervisor, handed_over
+from danlu.hub.service.states import JobState, transition
+from danlu.hub.service.store import audit
+from danlu.hub.service.store.orm import Attempt, Job, QueueSetting, ServerUsage, isoformat, utcnow
+from danlu.hub.service.usage import rollups
+
+DRAINING = "the workbench is draining: no job starts until an admin ends it"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Scheduler:
+    def __init__(self, core: Core, supervisor: Supervisor):
+        self.core = core
+        self.supervisor = supervisor
+        supervisor.schedule = self.schedule
+
+    async def schedule(self, rebuild: bool = False) -> None:
+        """One admission pass: start what fits now, preempt what must make room."""
+        core = self.core
+        if core.closing:
+            return
+        if core.backend.queues:
+            await self.hand_over(rebuild)
+            return
+        async with core.lock:
+            if rebuild:
+                await self.rebuild_locked()
+            started = time.perf_counter()
+            now = time.time()
+            if core.draining:
+                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
+                return
+            backoff = await core.read(_backoff)
+            eligible = [w for jid, w in core.pending.items() if jid not in backoff or ts(backoff[jid][0]) <= now]
+            decision = core.model.cycle(eligible, now)
+            for jid, (when, why) in backoff.items():
+                if jid in core.pending and ts(when) > now:
+                    decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
+                        f"retrying at {isoformat(when)}"
+            tokens = {wl.id: secrets.token_urlsafe(32) for wl in decision.admitted}
+            try:
+                starts, stops = await core.db(_record_pass, decision, tokens, now, core)
+            except Exception:
+                core.log.exception("recording an admission pass failed; rebuilding the queue from the database")
+                await self.rebuild_locked()
+                return
+            for wl in decision.admitted:
+                core.pending.pop(wl.id, None)
+            core.plan = decision
+            await self._estimate(now)
+            core.observe()
+            core.metrics.cycle.observe(time.perf_counter() - started)
+        for start in starts:  # in the background: a submission does not wait for runners to start
+            self.supervisor.launch(start)
+        grace = core.settings.jobs["preemption_grace_seconds"]
+        for job_id, state, why in stops:
+            core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
+
+    async def hand_over(self, rebuild: bool = False) -> None:
+        """With a backend that queues itself (Kueue): submit every eligible queued job to it at once.
+
+        The job stays ``queued`` (its reason and position are the backend's, see
+        :meth:`Supervisor.watch_queued`) with an open attempt and its token; no admission model runs here.
+        """
+        core = self.core
+        async with core.lock:
+            if rebuild:
+                await self.rebuild_locked()
+            if core.draining:
+                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
+                return
+            now = time.time()
+            backoff = await core.read(_backoff)
+            ready = [jid for jid in core.pending if jid not in backoff or ts(backoff[jid][0]) <= now]
+            tokens = {jid: secrets.token_urlsafe(32) for jid in ready}
+            try:
+                starts = await core.db(_record_hand_over, ready, tokens, core)
+            except Exception:
+                core.log.exception("recording a hand-over failed; rebuilding the queue from the database")
+                await self.rebuild_locked()
+                return
+            for jid in ready:
+                core.pending.pop(jid, None)
+            core.plan = Decision(waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending
+                                          if jid in backoff})
+            core.observe()
+        for start in starts:
+            self.supervisor.launch(start)
+
+    async def rebuild_locked(self) -> None:
+        """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
+        core = self.core
+        core.model, core.pending = await core.read(_rebuild, core)
+
+    # time limits -----------------------------------------------------------------------------
+    async def check_timeouts(self) -> None:
+        """Stop running jobs that outran their limit."""
+        core = self.core
+        late = await core.read(_late, core.settings.jobs["max_runtime_seconds"])
+        for job_id, state in late:
+            if job_id in self.supervisor.stopping:
+                continue
+            self.supervisor.stopping[job_id] = ("timed_out", "timed_out")
+            core.spawn(self.supervisor.stop(job_id, state, core.settings.jobs["grace_period_seconds"], "timed_out"))
+
+    # estimates --------------------------------------------------------------------------------
+    async def _estimate(self, now: float) -> None:
+        """Estimated start times of waiting jobs, from running jobs' history and limits."""
+        core = self.core
+        waiting = [w for w in core.pending.values() if w.id in core.plan.waiting]
+        if not waiting or len(waiting) > 500:
+            core.estimates = {}
+            return
+        ends, durations = await core.read(_durations, list(core.model.admitted), [w.id for w in waiting], now,
+                                        core.settings.jobs["max_runtime_seconds"])
+        core.estimates = core.model.estimate(waiting, ends, durations, now)
+
+    # usage rollups ---------------------------------------------------------------------------------
+    async def roll_up(self) -> None:
+        """Roll up the hours that are over, six hours at a time on the writer thread (other writes go between
+        passes) until caught up, then expire the raw samples the policy no longer keeps. A task of its own:
+        catching up after an upgrade takes a while, and admission passes go on meanwhile."""
+        core = self.core
+        try:
+            while not core.closing and await core.db(rollups.roll_up, utcnow()):
+                await asyncio.sleep(0)
+            keep = core.settings.usage["sample_retention_days"]
+            while not core.closing and await core.db(rollups.expire_samples, utcnow(), keep) >= rollups.EXPIRE_BATCH:
+                await asyncio.sleep(0)
+        except Exception:
+            core.log.exception("rolling usage up failed (the next try is in a minute)")
+
+    # the loop -----------------------------------------------------------------------------------
+    async def run_forever(self, interval: float = 2.0) -> None:
+        from danlu.hub.service.usage.reports import sample_gpus
+
+        core = self.core
+        sampled, orphans, rolled, rolling = 0.0, time.monotonic(), 0.0, None
+        while not core.closing:
+            try:
+                await asyncio.wait_for(core.wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+            core.wake.clear()
+            try:
+                await self.check_timeouts()
+                await self.schedule()
+                if time.monotonic() - sampled > 30:
+                    sampled = time.monotonic()
+                    await core.db(sample_gpus, core.inventory)
+                if time.monotonic() - orphans > 60:
+                    orphans = time.monotonic()
+                    await self.supervisor.rewatch_orphans()
+                if time.monotonic() - rolled > 60 and (rolling is None or rolling.done()):
+                    rolled = time.monotonic()
+                    rolling = core.spawn(self.roll_up())
+            except Exception:
+                core.log.exception("admission pass failed")
+
+
+# database work (runs on the database thread pool) ---------------------------------------------
+def _backoff(s) -> dict:
+    return {j.id: (j.not_before, j.reason) for j in s.scalars(
+        select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))}
+
+
+def _kernel_name(profiles, slug: str) -> str | None:
+    try:
+        return profiles.get(slug).kernel_name
+    except Exception:  # noqa: BLE001 - a profile removed since: the start fails and says so
+        return None
+
+
+def _record_pass(s, decision: Decision, tokens: dict, now: float, core: Core):
+    starts, stops = [], []
+    for wl in decision.admitted:
+        job = s.get(Job, wl.id)
+        for device in wl.devices:
+            core.ledger.claim(s, device, "job", job.id, job.owner, wl.flavor)
+        job.state = transition(job.state, JobState.running).value
+        job.reason = ""
+        job.not_before = None
+        job.started_at = job.started_at or utcnow()
+        job.backend_state = {}
+        attempt = Attempt(number=len(job.attempts) + 1, state="running", devices=list(wl.devices),
+                          flavor=wl.flavor, token_hash=token_hash(tokens[wl.id]))
+        job.attempts.append(attempt)
+        core.metrics.admitted.labels(job.queue).inc()
+        core.metrics.wait.labels(job.queue).observe(max(0.0, now - ts(job.queued_at or job.created_at)))
+        starts.append(_start_of(job, attempt, tokens[wl.id], core))
+    for victim, preemptor in decision.preempted:
+        job = s.get(Job, victim.id)
+        by = s.get(Job, preemptor.id)
+        why = f"preempted by job {by.id} of {by.owner} ({by.queue}, priority {by.priority_class or by.priority})"
+        job.state = transition(job.state, JobState.preempted).value
+        job.reason = why
+        core.metrics.preempted.labels(job.queue).inc()
+        audit.append(s, "danlu", "preempt", job.id, before={"state": "running"},
+                     after={"state": "preempted", "by": by.id, "reason": why})
+        stops.append((job.id, dict(job.backend_state or {}), why))
+    return starts, stops
+
+
+def _start_of(job: Job, attempt: Attempt, token: str, core: Core) -> dict:
+    """What the supervisor needs to start an attempt (a Launch, less what only it knows)."""
+    return {"id": job.id, "attempt": attempt.number, "devices": list(attempt.devices or []), "nproc": job.nproc,
+            "nnodes": job.nnodes,
+            "owner": job.owner, "kernel_name": _kernel_name(core.profiles, job.profile), "token": token,
+            "queue": job.queue, "priority_class": job.priority_class or "", "profile": job.profile,
+            "gpus": job.gpus, "gpu_type": job.gpu_type, "cpu": job.cpu, "memory": job.memory,
+            "timeout_seconds": job.timeout_seconds or core.settings.jobs["max_runtime_seconds"]}
+
+
+def _record_hand_over(s, ready: list[str], tokens: dict, core: Core) -> list[dict]:
+    starts = []
+    for job_id in ready:
+        job = s.get(Job, job_id)
+        if job is None or job.state != JobState.queued.value:
+            continue
+        attempt = Attempt(number=len(job.attempts) + 1, state=JobState.queued.value, devices=[],
+                          token_hash=token_hash(tokens[job_id]))
+        job.attempts.append(attempt)
+        job.not_before = None
+        job.backend_state = {"attempt": attempt.number}
+        job.reason = f"submitted to the cluster's queue {job.queue}"
+        starts.append(_start_of(job, attempt, tokens[job_id], core))
+    return starts
+
+
+def _rebuild(s, core: Core):
+    overrides = {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
+    model = quotas.build_model(core.settings, core.inventory, overrides)
+    for job in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES))):
+        if core.backend.queues:
+            break  # the backend's queue holds them; Danlu's model decides nothing
+        wl = workload_of(job, job.attempts[-1] if job.attempts else None)
+        wl.stopping = job.state == JobState.preempted.value
+        try:
+            model.restore(wl)
+        except ValueError as e:
+            core.log.error("job %s: %s", job.id, e)
+    for row in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))):
+        if row.team in model.teams:
+            server = Workload(f"server:{row.holder}", row.team, 1 << 40, ts(row.started_at),
+                              Request(len(row.devices), row.flavor, 0.0, 0.0), row.owner, kind="server")
+            server.flavor, server.devices = row.flavor, tuple(row.devices)
+            model.restore(server)
+    pending = {job.id: workload_of(job) for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))
+               if not handed_over(job)}
+    return model, pending
+
+
+
+def _late(s, max_runtime: float) -> list:
+    now = utcnow()
+    late = []
+    for job in s.scalars(select(Job).where(Job.state == JobState.running.value)):
+        limit = job.timeout_seconds or max_runtime
+        started = job.attempts[-1].started_at if job.attempts else None
+        if started and (now - started).total_seconds() > limit:
+            late.append((job.id, dict(job.backend_state or {})))
+    return late
+
+
+def _durations(s, running: list[str], waiting: list[str], now: float, max_runtime: float):
+    history: dict = {}
+
+    def expected(job: Job) -> float:
+        limit = float(job.timeout_seconds or max_runtime)
+        key = (job.owner, job.name)
+        if key not in history:
+            rows = s.execute(select(Attempt.started_at, Attempt.finished_at).join(Job).where(
+                Job.owner == job.owner, Job.name == job.name, Attempt.state == "succeeded")
+                .order_by(Attempt.finished_at.desc()).limit(20))
+            durations = [(f - b).total_seconds() for b, f in rows if f and b]
+            history[key] = statistics.median(durations) if durations else None
+        return min(limit, history[key]) if history[key] else limit
+
+    ends, durations = {}, {}
+    for job in s.scalars(select(Job).where(Job.id.in_(running))):
+        start = ts(job.attempts[-1].started_at) if job.attempts else now
+        ends[job.id] = max(now, start + expected(job))
+    for job in s.scalars(select(Job).where(Job.id.in_(waiting))):
+        durations[job.id] = expected(job)
+    return ends, durations

@@ -1,0 +1,511 @@
+"""Registered models: versions from runs, the evaluation gate, approvals, and aliases that follow them.
+
+:class:`ModelRegistry` registers an MLflow model version from a run the caller owns (the owner of
+the job that made it, else the run's ``danlu.user`` tag; admins any run; anyone else's run is a
+404), from the run's MLflow 3 logged model or from ``runs:/RUN/ARTIFACT_PATH`` -- by reference: the
+service never downloads, loads or unpickles a model. The registered model is created by the
+service's MLflow admin, so users hold only the default permission on it and MLflow refuses their
+alias and tag writes; a same-named MLflow model that Danlu did not create (no ``models`` row) is
+never written to (409). Danlu's database is the record (``models``, ``model_versions``,
+``model_decisions``); the version's MLflow tags mirror it and are re-written until they do.
+
+A model with an evaluation in danlu.yaml (:mod:`.evaluations`) gets an evaluation job per version,
+submitted as the registrant's; its gate is brought up to date whenever the version is read or
+decided on, and at start-up (:meth:`ModelRegistry.recover`). Approval is pending -> approved or
+rejected, once, by a member of ``models.approvers`` or an admin, with a comment; the registrant may
+not decide unless ``models.self_approval``; approving needs a passed (or no) evaluation. Aliases
+move only to approved versions, by approvers, through here. Every decision, alias change, gate
+verdict and registration is an audit record in the transaction of the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from sqlalchemy import select
+
+from danlu import tags
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, Unreachable, ValidationError
+from danlu.hub.service import validation
+from danlu.hub.service.jobs.core import Core
+from danlu.hub.service.mlflow_registry import MlflowRegistry
+from danlu.hub.service.registry import evaluations
+from danlu.hub.service.store import audit
+from danlu.hub.service.store.orm import Job, ModelDecision, ModelRecord, ModelVersionRecord, isoformat, utcnow
+
+# \Z, not $: a name never ends in a newline (the document's patterns say the same in ECMA's terms)
+NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?\Z")
+VERSION = re.compile(r"^[1-9][0-9]{0,8}\Z")
+ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
+RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+#: aliases MLflow gives a meaning of its own
+RESERVED_ALIAS = re.compile(r"^(latest|[vV][0-9]+)\Z")
+FIND_FIX = "see the registered models with 'danlu models list' or GET /models"
+RUN_FIX = "register a run of yours: its id is the job's mlflow_run_id ('danlu jobs show') or in MLflow's UI"
+#: the evaluation states an approval waits for, and the reason of the refusal in each
+GATE_REFUSAL = {"queued": "evaluation_pending", "running": "evaluation_pending", "failed": "evaluation_failed",
+                "error": "evaluation_error"}
+
+
+# API models -----------------------------------------------------------------------------------------------
+def decision_to_dict(d: ModelDecision) -> dict:
+    return {"actor": d.actor, "decision": d.decision, "comment": d.comment, "at": isoformat(d.at),
+            "audit_seq": d.audit_seq}
+
+
+def version_to_dict(v: ModelVersionRecord, decisions: list[ModelDecision], aliases: dict) -> dict:
+    return {"name": v.name, "version": v.version, "run_id": v.run_id, "job_id": v.job_id, "source": v.source,
+            "registered_by": v.registered_by, "registered_at": isoformat(v.registered_at), "approval": v.approval,
+            "evaluation": {"state": v.evaluation, "job_id": v.evaluation_job, "metrics": dict(v.metrics or {}),
+                           "thresholds": dict(v.thresholds or {}), "failures": list(v.failures or [])},
+            "decisions": [decision_to_dict(d) for d in decisions],
+            "aliases": sorted(a for a, n in (aliases or {}).items() if n == v.version)}
+
+
+def model_to_dict(m: ModelRecord, versions: list[dict], *, every: bool = False) -> dict:
+    body = {"name": m.name, "description": m.description, "created_by": m.created_by,
+            "created_at": isoformat(m.created_at), "aliases": dict(m.aliases or {}),
+            "latest": versions[-1] if versions else None}
+    if every:
+        body["versions"] = versions
+    return body
+
+
+def mlflow_tags(v: ModelVersionRecord, decided_by: str | None) -> dict:
+    """The version's MLflow tags as its row says (the metrics its thresholds name)."""
+    metrics = {k: v.metrics[k] for k in sorted(v.thresholds or {}) if k in (v.metrics or {})}
+    out = {tags.REGISTERED_BY: v.registered_by, tags.APPROVAL: v.approval, tags.EVALUATION: v.evaluation,
+           tags.EVALUATION_JOB: v.evaluation_job or "", tags.EVALUATION_METRICS: json.dumps(metrics)[:5000]}
+    if v.approval == "approved" and decided_by:
+        out[tags.APPROVED_BY] = decided_by
+    return {k: value for k, value in out.items() if value}
+
+
+def _views(s, rows: list[ModelVersionRecord]) -> list[dict]:
+    """The API models of ``rows`` with their decisions and aliases (one query each)."""
+    if not rows:
+        return []
+    names = {r.name for r in rows}
+    aliases = {m.name: m.aliases for m in s.scalars(select(ModelRecord).where(ModelRecord.name.in_(names)))}
+    decided: dict[tuple, list] = {}
+    for d in s.scalars(select(ModelDecision).where(ModelDecision.name.in_(names)).order_by(ModelDecision.id)):
+        decided.setdefault((d.name, d.version), []).append(d)
+    return [version_to_dict(r, decided.get((r.name, r.version), []), aliases.get(r.name) or {}) for r in rows]
+
+
+class ModelRegistry:
+    def __init__(self, core: Core, submission):
+        self.core = core
+        self.submission = submission
+        access = core.mlflow
+        self.mlflow = MlflowRegistry(access.tracking_uri, access.secret) \
+            if access is not None and access.tracking_uri else None
+        self._registering = asyncio.Lock()  # one registration at a time: MLflow numbers versions, we record them
+        self._settling = asyncio.Lock()
+
+    # who may do what ----------------------------------------------------------------------------
+    def _api(self) -> MlflowRegistry:
+        if self.mlflow is None:
+            raise DanluError("this workbench has no MLflow server, and models live in MLflow's registry", status=503,
+                             reason="no_mlflow", fix="an admin starts Danlu with MLflow (danlu up does by default)")
+        return self.mlflow
+
+    async def _groups(self, principal) -> set[str]:
+        if not principal.is_user:
+            return set(principal.groups)
+        return set(await self.core.groups.groups_of(principal.name, fallback=principal.groups))
+
+    async def _require_approver(self, principal) -> None:
+        approvers = self.core.settings.models["approvers"]
+        if principal.admin or (await self._groups(principal)) & set(approvers):
+            return
+        who = f"members of {', '.join(approvers)} and admins" if approvers else "admins"
+        raise Forbidden(f"only {who} may approve or reject model versions and move their aliases",
+                        reason="not_an_approver", fix=f"ask one of the {who} (danlu.yaml models.approvers)")
+
+    async def _owner_of(self, run_id: str, run: dict) -> tuple[str | None, str | None]:
+        """``(owner, job id)`` of a run: the job that made it, else its ``danlu.user`` tag."""
+        job = await self.core.read(lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first())
+        if job is not None:
+            return job.owner, job.id
+        run_tags = {t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or []
+                    if isinstance(t, dict)}
+        return run_tags.get(tags.USER), run_tags.get(tags.JOB_ID)
+
+    # registering --------------------------------------------------------------------------------
+    async def register(self, principal, body) -> tuple[int, dict]:
+        core = self.core
+        validation.check_schema("ModelRegistration", body)
+        if not principal.is_user:
+            raise Forbidden("only users register models; this token belongs to a service", reason="not_a_user",
+                            fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)")
+        name, run_id = body["name"], body["run_id"]
+        check_registration(body)
+        api = self._api()
+        run = await api.run(run_id)
+        owner, job_id = await self._owner_of(run_id, run) if run is not None else (None, None)
+        if run is None or not (principal.admin or owner == principal.name):
+            raise NotFound(f"run {run_id} not found", reason="no_such_run", field="run_id", fix=RUN_FIX)
+        source, model_id = await self._source(api, run, body.get("artifact_path"))
+        spec = core.settings.models["evaluations"].get(name)
+        notebook = await self._evaluation_notebook(spec) if spec else None
+        async with self._registering:
+            if await core.read(lambda s: s.get(ModelRecord, name)) is None:
+                if not await api.create_registered_model(name, body.get("description", "")):
+                    raise Conflict(f"MLflow has a registered model named {name} that Danlu did not create",
+                                   reason="name_taken", field="name",
+                                   fix="choose another name; versions go only into models Danlu created, whose "
+                                       "aliases and tags no user can write around the approvals (an admin may "
+                                       "rename or delete the MLflow model)")
+                async with core.lock:
+                    await core.db(_insert_model, name, body.get("description", ""), principal.name)
+            row = ModelVersionRecord(name=name, run_id=run_id, job_id=job_id, source=source, model_id=model_id,
+                                     registered_by=principal.name, registered_at=utcnow(), approval="pending",
+                                     evaluation="queued" if spec else "not_required",
+                                     thresholds=dict(spec["thresholds"]) if spec else {}, metrics={}, failures=[],
+                                     synced=True)
+            row.version = await api.create_version(name, source, run_id, model_id, mlflow_tags(row, None),
+                                                   body.get("description", ""))
+            async with core.lock:
+                await core.db(_insert_version, row)
+        if not await api.grant_read(principal.name, name):
+            core.log.warning("could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
+                             "job cannot load it", principal.name, name)
+        core.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
+        if spec:
+            await self._evaluate(principal, row, spec, notebook)
+        return 201, await self.version_view(principal, name, row.version)
+
+    async def _source(self, api: MlflowRegistry, run: dict, artifact_path: str | None) -> tuple[str, str | None]:
+        """``(source, logged model id)``: the run's logged model (by name with ``artifact_path``), else its
+        artifacts at ``runs:/RUN/ARTIFACT_PATH``; 400 with the fix when the run has neither."""
+        info = run.get("info") or {}
+        run_id, experiment_id = info.get("run_id", ""), str(info.get("experiment_id", ""))
+        logged = await api.logged_models(experiment_id, run_id) if experiment_id else []
+        if artifact_path is None:
+            if len(logged) == 1:
+                return f"models:/{logged[0]['model_id']}", logged[0]["model_id"]
+            if logged:
+                names = ", ".join(sorted(str(m.get("name")) for m in logged)[:10])
+                raise ValidationError(f"run {run_id} logged {len(logged)} models ({names})", field="artifact_path",
+                                      reason="which_model", fix="give artifact_path: the name of the one to register")
+            raise ValidationError(f"run {run_id} logged no model", field="artifact_path", reason="no_model",
+                                  fix="log one in the job (mlflow.<flavor>.log_model(model, name='model')), or give "
+                                      "artifact_path: the folder of its artifacts that holds the model")
+        named = [m for m in logged if m.get("name") == artifact_path]
+        if named:
+            return f"models:/{named[0]['model_id']}", named[0]["model_id"]
+        if await api.has_artifact(run_id, artifact_path):
+            return f"runs:/{run_id}/{artifact_path}", None
+        raise ValidationError(f"run {run_id} has no logged model or artifact named {artifact_path}",
+                              field="artifact_path", reason="no_model",
+                              fix="give the name of a logged model or an artifact folder of the run (see its "
+                                  "Artifacts tab in MLflow)")
+
+    async def _evaluation_notebook(self, spec: dict) -> dict:
+        try:
+            return await asyncio.to_thread(evaluations.read_notebook, spec["notebook"])
+        except DanluError as e:
+            self.core.log.error("model evaluation notebook: %s", e)
+            raise DanluError(f"this model's evaluation cannot run: {e}", status=503,
+                             reason="evaluation_unavailable", fix=e.fix or "ask an admin") from None
+
+    async def _evaluate(self, principal, row: ModelVersionRecord, spec: dict, notebook: dict) -> None:
+        """Submit the evaluation job as the registrant; a refusal ends the gate in ``error``, naming it."""
+        body = evaluations.job_body(row.name, row.version, notebook, spec, principal.name)
+        try:
+            _, job = await self.submission.submit(principal, body)
+        except DanluError as e:
+            async with self.core.lock:
+                await self.core.db(_settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None)
+        else:
+            async with self.core.lock:
+                await self.core.db(_set_evaluation_job, row.id, job["id"])
+        await self._sync()
+
+    # reading ------------------------------------------------------------------------------------
+    async def list(self, principal) -> list[dict]:
+        await self.settle()
+
+        def query(s):
+            models = list(s.scalars(select(ModelRecord).order_by(ModelRecord.name)))
+            latest = {}
+            for v in s.scalars(select(ModelVersionRecord).order_by(ModelVersionRecord.version)):
+                latest[v.name] = v
+            views = {v["name"]: v for v in _views(s, list(latest.values()))}
+            return [model_to_dict(m, [views[m.name]] if m.name in views else []) for m in models]
+
+        return await self.core.read(query)
+
+    async def show(self, principal, name: str) -> dict:
+        await self.settle(name)
+
+        def query(s):
+            m = s.get(ModelRecord, name)
+            if m is None:
+                return None
+            rows = list(s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.name == name)
+                                  .order_by(ModelVersionRecord.version)))
+            return model_to_dict(m, _views(s, rows), every=True)
+
+        body = await self.core.read(query)
+        if body is None:
+            raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
+        return body
+
+    async def version_view(self, principal, name: str, version: int) -> dict:
+        """One version's API model (the lineage view calls this too); NotFound as the API answers."""
+        await self.settle(name, version)
+
+        def query(s):
+            row = _row(s, name, version)
+            return _views(s, [row])[0] if row is not None else None
+
+        body = await self.core.read(query)
+        if body is None:
+            raise await self._missing(name, version)
+        return body
+
+    async def _missing(self, name: str, version: int) -> NotFound:
+        if await self.core.read(lambda s: s.get(ModelRecord, name)) is None:
+            return NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
+        return NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version",
+                        fix=f"see its versions with 'danlu models show {name}'")
+
+    # deciding -----------------------------------------------------------------------------------
+    async def decide(self, principal, name: str, version: int, body) -> dict:
+        validation.check_schema("ModelDecisionRequest", body)
+        await self.settle(name, version)
+        row = await self.core.read(_row, name, version)
+        if row is None:
+            raise await self._missing(name, version)
+        await self._require_approver(principal)
+        if row.registered_by == principal.name and not self.core.settings.models["self_approval"]:
+            raise Forbidden(f"you registered {name} version {version}: someone else must decide on it",
+                            reason="self_approval",
+                            fix="ask another approver (danlu.yaml models.self_approval is false)")
+        async with self.core.lock:
+            await self.core.db(_decide, name, version, principal.name, body["decision"], body["comment"])
+        self.core.log.info("model %s version %s: %s by %s", name, version, body["decision"], principal.name)
+        await self._sync()
+        return await self.version_view(principal, name, version)
+
+    async def set_alias(self, principal, name: str, alias: str, body) -> dict:
+        validation.check_schema("ModelAliasRequest", body)
+        check_alias(alias)
+        version = body["version"]
+        row = await self.core.read(_row, name, version)
+        if row is None:
+            raise await self._missing(name, version)
+        await self._require_approver(principal)
+        if row.approval != "approved":
+            raise Conflict(f"{name} version {version} is {row.approval}: aliases move only to approved versions",
+                           reason="not_approved", field="version",
+                           fix=f"approve it first ('danlu models approve {name} {version} --comment ...')")
+        api = self._api()
+        async with self.core.lock:  # MLflow's alias and its audit record change together, one change at a time
+            await api.set_alias(name, alias, version)
+            before = await self.core.db(_alias, name, alias, version, principal.name)
+        return {"name": name, "alias": alias, "version": version, "previous": before}
+
+    async def delete_alias(self, principal, name: str, alias: str) -> dict:
+        model = await self.core.read(lambda s: s.get(ModelRecord, name))
+        if model is None:
+            raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
+        if alias not in (model.aliases or {}):
+            raise NotFound(f"model {name} has no alias {alias}", reason="no_such_alias", field="alias",
+                           fix=f"see its aliases with 'danlu models show {name}'")
+        await self._require_approver(principal)
+        api = self._api()
+        async with self.core.lock:
+            await api.delete_alias(name, alias)
+            before = await self.core.db(_alias, name, alias, None, principal.name)
+        return {"name": name, "alias": alias, "version": None, "previous": before}
+
+    # the evaluation gate and MLflow's copy --------------------------------------------------------
+    async def settle(self, name: str | None = None, version: int | None = None) -> None:
+        """Bring waiting evaluation gates up to date with their jobs (idempotent; MLflow away: next time)."""
+        def waiting(s):
+            q = select(ModelVersionRecord.id, ModelVersionRecord.evaluation_job, ModelVersionRecord.thresholds,
+                       ModelVersionRecord.evaluation).where(
+                ModelVersionRecord.evaluation.in_(evaluations.WAITING), ModelVersionRecord.evaluation_job.is_not(None))
+            if name is not None:
+                q = q.where(ModelVersionRecord.name == name)
+            if version is not None:
+                q = q.where(ModelVersionRecord.version == version)
+            return [(row_id, s.get(Job, job_id), thresholds, state)
+                    for row_id, job_id, thresholds, state in s.execute(q)]
+
+        async with self._settling:
+            changed = False
+            for row_id, job, thresholds, state in await self.core.read(waiting):
+                verdict = await self._verdict(job, thresholds)
+                if verdict is None or verdict[0] == state:
+                    continue
+                async with self.core.lock:
+                    await self.core.db(_settle, row_id, *verdict, job.id if job is not None else None)
+                changed = True
+            if changed:
+                await self._sync()
+
+    async def _verdict(self, job: Job | None, thresholds: dict) -> tuple[str, dict, list] | None:
+        if job is None:
+            return "error", {}, ["the evaluation job is gone from the jobs database"]
+        gate = evaluations.gate_of(job.state)
+        if gate != "ended":
+            return gate, {}, []
+        if job.state != "succeeded":
+            return "error", {}, [f"the evaluation job {job.id} {job.state}: {job.reason}"[:1000]]
+        if not job.mlflow_run_id:
+            return "error", {}, [f"the evaluation job {job.id} logged no MLflow run"]
+        try:
+            run = await self._api().run(job.mlflow_run_id)
+        except (Unreachable, DanluError) as e:
+            self.core.log.warning("evaluation of job %s not read yet: %s", job.id, e)
+            return None
+        if run is None:
+            return "error", {}, [f"the evaluation run {job.mlflow_run_id} is not in MLflow"]
+        metrics = evaluations.latest_metrics(run)
+        failures = evaluations.verdict(metrics, thresholds)
+        return ("failed" if failures else "passed"), metrics, failures
+
+    async def _sync(self) -> None:
+        """Write the MLflow tags of versions whose row changed since (MLflow away: at the next change or start)."""
+        if self.mlflow is None:
+            return
+        for row, decided_by in await self.core.read(_unsynced):
+            try:
+                await self.mlflow.set_version_tags(row.name, row.version, mlflow_tags(row, decided_by))
+            except DanluError as e:
+                self.core.log.warning("MLflow tags of model %s version %s not written yet: %s", row.name,
+                                      row.version, e)
+                return
+            await self.core.db(_mark_synced, row.id, row.approval, row.evaluation)
+
+    async def recover(self) -> None:
+        """At start-up: gates whose evaluation was never submitted end in ``error``; the rest are settled."""
+        try:
+            async with self.core.lock:
+                await self.core.db(_orphaned)
+            await self.settle()
+            await self._sync()
+        except DanluError as e:
+            self.core.log.warning("model evaluations not settled at start-up: %s", e)
+
+
+def check_registration(body: dict) -> None:
+    """What the document's patterns cannot say: no trailing newline, no ``.``/``..`` or empty path segment."""
+    for key, pattern in (("name", NAME), ("run_id", RUN_ID)):
+        if not pattern.match(body[key]):
+            raise ValidationError(f"{key}: {body[key][:40]!r} is not valid", field=key, reason="invalid_field",
+                                  fix=f"it must match {pattern.pattern}")
+    path = body.get("artifact_path")
+    if path is not None and (path.endswith("\n") or any(part in ("", ".", "..") for part in path.split("/"))):
+        raise ValidationError(f"artifact_path: {path[:80]!r} is not a path inside the run's artifacts",
+                              field="artifact_path", reason="escapes_root",
+                              fix="give a relative path like 'model' or 'checkpoints/best', without '.' or '..'")
+
+
+def check_alias(alias: str) -> None:
+    if RESERVED_ALIAS.match(alias):
+        raise ValidationError(f"alias: {alias[:40]} is MLflow's own (latest and v<N> name versions)", field="alias",
+                              reason="reserved_alias", fix="choose another alias, e.g. champion or staging")
+
+
+# in the database's transactions ------------------------------------------------------------------------
+def _row(s, name: str, version: int) -> ModelVersionRecord | None:
+    return s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.name == name,
+                                                      ModelVersionRecord.version == version)).first()
+
+
+def _insert_model(s, name: str, description: str, who: str) -> None:
+    if s.get(ModelRecord, name) is None:
+        s.add(ModelRecord(name=name, description=description, aliases={}, created_by=who, created_at=utcnow()))
+        audit.append(s, who, "create_model", name, after={"description": description[:1000]})
+
+
+def _insert_version(s, row: ModelVersionRecord) -> None:
+    s.add(row)
+    s.flush()
+    audit.append(s, row.registered_by, "register_model", f"{row.name}@{row.version}",
+                 after={"run_id": row.run_id, "job_id": row.job_id, "source": row.source,
+                        "evaluation": row.evaluation})
+
+
+def _set_evaluation_job(s, row_id: int, job_id: str) -> None:
+    row = s.get(ModelVersionRecord, row_id)
+    row.evaluation_job, row.synced = job_id, False
+
+
+def _settle(s, row_id: int, state: str, metrics: dict, failures: list, job_id: str | None) -> None:
+    row = s.get(ModelVersionRecord, row_id)
+    if row is None or row.evaluation not in evaluations.WAITING or row.evaluation == state:
+        return  # another settle was first
+    before = row.evaluation
+    row.evaluation, row.metrics, row.failures, row.synced = state, metrics, failures, False
+    if state not in evaluations.WAITING:
+        audit.append(s, "danlu", "evaluate_model", f"{row.name}@{row.version}", before={"evaluation": before},
+                     after={"evaluation": state, "job_id": job_id or row.evaluation_job, "failures": failures[:20],
+                            "metrics": {k: metrics[k] for k in sorted(row.thresholds or {}) if k in metrics}})
+
+
+def _orphaned(s) -> None:
+    q = select(ModelVersionRecord).where(ModelVersionRecord.evaluation.in_(evaluations.WAITING),
+                                         ModelVersionRecord.evaluation_job.is_(None))
+    for row in s.scalars(q):
+        _settle(s, row.id, "error", {}, ["the service stopped before it submitted the evaluation job"], None)
+
+
+def _decide(s, name: str, version: int, who: str, decision: str, comment: str) -> None:
+    row = _row(s, name, version)
+    if row.approval != "pending":
+        raise Conflict(f"{name} version {version} was already {row.approval}", reason="already_decided",
+                       fix="register a new version to decide again")
+    if decision == "approve" and row.evaluation in GATE_REFUSAL:
+        state = row.evaluation
+        why = f": {'; '.join(row.failures[:5])}" if row.failures else ""
+        raise Conflict(f"{name} version {version} cannot be approved: its evaluation is {state}{why}",
+                       reason=GATE_REFUSAL[state], fix="wait for the evaluation job to end" if state in
+                       evaluations.WAITING else "reject it, and register a version that passes the evaluation")
+    new = "approved" if decision == "approve" else "rejected"
+    record = audit.append(s, who, f"{decision}_model", f"{name}@{version}", before={"approval": row.approval},
+                          after={"approval": new, "comment": comment})
+    row.approval, row.synced = new, False
+    s.add(ModelDecision(name=name, version=version, actor=who, decision=decision, comment=comment, at=record.at,
+                        audit_seq=record.seq))
+
+
+def _alias(s, name: str, alias: str, version: int | None, who: str) -> int | None:
+    """Record an alias moved to ``version`` (None: deleted); answer the version it named before."""
+    model = s.get(ModelRecord, name)
+    aliases = dict(model.aliases or {})
+    before = aliases.get(alias)
+    if version is None:
+        aliases.pop(alias, None)
+        audit.append(s, who, "delete_model_alias", f"{name}@{before}", before={"alias": alias, "version": before},
+                     after={})
+    else:
+        aliases[alias] = version
+        audit.append(s, who, "set_model_alias", f"{name}@{version}", before={"alias": alias, "version": before},
+                     after={"alias": alias, "version": version})
+    model.aliases = aliases
+    return before
+
+
+def _unsynced(s) -> list[tuple[ModelVersionRecord, str | None]]:
+    rows = list(s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.synced.is_(False)).limit(100)))
+    out = []
+    for row in rows:
+        approved = s.scalars(select(ModelDecision.actor).where(
+            ModelDecision.name == row.name, ModelDecision.version == row.version,
+            ModelDecision.decision == "approve")).first()
+        out.append((row, approved))
+    return out
+
+
+def _mark_synced(s, row_id: int, approval: str, evaluation: str) -> None:
+    row = s.get(ModelVersionRecord, row_id)
+    if row is not None and (row.approval, row.evaluation) == (approval, evaluation):
+        row.synced = True
