@@ -25,9 +25,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from danlu.hub.testing import Workbench  # noqa: E402
-from tests.conftest import CONFIG, PROFILES  # noqa: E402
-from tests.test_resilience import notebook  # noqa: E402
+from danlu.hub.testing import Workbench
+from tests.conftest import CONFIG, PROFILES
+from tests.test_resilience import notebook
 
 
 def service(wb: Workbench) -> psutil.Process:

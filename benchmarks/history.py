@@ -71,24 +71,24 @@ from sqlalchemy import create_engine, func, insert, make_url, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from danlu import env  # noqa: E402
+from danlu import env
 from danlu.hub.service.store import (
-    audit,  # noqa: E402
+    audit,
     listing,
+    schema,
 )
-from danlu.hub.service.store import database as db
-from danlu.hub.service.store.orm import (  # noqa: E402
+from danlu.hub.service.store.database import make_sessionmaker
+from danlu.hub.service.store.orm import (
     Attempt,
     AuditRecord,
     GpuSample,
     Job,
     ServerUsage,
     UsageRollup,
-    make_sessionmaker,
     utcnow,
 )
 from danlu.hub.service.usage import rollups
-from danlu.hub.testing import Workbench  # noqa: E402
+from danlu.hub.testing import Workbench
 
 SEED = 20261214
 OWNERS = 200
@@ -417,7 +417,7 @@ def run_kind(kind: str, base: str | None, args, budget: Budget) -> None:
                 print(f"  skipped {jobs:,} jobs: the budget is spent")
                 continue
             with database(kind, base, Path(tmp), jobs) as url:
-                db.upgrade(url, backup_dir=None)
+                schema.upgrade(url, backup_dir=None)
                 started = time.perf_counter()
                 written = fill(url, jobs, records, args.days, args.gpus, now)
                 print(f"  {jobs:,} jobs: wrote " + ", ".join(f"{n:,} {what}" for what, n in written.items())

@@ -256,7 +256,8 @@ def add_history(wb: Workbench, names: list[str], per_user: int) -> None:
     """
     import datetime as dt
 
-    from danlu.hub.service.store.orm import Job, make_sessionmaker
+    from danlu.hub.service.store.database import make_sessionmaker
+    from danlu.hub.service.store.orm import Job
 
     sessions = make_sessionmaker(f"sqlite:///{wb.state / 'danlu.sqlite'}")
     now = dt.datetime.utcnow()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import scheduler as S  # noqa: E402  (the benchmark's own machine, teams and jobs)
+import scheduler as S  # the benchmark's own machine, teams and jobs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from danlu.hub.service.admission.model import Model, Request, Team, Workload, gpu_key
+from danlu.hub.service.admission.model import Model
+from danlu.hub.service.admission.workloads import Request, Team, Workload, gpu_key
 
 SEED = 20240601
 TARGET_RATE = 1000.0  # admissions/s at 10,000 pending

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,6 @@ class Account:
 
 def runnable_by_others(path: str | None = None) -> bool:
     """Whether an ordinary account can execute this Python (every folder on the way searchable)."""
-    import sys
-
     real = Path(os.path.realpath(path or sys.executable))
     paths = [real, *real.parents]
     venv = Path(path or sys.executable).parent
@@ -83,7 +82,6 @@ def lookup(username: str) -> Account:
 
 def demote(account: Account):
     """A ``preexec_fn`` that becomes ``account`` (groups, gid, then uid) in the child."""
-
     def preexec():
         os.setgid(account.gid)
         try:

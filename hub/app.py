@@ -39,10 +39,14 @@ from traitlets.config import Application
 
 from danlu import __version__, env, proctree
 from danlu.errors import ConfigError, DanluError
-from danlu.hub import accounts, mlflow_auth
+from danlu.hub import accounts, gpus, mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
+from danlu.hub.service.admission import quotas
+from danlu.hub.service.jobs.recovery import interrupt_running_jobs
+from danlu.hub.service.store import schema
+from danlu.hub.service.store.database import make_sessionmaker
 from danlu.jobdir import write_json_atomic
 
 
@@ -101,8 +105,6 @@ class DanluUp(Application):
     def load(self) -> Settings:
         settings = load_settings(self.config_file, {"ip": self.ip, "port": self.port, "state_dir": self.state_dir})
         profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
-        from danlu.hub import gpus
-        from danlu.hub.service.admission import quotas
 
         quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
         if not settings.profiles_file.exists():
@@ -143,16 +145,13 @@ class DanluUp(Application):
 
     def upgrade_database(self, settings: Settings) -> None:
         """Bring the jobs database to this Danlu's schema (after a backup), and carry over old job inputs."""
-        from danlu.hub.service.store import database as db
-        from danlu.hub.service.store.orm import make_sessionmaker
-
-        done = db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
-        db.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
+        done = schema.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
+        schema.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
         if done["from"] != done["to"]:
             self._say(f"jobs database: schema {done['from'] or 'new'} -> {done['to']}"
                       + (f" (backup: {done['backup']})" if done["backup"] else ""))
-        if done["from"] == db.BASE_REVISION:
-            carried = db.import_legacy_inputs(make_sessionmaker(settings.jobs_database_url), settings.jobs_dir,
+        if done["from"] == schema.BASE_REVISION:
+            carried = schema.import_legacy_inputs(make_sessionmaker(settings.jobs_database_url), settings.jobs_dir,
                                               log=self.log)
             if carried:
                 self._say(f"carried over the notebooks of {len(carried)} unfinished job(s)")
@@ -332,7 +331,6 @@ class DanluUp(Application):
             except subprocess.TimeoutExpired:
                 proctree.kill_matching(hub.pid, grace=0)
         try:
-            from danlu.hub.service.jobs.recovery import interrupt_running_jobs
 
             requeued = interrupt_running_jobs(settings)
             if requeued:

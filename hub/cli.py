@@ -17,8 +17,9 @@ from danlu.lean import skip_unused_imports
 
 
 def cmd_kueue(args) -> int:
+    # deferred: the danlu script loads only what its command needs (danlu jobs list stays quick)
     from danlu.hub import gpus, kueue
-    from danlu.hub.config import load_settings
+    from danlu.hub.config import load_settings  # deferred: as above
 
     settings = load_settings(args.config)
     print(kueue.to_yaml(kueue.render(settings, gpus.inventory(settings.gpus), namespace=args.namespace)), end="")
@@ -26,9 +27,9 @@ def cmd_kueue(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from danlu.hub.config import load_settings
-    from danlu.hub.k8s import render
-    from danlu.hub.profiles import builtin_profiles, load_profiles
+    from danlu.hub.config import load_settings  # deferred: as above
+    from danlu.hub.k8s import render  # deferred: as above
+    from danlu.hub.profiles import builtin_profiles, load_profiles  # deferred: as above
 
     settings = load_settings(args.config)
     profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     skip_unused_imports()
     if argv[:1] == ["up"]:
-        from danlu.hub.app import main as up
+        from danlu.hub.app import main as up  # deferred: danlu up's whole workbench, loaded only for danlu up
 
         return up(argv[1:])
     return cli.main(argv, build_parser())

@@ -41,6 +41,7 @@ def flavor_of(name: str) -> str:
 
 def _detect_nvml() -> list[GPU] | None:
     try:
+        # deferred: optional (nvidia-ml-py), and NVML is looked for only at start-up
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
         return None

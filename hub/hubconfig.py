@@ -11,16 +11,18 @@ culler, :mod:`danlu.hub.service.culling`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from tornado.httpclient import AsyncHTTPClient
+
 from danlu import env as names
 from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
-from danlu.hub.scopes import ADMIN, CUSTOM_SCOPES, WRITE
-from danlu.hub.service import culling
+from danlu.hub.scopes import ADMIN, CULLER_SCOPES, CUSTOM_SCOPES, WRITE
 
 AUTHENTICATORS = {
     "pam": "jupyterhub.auth.PAMAuthenticator",
@@ -113,10 +115,11 @@ def jobs_service(url: str, command: list[str], environment: dict) -> dict:
     }
 
 
-def roles(settings: Settings, services) -> list[dict]:
+def roles(settings: Settings, services, *, service_culls: bool = True) -> list[dict]:
     """The roles that keep users to their own jobs, for the services that exist (names in ``services``).
 
     ``danlu-admin`` is both the admins' role and, where it exists, the service holding the automation token.
+    ``service_culls``: the jobs service stops idle servers (on a cluster the chart's culler does, not it).
     """
     services = set(services)
     reachable = [f"access:services!service={name}" for name in ("danlu", "mlflow") if name in services]
@@ -130,9 +133,8 @@ def roles(settings: Settings, services) -> list[dict]:
     if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         out.append({"name": "admin", "services": automation})
     scopes = ["read:users", "read:groups", "list:users", "read:servers"]
-    if settings.hub["idle_timeout_seconds"] and settings.jobs["backend"] != "kubernetes":
-        # it runs the idle culler (danlu.hub.service.culling); on a cluster the chart's culler does
-        scopes += [s for s in culling.SCOPES if s not in scopes]
+    if settings.hub["idle_timeout_seconds"] and service_culls:  # it runs the idle culler (danlu.hub.service.culling)
+        scopes += [s for s in CULLER_SCOPES if s not in scopes]
     out.append({"name": "danlu-service", "description": "The jobs service reads users' groups and stops idle servers.",
                 "scopes": scopes, "services": ["danlu"]})
     return out
@@ -140,11 +142,8 @@ def roles(settings: Settings, services) -> list[dict]:
 
 def audit_logins(jobs_api: str, token: str):
     """A post_auth_hook that records every login in Danlu's audit log (never blocks the login)."""
-
     async def hook(authenticator, handler, auth_model):
-        import json
 
-        from tornado.httpclient import AsyncHTTPClient
 
         body = {"action": "login", "actor": auth_model["name"],
                 "details": {"admin": bool(auth_model.get("admin")), "from": handler.request.remote_ip,

@@ -110,8 +110,8 @@ def authenticate():
     Runs inside the MLflow server's Flask request. Returns ``request.authorization``
     for good credentials, else MLflow's own 401 response.
     """
-    from flask import request
-    from mlflow.server.auth import make_basic_auth_response
+    from flask import request  # deferred: flask and MLflow's server exist in the MLflow server's process, not the hub's
+    from mlflow.server.auth import make_basic_auth_response  # deferred: as flask above
 
     auth = request.authorization
     secret = MLFLOW_AUTH_SECRET.get()
@@ -166,6 +166,7 @@ async def rest(url: str, headers: dict, method: str, path: str, *, params: dict 
     """``(status, JSON object)`` of one MLflow REST call, async, with a timeout and at most ``max_body``
     bytes of answer (a non-object answer is ``{}``); Unreachable when MLflow does not answer or fails (5xx).
     The one client of MLflow's REST API on the service side: users, the model registry, run metrics."""
+    # deferred: the MLflow server's process, which imports this module too, runs no tornado
     from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
     target = f"{url}{path}" + (f"?{urlencode(params)}" if params else "")

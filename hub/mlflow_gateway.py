@@ -17,6 +17,7 @@ machine, talk to MLflow directly on loopback and never pass through here.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import json
@@ -217,7 +218,6 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
 
 
 def main(argv=None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m danlu.hub.mlflow_gateway")
     parser.add_argument("--ip", help="listen here instead of the host of JUPYTERHUB_SERVICE_URL (in a pod: 0.0.0.0)")

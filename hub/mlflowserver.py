@@ -38,8 +38,8 @@ def _become(cmd, extra_env=None, **_ignored):
 
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault(JOB_EXECUTION, "false")
-    import mlflow.server
-    from mlflow.cli import cli
+    import mlflow.server  # deferred: MLflow (~2 s) after JOB_EXECUTION is set, which it reads at import
+    from mlflow.cli import cli  # deferred: as mlflow.server above
 
     if callable(getattr(mlflow.server, "_exec_cmd", None)):
         mlflow.server._exec_cmd = _become

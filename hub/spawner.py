@@ -35,11 +35,11 @@ from danlu.client import error_from
 from danlu.errors import DanluError
 from danlu.hub import accounts
 from danlu.hub.profiles import ProfileSet, builtin_profiles, load_profiles
+from danlu.lab import server_args
 
 
 class DanluLocalSpawner(LocalProcessSpawner):
     """JupyterLab servers from governed profiles, as local processes."""
-
     profiles_file = Unicode(help="The governed profiles file (kernel-images/profiles.yaml).").tag(config=True)
     home_root = Unicode(help="Folder holding one home folder per user (when unix_accounts is off).").tag(config=True)
     unix_accounts = Bool(False, help="Run each server as the user's Unix account (needs root).").tag(config=True)
@@ -193,7 +193,6 @@ class DanluLocalSpawner(LocalProcessSpawner):
             args += [f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
                      f"--MultiKernelManager.default_kernel_name={profile.kernel_name}"]
         if self.load_lab_extension:
-            from danlu.lab import server_args
 
             folder = self.labextensions_dir or str(Path(self.home_root or ".").parent / "labextensions")
             args += server_args(Path(folder))
@@ -253,7 +252,6 @@ class DanluLocalSpawner(LocalProcessSpawner):
 
     def _warm_soon(self) -> None:
         """Ask the jobs service for a warm runner of this profile: the user's first %%train need not start one."""
-
         async def warm():
             try:
                 await self._jobs_api("POST", "/runners/warm", {"user": self.user.name, "profile": self.profile.slug})

@@ -14,6 +14,7 @@ share one harness.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -25,13 +26,13 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import requests
 import yaml
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from danlu import env as names
-
-ROOT = Path(__file__).resolve().parents[1]  # the source checkout (hub/..)
-
 
 #: One profile running on the workbench's own Python: what a benchmark's workbench needs, and nothing to build
 CURRENT_PYTHON_PROFILES = {"profiles": [{"slug": "python", "display_name": "Python (workbench environment)",
@@ -58,7 +59,10 @@ def run_as(user: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
 class Workbench:
     def __init__(self, tmp: Path, config: dict | None = None, profiles: dict | None = None,
                  extra_env: dict | None = None, python: str | None = None):
-        """``python``: the interpreter that runs ``danlu up`` (default: this one); the tests stay here."""
+        """``python``: the interpreter that runs ``danlu up`` (default: this one); the tests stay here.
+        ``profiles``: the profiles file's content (default :data:`CURRENT_PYTHON_PROFILES`), unless ``config``
+        names a ``profiles_file``. Nothing is read from a source checkout: the harness works from an installed
+        Danlu as well."""
         self.tmp = Path(tmp)
         self.python = python or sys.executable
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -70,11 +74,10 @@ class Workbench:
         config.setdefault("auth", {"type": "dummy"})
         config.setdefault("users", {"unix_accounts": "off"})  # test users have no Unix accounts
         config.setdefault("hub", {"idle_timeout_seconds": 0})
-        if profiles is not None:
-            (self.tmp / "profiles.yaml").write_text(yaml.safe_dump(profiles))
+        if profiles is not None or "profiles_file" not in config:
+            (self.tmp / "profiles.yaml").write_text(yaml.safe_dump(CURRENT_PYTHON_PROFILES if profiles is None
+                                                                   else profiles))
             config["profiles_file"] = str(self.tmp / "profiles.yaml")
-        else:
-            config.setdefault("profiles_file", str(ROOT / "kernel-images" / "profiles.yaml"))
         self.config_file = self.tmp / "danlu.yaml"
         self.config_file.write_text(yaml.safe_dump(config))
         self.extra_env = extra_env or {}
@@ -92,7 +95,7 @@ class Workbench:
         self.proc = subprocess.Popen(
             [self.python, "-m", "danlu.hub", "up", "--config", str(self.config_file), "--state-dir", str(self.state),
              "--port", str(self.port), "--quiet-hub"],
-            cwd=str(ROOT), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=str(self.tmp), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -105,8 +108,6 @@ class Workbench:
 
     def processes(self) -> list:
         """Live processes started by this workbench (they carry its DANLU_INSTANCE marker)."""
-        import psutil
-
         found = []
         for proc in psutil.process_iter():
             try:
@@ -191,7 +192,6 @@ class Workbench:
 
 class RemoteKernel:
     """A kernel in a user's server, driven over the websocket like JupyterLab does."""
-
     def __init__(self, wb: Workbench, user: str, token: str, path: str = "work/train.ipynb",
                  kernel_name: str | None = None):
         self.wb, self.user, self.token = wb, user, token
@@ -215,10 +215,7 @@ class RemoteKernel:
 
     def execute(self, code: str, timeout: float = 600, cell_id: str | None = None) -> dict:
         """Run code; return {'status', 'stdout', 'stderr', 'error', 'outputs'}."""
-        import asyncio
 
-        from tornado.httpclient import HTTPRequest
-        from tornado.websocket import websocket_connect
 
         async def run():
             request = HTTPRequest(self.ws_url, headers={"Authorization": f"token {self.token}"})

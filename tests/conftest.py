@@ -38,7 +38,7 @@ def reset_postgres(url: str) -> None:
     """Drop every table, Alembic's revision table included, so danlu up creates the schema afresh."""
     from sqlalchemy import MetaData
 
-    from danlu.hub.service.store.orm import make_engine
+    from danlu.hub.service.store.database import make_engine
 
     engine = make_engine(url)
     found = MetaData()

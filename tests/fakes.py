@@ -22,7 +22,7 @@ its runners reach whichever service is up now (:meth:`FakeMachine.attach`), wait
 ===========================  =================================================================================
 
 :func:`make_manager` builds a :class:`~danlu.hub.service.manager.JobManager` the way
-:mod:`danlu.hub.service.app` does, on a fresh SQLite database (:func:`danlu.hub.service.store.database.prepare`), with
+:mod:`danlu.hub.service.app` does, on a fresh SQLite database (:func:`danlu.hub.service.store.schema.prepare`), with
 the builtin profile (opened to GPUs, :func:`gpu_profiles`), two declared GPUs of flavor ``sim``,
 :class:`FakeGroups` for the hub's user directory, no MLflow, and a runner API address nothing listens on.
 """
@@ -45,9 +45,11 @@ from danlu.hub import gpus, scopes
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import ProfileSet, builtin_profiles
+from danlu.hub.service.app import scheduler_class_for
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.manager import JobManager
-from danlu.hub.service.store import database as db
+from danlu.hub.service.store import schema
+from danlu.hub.service.store.database import Database
 from danlu.states import FINAL
 
 UNUSED_API = "http://127.0.0.1:1/unused"
@@ -519,13 +521,13 @@ def make_manager(backend: Backend, state_dir: Path, *, settings: Settings | None
     """A JobManager as hub/service/app.py wires one, on the database in ``state_dir`` (created if new)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     settings = settings or make_settings(state_dir)
-    sessions = db.prepare(settings.jobs_database_url)
+    database = Database(schema.prepare(settings.jobs_database_url))
     manager = JobManager(settings=settings, profiles=profiles or gpu_profiles(),
-                         inventory=gpus.inventory(settings.gpus),
-                         sessions=sessions, backend=backend, groups=groups or FakeGroups(), service_api=service_api,
-                         mlflow=mlflow)
+                         inventory=gpus.inventory(settings.gpus), database=database, backend=backend,
+                         groups=groups or FakeGroups(), scheduler_class=scheduler_class_for(type(backend)),
+                         service_api=service_api, mlflow=mlflow)
     if isinstance(backend, FakeBackend):
-        backend.machine.attach(manager.reports)
+        backend.machine.attach(manager.runner_api)
     return manager
 
 
@@ -542,7 +544,7 @@ async def serving(manager: JobManager, interval: float = 0.02):
         await asyncio.gather(loop, return_exceptions=True)
         await manager.stop()
         backend = manager.backend
-        if isinstance(backend, FakeBackend) and backend.machine.api is manager.reports:
+        if isinstance(backend, FakeBackend) and backend.machine.api is manager.runner_api:
             backend.machine.detach()
 
 

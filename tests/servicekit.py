@@ -28,7 +28,7 @@ from danlu.hub.backends.base import Backend
 from danlu.hub.config import Settings
 from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles
-from danlu.hub.service.api import runner as runner_handlers
+from danlu.hub.service.api.routes import routes
 from danlu.hub.service.manager import JobManager
 from danlu.states import FINAL
 
@@ -99,7 +99,8 @@ class RunnerAPIService:
         self.manager = manager = make_manager(backend, self.state_dir, settings=self.settings, service_api=self.api,
                                               profiles=self.profiles, groups=self.groups, mlflow=self.mlflow)
         await manager.recover()  # before runners are answered, as app.py does
-        self._server = HTTPServer(web.Application(runner_handlers.routes(PREFIX), danlu_jobs=manager))
+        runner_api = [route for route in routes(PREFIX.removesuffix("/api/v1")) if "/runner/" in route[0]]
+        self._server = HTTPServer(web.Application(runner_api, danlu_manager=manager))
         self._server.add_sockets(self.sockets)
         warm = getattr(backend, "warm", None)
         if warm is not None:

@@ -18,8 +18,9 @@ import pytest
 
 from danlu.hub.config import load_settings
 from danlu.hub.gpus import inventory
-from danlu.hub.service.admission.model import Model, Request, Team, Workload
+from danlu.hub.service.admission.model import Model
 from danlu.hub.service.admission.quotas import build_model
+from danlu.hub.service.admission.workloads import Request, Team, Workload
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "config" / "shared-workstation.yaml"
 LOW, NORMAL, HIGH = 100, 1000, 10000

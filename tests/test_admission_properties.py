@@ -48,7 +48,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from danlu.hub.service.admission.model import Model, Request, Team, Workload, gpu_key
+from danlu.hub.service.admission.model import Model
+from danlu.hub.service.admission.workloads import Request, Team, Workload, gpu_key
 
 GIB = 2**30
 EPS = 1e-6

@@ -25,7 +25,8 @@ import pytest
 import requests
 
 from danlu import env
-from danlu.hub.backends.base import Backend, FileRefused
+from danlu.errors import DanluError
+from danlu.hub.backends.base import Backend
 from danlu.hub.backends.local import LocalBackend
 from danlu.hub.config import Settings
 from danlu.hub.profiles import ProfileSet
@@ -42,9 +43,8 @@ PATIENCE = 180.0  # bounds a hang on a busy machine; nothing here measures time
 
 
 def local_backend(settings: Settings) -> Backend:
-    """The local backend as app.py configures it (runners find the profiles' kernelspecs on JUPYTER_PATH)."""
-    return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
-                        runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
+    """The local backend as the service builds it (runners find the profiles' kernelspecs on JUPYTER_PATH)."""
+    return LocalBackend(settings=settings, runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
 
 
 CLUSTERS: dict[Path, object] = {}  # state folder -> the fake cluster of its service (kept across restarts)
@@ -293,8 +293,8 @@ def test_a_hostile_job_cannot_make_the_service_read_a_link_or_block_on_a_fifo(se
         for read in (service.manager.read_log(job, 0, 1 << 20), service.manager.read_output(job, 0, 0, 1 << 20)):
             try:
                 got = await asyncio.wait_for(read, 10)  # bounds a hang; a FIFO must not block the service
-            except FileRefused as e:
-                refused.append(str(e))
+            except DanluError as e:  # the manager's 409 for a file the backend refuses
+                refused.append(f"{e.status} {e.reason}: {e.message}")
             else:
                 refused.append(f"served: {got!r:.200}")
         others = (len(await service.manager.list(ALICE)), await service.manager.queues.list(),
@@ -310,7 +310,9 @@ def test_a_hostile_job_cannot_make_the_service_read_a_link_or_block_on_a_fifo(se
         service.run(service.manager.cancel(ALICE, job_id))
     done = wait_final(service, job_id)
 
-    assert refused[0].startswith("job.log is a link") and refused[1] == "output.ipynb is not a plain file", refused
+    assert refused == [f"409 unsafe_file: job {job_id}'s log cannot be served: job.log is a link",
+                       f"409 unsafe_file: job {job_id}'s output cannot be served: output.ipynb is not a plain file"], \
+        refused
     assert not any("root:" in r for r in refused)
     assert listed >= 1 and queues[0]["name"] == "default" and counts
     assert runner_api.status_code == 403

@@ -67,7 +67,7 @@ def write(folder: Path, files: dict[str, str]) -> Path:
 
 
 async def register(manager, who=ALICE, **body) -> tuple[int, dict]:
-    return await manager.catalog.register(who, body)
+    return await manager.datasets.register(who, body)
 
 
 @in_loop
@@ -78,10 +78,10 @@ async def test_same_content_is_the_same_version_and_a_changed_file_a_new_one(tmp
         again = await register(manager, name="mnist", path="./mnist/")
         (data / "labels" / "a.txt").write_text("b")
         changed = await register(manager, name="mnist", path="mnist")
-        shown = await manager.catalog.show(ALICE, "mnist")
-        v1 = await manager.catalog.version(ALICE, "mnist", 1)
+        shown = await manager.datasets.show(ALICE, "mnist")
+        v1 = await manager.datasets.version(ALICE, "mnist", 1)
         with pytest.raises(NotFound) as missing:
-            await manager.catalog.version(ALICE, "mnist", 3)
+            await manager.datasets.version(ALICE, "mnist", 3)
         records = await manager.audit_records(ADMIN, limit=10, action="register_dataset", target=None)
 
     assert first[0] == 201 and first[1]["version"] == 1 and first[1]["ref"] == "mnist@1"
@@ -113,19 +113,19 @@ async def test_read_groups_hide_a_dataset_and_register_groups_refuse_with_the_fi
         await register(manager, name="faces", path="faces", read_groups=["research", "vision"],
                        register_groups=["research"])
         with pytest.raises(NotFound) as hidden:
-            await manager.catalog.show(BOB, "faces")
+            await manager.datasets.show(BOB, "faces")
         with pytest.raises(NotFound):
-            await manager.catalog.version(BOB, "faces", 1)
-        bobs_list = await manager.catalog.list(BOB)
+            await manager.datasets.version(BOB, "faces", 1)
+        bobs_list = await manager.datasets.list(BOB)
         with pytest.raises(Conflict) as taken:
             await register(manager, BOB, name="faces", path=".")
-        carols = await manager.catalog.show(CAROL, "faces")
+        carols = await manager.datasets.show(CAROL, "faces")
         with pytest.raises(Forbidden) as refused:
             await register(manager, CAROL, name="faces", path="faces")
         with pytest.raises(ValidationError) as fixed:
             await register(manager, name="faces", path="faces", read_groups=["research"])
         by_admin = await register(manager, ADMIN, name="faces", path="shared:.")
-        listed = await manager.catalog.list(CAROL)
+        listed = await manager.datasets.list(CAROL)
 
     assert hidden.value.status == 404 and hidden.value.reason == "no_such_dataset"
     assert bobs_list == []
@@ -157,7 +157,7 @@ async def test_paths_that_leave_their_root_are_refused(tmp_path):
                 await register(manager, name="x", path=path)
             assert refused.value.field == "path" and refused.value.fix
             reasons[path] = refused.value.reason
-        assert await manager.catalog.list(ADMIN) == []
+        assert await manager.datasets.list(ADMIN) == []
     assert reasons == cases
 
 
@@ -215,7 +215,7 @@ async def test_a_bad_name_or_a_service_token_is_refused(tmp_path):
         with pytest.raises(ValidationError) as bad:
             await register(manager, name="Bad Name", path="d")
         with pytest.raises(NotFound):
-            await manager.catalog.show(ALICE, "nothing")
+            await manager.datasets.show(ALICE, "nothing")
     assert bad.value.field == "name" and bad.value.reason == "invalid_field"
 
 
@@ -232,7 +232,7 @@ async def test_a_job_names_a_version_and_its_runner_gets_the_digest_and_manifest
                                                    "datasets": ["mnist@1", "mnist@latest"]})
         assert status == 201, job
         await until(lambda: backend.launches, "the job to start")
-        spec = await manager.reports.spec(job["id"], 1, backend.launches[0].token)
+        spec = await manager.runner_api.spec(job["id"], 1, backend.launches[0].token)
         backend.finish(job["id"])
         await final(manager, job["id"])
         with pytest.raises(NotFound) as hidden:
@@ -306,7 +306,7 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
         _, bobs = await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mine.txt"]})
         await until(lambda: len(backend.launches) == 2, "both jobs to start")
         token = {launch.job_id: launch.token for launch in backend.launches}
-        reports = manager.reports
+        reports = manager.runner_api
 
         async def ask(job_id, body, tok=None):
             owner = await reports.owner(job_id, 1, tok or token[job_id])
@@ -330,15 +330,15 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
                 await ask(job["id"], body)
             invalid.append(e.value.field)
         viewed = await manager.job_dict(job["id"])
-        listed = await manager.views(await manager.list(ALICE))
+        listed = await manager.views_of(await manager.list(ALICE))
         sent = json.loads(await manager.page_json(ALICE))["jobs"]  # GET /jobs: its uses read for all at once
-        for_alice = await manager.catalog.version(ALICE, "faces", 1)
-        for_carol = await manager.catalog.version(CAROL, "faces", 1)
-        for_admin = await manager.catalog.version(ADMIN, "faces", 1)
+        for_alice = await manager.datasets.version(ALICE, "faces", 1)
+        for_carol = await manager.datasets.version(CAROL, "faces", 1)
+        for_admin = await manager.datasets.version(ADMIN, "faces", 1)
         for j in (job, bobs):
             backend.finish(j["id"])
             await final(manager, j["id"])
-        with manager.core.sessions() as s:
+        with manager.database.sessions() as s:
             uses = catalog.uses_of_job(s, job["id"])
 
     assert [(d["name"], d["context"]) for d in spec["datasets"]] == [
@@ -389,9 +389,9 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
     async def answers():
         async with service(tmp_path) as manager:
             _, registered = await register(manager, name="tab", path="tab", description="a table")
-            return {"register": registered, "list": await manager.catalog.list(ALICE),
-                    "show": await manager.catalog.show(ALICE, "tab"),
-                    "version": await manager.catalog.version(ALICE, "tab", 1)}
+            return {"register": registered, "list": await manager.datasets.list(ALICE),
+                    "show": await manager.datasets.show(ALICE, "tab"),
+                    "version": await manager.datasets.version(ALICE, "tab", 1)}
 
     client = AnsweringClient(asyncio.run(answers()))
     monkeypatch.setattr(cli, "_client", lambda args: client)

@@ -119,7 +119,7 @@ def versions(svc):
     write(home / "data" / "extra", {"e.txt": "extra"})
     out = {}
     for name, groups in (("faces", ["research"]), ("holdout", []), ("extra", [])):
-        status, out[name] = svc.run(svc.manager.catalog.register(ALICE, {"name": name, "path": f"data/{name}",
+        status, out[name] = svc.run(svc.manager.datasets.register(ALICE, {"name": name, "path": f"data/{name}",
                                                                          "read_groups": groups}))
         assert status == 201, out[name]
     return out
@@ -150,12 +150,12 @@ def test_danlu_dataset_in_a_cell_returns_the_path_and_is_a_use_both_ways(svc, ve
     assert f"EXTRA {versions['extra']['path']} ['e.txt']" in output(svc, alice_job["id"])
     assert [(i["ref"], i["context"]) for i in alice_job["inputs"]] == [
         ("faces@1", "training"), ("holdout@1", "evaluation"), ("extra@1", "training")]
-    extra = svc.run(svc.manager.catalog.version(ALICE, "extra", 1))["used_by"]
+    extra = svc.run(svc.manager.datasets.version(ALICE, "extra", 1))["used_by"]
     assert [(u["job_id"], u["attempt"], u["context"], u["mlflow_run_id"]) for u in extra] == [
         (alice_job["id"], 1, "training", alice_job["mlflow_run_id"])]
-    holdout = svc.run(svc.manager.catalog.version(ALICE, "holdout", 1))["used_by"]
+    holdout = svc.run(svc.manager.datasets.version(ALICE, "holdout", 1))["used_by"]
     assert [(u["job_id"], u["attempt"], u["context"]) for u in holdout] == [(alice_job["id"], None, "evaluation")]
-    assert svc.run(svc.manager.catalog.version(BOB, "holdout", 1))["used_by"] == []  # not his job
+    assert svc.run(svc.manager.datasets.version(BOB, "holdout", 1))["used_by"] == []  # not his job
 
 
 def test_a_user_outside_the_read_groups_gets_a_404_from_danlu_dataset(svc, versions):
@@ -163,7 +163,7 @@ def test_a_user_outside_the_read_groups_gets_a_404_from_danlu_dataset(svc, versi
     assert job["state"] == "failed" and job["failure"] == "user", job
     assert "NotFound: ref: dataset faces not found" in job["reason"], job["reason"]
     assert job["inputs"] == []
-    assert svc.run(svc.manager.catalog.version(ALICE, "faces", 1))["used_by"][0]["owner"] == "alice"
+    assert svc.run(svc.manager.datasets.version(ALICE, "faces", 1))["used_by"][0]["owner"] == "alice"
 
 
 def test_the_runner_api_refuses_hostile_requests(svc, versions, alice_job):

@@ -25,7 +25,7 @@ def job(n: int, owner: str, experiment: str, run: bool = True, experiment_id="7"
 @pytest.fixture
 def manager(tmp_path):
     m = make_manager(FakeBackend(), tmp_path / "state")
-    with m.core.sessions() as s:
+    with m.database.sessions() as s:
         s.add_all([
             job(1, "alice", "alice/mnist", minutes=1), job(2, "alice", "alice/mnist", minutes=5),
             job(3, "alice", "shared", experiment_id="9", minutes=2),

@@ -18,8 +18,7 @@ import pytest
 from sqlalchemy import delete, func, insert, select, update
 
 from danlu.hub.config import load_settings
-from danlu.hub.service.store import audit
-from danlu.hub.service.store import database as db
+from danlu.hub.service.store import audit, schema
 from danlu.hub.service.store.orm import Attempt, AuditRecord, GpuSample, Job, ServerUsage, UsageRollup
 from danlu.hub.service.usage import reports as usage
 from danlu.hub.service.usage import rollups
@@ -27,7 +26,7 @@ from danlu.hub.service.usage import rollups
 
 @pytest.fixture
 def sessions(tmp_path):
-    return db.prepare(f"sqlite:///{tmp_path / 'danlu.sqlite'}")
+    return schema.prepare(f"sqlite:///{tmp_path / 'danlu.sqlite'}")
 
 
 # the audit chain ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from traitlets.config import Config
 from danlu.errors import ConfigError
 from danlu.hub.config import load_settings
 from danlu.hub.hubconfig import AUTHENTICATORS, SERVER_TOKEN_SCOPES, configure
-from danlu.hub.service import culling
+from danlu.hub.scopes import CULLER_SCOPES
 
 OIDC = {"type": "oidc", "client_id": "danlu", "client_secret": "s3cret",
         "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
@@ -51,7 +51,7 @@ def test_defaults_pam_services_scopes_and_roles(tmp_path):
     assert services["danlu"]["url"] == "http://127.0.0.1:10101"
     assert services["danlu-admin"]["api_token"] == "a" * 64
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert set(culling.SCOPES) <= set(roles["danlu-service"]["scopes"])
+    assert set(CULLER_SCOPES) <= set(roles["danlu-service"]["scopes"])
     assert "custom:danlu:jobs!user" in roles["user"]["scopes"]
     assert roles["danlu-admin"]["users"] == ["alice"]
     assert "custom:danlu:jobs!user" in SERVER_TOKEN_SCOPES

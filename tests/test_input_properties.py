@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from danlu.errors import DanluError, UsageError, ValidationError
+from danlu.hub.service.paths import resolve_dataset, safe_relative_path
 from danlu.hub.service.validation import (
     EARLIEST,
     LATEST,
@@ -34,8 +35,6 @@ from danlu.hub.service.validation import (
     int_param,
     parse_json,
     parse_time,
-    resolve_dataset,
-    safe_relative_path,
 )
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

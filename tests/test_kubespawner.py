@@ -254,7 +254,9 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     assert set(services) == {"jupyterhub-idle-culler", "danlu", "mlflow"}
     danlu, gateway = services["danlu"], services["mlflow"]
     assert danlu["url"] == "http://hub:10101"
-    assert danlu["command"][1:] == ["-m", "danlu.hub.service", "--JobsServiceApp.backend=kubernetes",
+    assert danlu["command"][1:] == ["-m", "danlu.hub.service", "--JobsServiceApp.backend_class=kubernetes",
+                                    "--JobsServiceApp.upgrade_database=True",
+                                    "--JobsServiceApp.cull_idle_servers=False",
                                     "--JobsServiceApp.ip=0.0.0.0"]
     assert danlu["environment"] == {names.CONFIG: str(config_dir / "danlu.yaml"),
                                     names.PROFILES_FILE: str(config_dir / "profiles.yaml"),

@@ -23,8 +23,8 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, load_settings
-from danlu.hub.service.admission.model import gpu_key
 from danlu.hub.service.admission.quotas import build_teams
+from danlu.hub.service.admission.workloads import gpu_key
 
 from . import k8sschemas
 from .k8sschemas import KubernetesValidator, crd_schema, load_crd_of, parse_quantity, raw_schema, validator_for

@@ -97,7 +97,7 @@ async def attempt_rows(manager, job_id: str) -> list[dict]:
         return [{"number": a.number, "state": a.state, "report": dict(a.report or {}), "token_hash": a.token_hash,
                  "stop_reason": a.stop_reason} for a in s.get(Job, job_id).attempts]
 
-    return await manager.core.db(query)
+    return await manager.database.write(query)
 
 
 async def allocations(manager) -> list[dict]:
@@ -117,7 +117,7 @@ async def test_a_job_that_succeeds_is_recorded_and_its_log_and_output_are_served
         assert await allocations(manager) == []
         [launch] = backend.launches
         with pytest.raises(Forbidden):  # an ended attempt's token no longer works
-            await manager.reports.spec(job_id, 1, launch.token)
+            await manager.runner_api.spec(job_id, 1, launch.token)
 
     assert done["state"] == "succeeded" and done["failure"] is None and done["reason"] == ""
     assert [(a["state"], a["exit_code"], a["devices"]) for a in done["attempts"]] == [("succeeded", 0, [0])]
@@ -524,7 +524,7 @@ def add_history(manager, count: int, *, start=dt.datetime(2026, 11, 1), ties: in
     jobs = [Job(id=f"{0xe00000000000 + (i * 7919) % 0xfffff:012x}", owner=("alice", "carol", "dave")[i % 3],
                 name=f"h{i}", state=states[i % 4], profile="python", queue=("a", "b")[i % 2],
                 created_at=start + dt.timedelta(seconds=i // ties)) for i in range(count)]
-    with manager.core.sessions() as s, s.begin():
+    with manager.database.sessions() as s, s.begin():
         s.add_all(jobs)
     return sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)
 
@@ -626,7 +626,7 @@ async def body_and_views(manager, who, **filters) -> tuple[str, str]:
     say it (the ORM's objects, the views built one by one, the whole encoded at once)."""
     sent = await manager.page_json(who, **filters)
     jobs, cursor = await manager.page(who, **filters)
-    return sent, json.dumps({"jobs": await manager.views(jobs), "next_cursor": cursor})
+    return sent, json.dumps({"jobs": await manager.views_of(jobs), "next_cursor": cursor})
 
 
 def without_clock(body: str) -> dict:
@@ -658,8 +658,8 @@ async def test_a_listing_is_the_views_of_its_page_byte_for_byte_and_only_ended_j
             sent, expected = await body_and_views(manager, who, **filters)
             compared.append(without_clock(sent) == without_clock(expected))
         ended, ended_expected = await body_and_views(manager, ADMIN, states=["succeeded", "failed"], limit=200)
-        cached = set(manager.view_cache._entries)
-        hits = manager.view_cache.hits
+        cached = set(manager.views.cache._entries)
+        hits = manager.views.cache.hits
         backend.finish(running)
         await final(manager, running)
 
@@ -682,12 +682,12 @@ async def test_a_kept_view_changes_with_anything_its_job_was_built_from(tmp_path
             return listed
 
         async def change(fn) -> dict:
-            await manager.core.db(fn)
+            await manager.database.write(fn)
             return await view()
 
         first = await view()
         again = await view()
-        hits = manager.view_cache.hits
+        hits = manager.views.cache.hits
 
         def late_report(s):  # the runner's last tracking report, after the job ended
             s.get(Job, job_id).tracking = {"run_id": "r1", "experiment_id": "7", "points_sent": 12}
@@ -710,7 +710,7 @@ async def test_a_kept_view_changes_with_anything_its_job_was_built_from(tmp_path
         exited = await change(attempt_changed)
         used = await change(used_a_dataset)
         named = await change(renamed)
-        with manager.core.sessions() as s:
+        with manager.database.sessions() as s:
             attempts = s.query(Attempt).filter_by(job_id=job_id).count()
 
     assert first == again and hits >= 1 and attempts == 1
@@ -730,7 +730,7 @@ async def test_a_kept_view_never_shows_a_job_to_a_caller_who_may_not_see_it(tmp_
         for_bob = json.loads(await manager.page_json(BOB))["jobs"]
         with pytest.raises(Forbidden):
             await manager.page_json(ALICE, owner="carol")
-        kept = len(manager.view_cache)
+        kept = len(manager.views.cache)
 
     assert [j["id"] for j in everyone] == [j.id for j in history] and kept == len(history)
     assert [j["id"] for j in for_alice] == [j.id for j in history if j.owner == "alice"]
@@ -747,7 +747,7 @@ async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp
     hour = rollups.floor_hour(utcnow()) - dt.timedelta(hours=3)
     backend = InstantBackend()
     manager = make_manager(backend, tmp_path / "state")
-    with manager.core.sessions() as s, s.begin():  # before it starts, as an upgraded database holds them
+    with manager.database.sessions() as s, s.begin():  # before it starts, as an upgraded database holds them
         for i, who in enumerate(("alice", "carol")):  # two 1-GPU jobs of an hour each, samples old and new
             job = Job(id=f"f0000000000{i}", owner=who, name="old", state="succeeded", profile="python",
                       queue="default", created_at=hour)
@@ -758,10 +758,10 @@ async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp
                    GpuSample(device=0, at=hour + dt.timedelta(minutes=30), utilization=50.0)])
     async with serving(manager):
         caught_up = rollups.floor_hour(utcnow() - rollups.GRACE)
-        await until(lambda: manager.core.read(lambda s: rollups.watermark(s) == caught_up), "usage to be rolled up")
-        await until(lambda: manager.core.read(lambda s: s.query(GpuSample).count() == 1), "old samples to go")
+        await until(lambda: manager.database.read(lambda s: rollups.watermark(s) == caught_up), "usage to be rolled up")
+        await until(lambda: manager.database.read(lambda s: s.query(GpuSample).count() == 1), "old samples to go")
         report = await manager.usage(ADMIN, user=None, by="user", start=hour - dt.timedelta(days=1), end=utcnow())
-        rolled = await manager.core.read(lambda s: s.query(UsageRollup).count())
+        rolled = await manager.database.read(lambda s: s.query(UsageRollup).count())
     await backend.machine.kill_all()
 
     assert {r["user"]: (r["gpu_hours"], r["jobs"], r["measured_utilization"]) for r in report["rows"]} == {
@@ -1060,7 +1060,7 @@ async def test_an_attempt_recorded_but_never_launched_is_requeued_without_counti
     async with serving(manager):
         requeued = await manager.job_dict(launch.job_id)
         with pytest.raises(Forbidden):
-            await manager.reports.spec(launch.job_id, 1, launch.token)
+            await manager.runner_api.spec(launch.job_id, 1, launch.token)
         await manager.queues.drain(ADMIN, False)
         done = await final(manager, launch.job_id)
 

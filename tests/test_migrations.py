@@ -24,10 +24,11 @@ from sqlalchemy import MetaData, create_engine, inspect, make_url, select, text
 
 from danlu import env
 from danlu.errors import ConfigError
-from danlu.hub.service.jobs.views import cell_sha256
 from danlu.hub.service.store import audit
-from danlu.hub.service.store import database as db
-from danlu.hub.service.store.orm import Allocation, Attempt, Base, Job, JobInput, make_sessionmaker
+from danlu.hub.service.store import schema as db_schema
+from danlu.hub.service.store.database import make_sessionmaker
+from danlu.hub.service.store.orm import Allocation, Attempt, Base, Job, JobInput
+from danlu.hub.service.store.rows import cell_sha256
 
 FIXTURE = Path(__file__).parent / "fixtures" / "danlu-0.1.0.sql"
 POSTGRES_URL = env.TEST_POSTGRES_URL.get()
@@ -136,7 +137,7 @@ def url(request, tmp_path):
 def test_revision_0001_is_the_schema_of_danlu_0_1_0(tmp_path):
     previous = load_previous(tmp_path / "previous.sqlite")
     migrated = f"sqlite:///{tmp_path / 'migrated.sqlite'}"
-    command.upgrade(db.alembic_config(migrated), "0001")  # env.py on a URL, as the alembic command line runs it
+    command.upgrade(db_schema.alembic_config(migrated), "0001")  # env.py on a URL, as the alembic command line runs it
     assert schema(migrated) == schema(previous)
     assert set(schema(migrated)) == set(Base.metadata.tables) - {
         "job_inputs", "datasets", "dataset_versions", "dataset_uses", "models", "model_versions", "model_decisions",
@@ -156,11 +157,11 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     previous_sql = list(writer.iterdump())
     assert len(before["jobs"]) == 15 and len(before["audit"]) == 19 and len(before["flags"]) == 2
     with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0008"):
-        db.check(url)
+        db_schema.check(url)
 
-    result = db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
+    result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result["from"] == "0001" and result["to"] == db.head() == "0008"
+    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0008"
     assert "no schema revision: Danlu 0.1.0 made it" in caplog.text
     backup = Path(result["backup"])
     assert backup.parent == tmp_path / "backups"
@@ -181,7 +182,7 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
         verified = audit.verify(s)
         assert verified.ok and verified.records == 19, verified.problem
     assert differences(url) == []
-    db.check(url)
+    db_schema.check(url)
     writer.close()
 
 
@@ -191,7 +192,7 @@ def test_a_database_without_revision_but_with_the_new_tables_is_refused(tmp_path
     Base.metadata.create_all(engine)  # as a development build between 0.1.0 and migrations left it
     engine.dispose()
     with pytest.raises(ConfigError, match="development build of Danlu"):
-        db.upgrade(url, backup_dir=tmp_path, log=LOG)
+        db_schema.upgrade(url, backup_dir=tmp_path, log=LOG)
 
 
 def make_job_folders(jobs: Path, outside: Path) -> dict[str, str]:
@@ -214,7 +215,7 @@ def make_job_folders(jobs: Path, outside: Path) -> dict[str, str]:
     os.mkfifo(folders["fifo"] / "input.ipynb")
     (folders["directory"] / "input.ipynb").mkdir()
     with open(folders["oversize"] / "input.ipynb", "wb") as f:
-        f.truncate(db.MAX_NOTEBOOK + 1)
+        f.truncate(db_schema.MAX_NOTEBOOK + 1)
     (folders["bad-json"] / "input.ipynb").write_text('{"cells": [', encoding="utf-8")
     folders["folder-symlink"].symlink_to(outside, target_is_directory=True)
     (folders["not-a-notebook"] / "input.ipynb").write_text('{"cells": []}', encoding="utf-8")
@@ -224,12 +225,12 @@ def make_job_folders(jobs: Path, outside: Path) -> dict[str, str]:
 @pytest.mark.timeout(60)  # a FIFO must not block the upgrade
 def test_import_legacy_inputs_carries_notebooks_over_and_fails_what_it_cannot(tmp_path):
     url = load_previous(tmp_path / "danlu.sqlite")
-    db.upgrade(url, backup_dir=None, log=LOG)
+    db_schema.upgrade(url, backup_dir=None, log=LOG)
     good = make_job_folders(tmp_path / "jobs", tmp_path / "elsewhere")
     finished_before = [row for row in dump(url)["jobs"] if row["id"] not in UNFINISHED]
     sessions = make_sessionmaker(url)
 
-    handled = db.import_legacy_inputs(sessions, tmp_path / "jobs", LOG)
+    handled = db_schema.import_legacy_inputs(sessions, tmp_path / "jobs", LOG)
 
     assert set(handled) == UNFINISHED
     with sessions() as s:
@@ -246,17 +247,18 @@ def test_import_legacy_inputs_carries_notebooks_over_and_fails_what_it_cannot(tm
         held = {a.device: a.holder_id for a in s.scalars(select(Allocation))}
         assert held == {0: "b00000000002", 1: "b00000000003", 3: "dave"}  # the failed job's GPU was released
     assert [row for row in dump(url)["jobs"] if row["id"] not in UNFINISHED] == finished_before
-    assert db.import_legacy_inputs(sessions, tmp_path / "jobs", LOG) == []
+    assert db_schema.import_legacy_inputs(sessions, tmp_path / "jobs", LOG) == []
 
 
 def test_migrated_schema_equals_the_models(url):
-    assert db.upgrade(url, backup_dir=None, log=LOG) == {"from": None, "to": db.head(), "backup": None}
+    assert db_schema.upgrade(url, backup_dir=None, log=LOG) == {"from": None, "to": db_schema.head(), "backup": None}
     assert differences(url) == []
 
 
 def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
-    sessions = db.prepare(url)
-    assert db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == {"from": "0008", "to": "0008", "backup": None}
+    sessions = db_schema.prepare(url)
+    unchanged = {"from": "0008", "to": "0008", "backup": None}
+    assert db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == unchanged
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
         job = Job(id="d00000000001", owner="alice", name="kept", state="queued", profile="python",
@@ -266,7 +268,7 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     sessions.kw["bind"].dispose()
     before = dump(url)
 
-    db.downgrade(url, "0001")
+    db_schema.downgrade(url, "0001")
 
     at_0001 = dump(url)
     assert "job_inputs" not in at_0001 and "tracking" not in at_0001["jobs"][0]
@@ -275,9 +277,9 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     if url.startswith("sqlite"):
         assert schema(url) == schema(load_previous(tmp_path / "previous.sqlite"))
     with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0008"):
-        db.check(url)
+        db_schema.check(url)
 
-    assert db.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
+    assert db_schema.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
     assert differences(url) == []
     after = dump(url)
     assert after["attempts"][0]["token_hash"] == "" and after["job_inputs"] == []
@@ -286,17 +288,17 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
 
 def test_check_refuses_an_old_and_an_unknown_revision(url):
     with pytest.raises(ConfigError, match="revision none") as e:
-        db.check(url)
+        db_schema.check(url)
     assert "start it with danlu up, which upgrades it" in str(e.value)
-    db.upgrade(url, backup_dir=None, log=LOG)
-    db.check(url)
+    db_schema.upgrade(url, backup_dir=None, log=LOG)
+    db_schema.check(url)
     set_revision(url, "0001")
     with pytest.raises(ConfigError) as e:
-        db.check(url)
+        db_schema.check(url)
     assert "revision 0001, and this Danlu needs 0008 (start it with danlu up, which upgrades it)" in str(e.value)
     assert e.value.reason == "db_schema"
     set_revision(url, "0999")
-    for refuse in (lambda: db.check(url), lambda: db.upgrade(url, backup_dir=None, log=LOG)):
+    for refuse in (lambda: db_schema.check(url), lambda: db_schema.upgrade(url, backup_dir=None, log=LOG)):
         with pytest.raises(ConfigError) as e:
             refuse()
         assert "schema revision 0999, which this Danlu does not know" in str(e.value)
@@ -307,8 +309,8 @@ def test_check_refuses_an_old_and_an_unknown_revision(url):
 def test_upgrade_of_danlu_0_1_0_rows_on_postgres(postgres_url, tmp_path, caplog):
     url = postgres_url
     caplog.set_level(logging.INFO)
-    db.upgrade(url, backup_dir=None, log=LOG)
-    db.downgrade(url, "0001")
+    db_schema.upgrade(url, backup_dir=None, log=LOG)
+    db_schema.downgrade(url, "0001")
     previous = create_engine(load_previous(tmp_path / "previous.sqlite"))
     source, target = MetaData(), MetaData()
     source.reflect(previous)
@@ -324,7 +326,7 @@ def test_upgrade_of_danlu_0_1_0_rows_on_postgres(postgres_url, tmp_path, caplog)
     engine.dispose()
     before = dump(url)
 
-    result = db.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
+    result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
     assert result == {"from": "0001", "to": "0008", "backup": None}
     assert "pg_dump" in caplog.text and not (tmp_path / "backups").exists()

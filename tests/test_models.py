@@ -546,7 +546,7 @@ class TrainingBackend(EvaluatingBackend):
 
 @in_loop
 async def test_lineage_walks_from_a_version_to_its_data_environment_and_approvals(tmp_path, mlflow_server):
-    from danlu.hub.service.registry.lineage import KINDS, model_lineage
+    from danlu.hub.service.registry.lineage import KINDS
 
     mlflow = mlflow_server
     name = f"traced-{uuid.uuid4().hex[:6]}"
@@ -555,7 +555,7 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
         data = tmp_path / "state" / "users" / "alice" / "digits"
         data.mkdir()
         (data / "train.csv").write_text("x,y\n1,2\n")
-        _, dataset = await manager.catalog.register(ALICE, {"name": "digits", "path": "digits"})
+        _, dataset = await manager.datasets.register(ALICE, {"name": "digits", "path": "digits"})
         status, job = await manager.submit(ALICE, {
             "notebook": notebook("import random\nrandom.seed(7)"), "parameters": {"lr": 0.1},
             "datasets": ["digits@1", {"ref": "digits@1", "context": "evaluation"}],
@@ -571,10 +571,10 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
         _, version = await manager.models.register(ALICE, {"run_id": trained.mlflow_run_id, "name": name})
         await manager.models.decide(CAROL, name, 1, {"decision": "approve", "comment": "traced end to end"})
         await manager.models.set_alias(CAROL, name, "champion", {"version": 1})
-        mine = await model_lineage(manager, ALICE, name, 1)
-        theirs = await model_lineage(manager, BOB, name, 1)
+        mine = await manager.lineage(ALICE, name, 1)
+        theirs = await manager.lineage(BOB, name, 1)
         with pytest.raises(NotFound):
-            await model_lineage(manager, ALICE, name, 2)
+            await manager.lineage(ALICE, name, 2)
     assert done is not None and version["job_id"] == job["id"]
 
     kinds = {n["kind"]: n for n in mine["nodes"]}

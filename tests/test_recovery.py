@@ -6,7 +6,7 @@ import pytest
 
 from danlu.hub.config import Settings
 from danlu.hub.service.jobs import recovery
-from danlu.hub.service.store import database as db
+from danlu.hub.service.store import schema
 from danlu.hub.service.store.orm import Attempt, Job, utcnow
 
 
@@ -20,7 +20,7 @@ def _job(job_id: str, state: str, backend_state, report=None) -> Job:
 @pytest.fixture
 def settings(tmp_path):
     url = f"sqlite:///{tmp_path / 'danlu.sqlite'}"
-    sessions = db.prepare(url)
+    sessions = schema.prepare(url)
     with sessions() as s, s.begin():
         s.add_all([
             # what a hostile or older runner could have left behind: wrong types everywhere

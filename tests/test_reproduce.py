@@ -98,7 +98,7 @@ async def submit(manager, who=ALICE, **body) -> dict:
 
 
 async def row(manager, job_id: str) -> Job:
-    return await manager.core.read(lambda s: s.get(Job, job_id))
+    return await manager.database.read(lambda s: s.get(Job, job_id))
 
 
 class ManagerClient:
@@ -112,7 +112,7 @@ class ManagerClient:
 
     def job(self, job_id):
         async def get():
-            return self.manager.to_dict(await self.manager.get(self.who, job_id))
+            return await self.manager.job_view(self.who, job_id)
 
         return self.call(get())
 
@@ -166,25 +166,25 @@ async def test_reproducing_is_refused_when_an_input_can_no_longer_be_had(tmp_pat
         data = home(tmp_path / "state") / "digits"
         data.mkdir()
         (data / "a.csv").write_text("x,y\n1,2\n")
-        await manager.catalog.register(ALICE, {"name": "digits", "path": "digits"})
+        await manager.datasets.register(ALICE, {"name": "digits", "path": "digits"})
         job = await submit(manager, notebook=notebook("print(1)"), datasets=["digits@latest"])
         await final(manager, job["id"])
         (data / "a.csv").write_text("x,y\n3,4\n")
-        await manager.catalog.register(ALICE, {"name": "digits", "path": "digits"})  # version 2
+        await manager.datasets.register(ALICE, {"name": "digits", "path": "digits"})  # version 2
 
         again = await manager.reproduce(ALICE, job["id"])  # the version the job read, not the latest
-        profiles = manager.core.profiles
-        manager.core.profiles = ProfileSet((dataclasses.replace(profiles.default, slug="other"),))
+        profiles = manager.reproduction.profiles
+        manager.reproduction.profiles = ProfileSet((dataclasses.replace(profiles.default, slug="other"),))
         with pytest.raises(Conflict) as profile_gone:
             await manager.reproduce(ALICE, job["id"])
-        manager.core.profiles = ProfileSet((dataclasses.replace(profiles.default, groups=("vision",)),))
+        manager.reproduction.profiles = ProfileSet((dataclasses.replace(profiles.default, groups=("vision",)),))
         with pytest.raises(Conflict) as not_allowed:
             await manager.reproduce(ALICE, job["id"])
-        manager.core.profiles = profiles
-        await manager.core.db(lambda s: s.execute(delete(DatasetVersion).where(DatasetVersion.version == 1)))
+        manager.reproduction.profiles = profiles
+        await manager.database.write(lambda s: s.execute(delete(DatasetVersion).where(DatasetVersion.version == 1)))
         with pytest.raises(Conflict) as version_gone:
             await manager.reproduce(ALICE, job["id"])
-        await manager.core.db(lambda s: s.execute(delete(JobInput).where(JobInput.job_id == job["id"])))
+        await manager.database.write(lambda s: s.execute(delete(JobInput).where(JobInput.job_id == job["id"])))
         with pytest.raises(Conflict) as no_source:
             await manager.reproduce(ALICE, job["id"])
         jobs = await manager.list(ADMIN)
@@ -241,13 +241,13 @@ async def test_a_runner_may_add_only_the_seed_an_unknown_dirty_state_and_plain_d
                         {"event": "provenance", "datasets": [{"name": "data.csv", "digest": "not-a-digest"}]},
                         {"event": "provenance", "datasets": [{"name": "x", "digest": "a" * 64}] * 101}):
             with pytest.raises(ValidationError) as e:
-                await manager.reports.event(job["id"], 1, run.launch.token, hostile)
+                await manager.runner_api.event(job["id"], 1, run.launch.token, hostile)
             refused.append(e.value.status)
-        await manager.reports.event(job["id"], 1, run.launch.token, {
+        await manager.runner_api.event(job["id"], 1, run.launch.token, {
             "event": "provenance", "seed": 7, "git_dirty": True,
             "datasets": [{"name": "data.csv", "digest": "d" * 64, "manifest": [["data.csv", 8, "d" * 64]]},
                          {"name": "other.csv", "digest": "e" * 64}]})
-        await manager.reports.event(job["id"], 1, run.launch.token, {"event": "provenance", "seed": 8,
+        await manager.runner_api.event(job["id"], 1, run.launch.token, {"event": "provenance", "seed": 8,
                                                                        "datasets": [{"name": "data.csv",
                                                                                      "digest": "f" * 64}]})
         backend.finish(job["id"])
@@ -312,8 +312,7 @@ def workbench(mlflow_server, tmp_path_factory):
     state = tmp_path_factory.mktemp("reproduce")
 
     def backend(settings):
-        return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
-                            runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
+        return LocalBackend(settings=settings, runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
 
     svc = RunnerAPIService(state, backend, profiles=gpu_profiles(), mlflow=MlflowAccess(mlflow_server)).open()
     try:
@@ -351,7 +350,7 @@ def test_a_deterministic_job_reproduced_has_identical_metrics_and_its_seed(workb
                                        "metrics": True}, comparison
     assert comparison["metrics"] == [] and comparison["parameters"] == []
 
-    records = [svc.run(svc.manager.core.read(lambda s, i=i: s.get(Job, i).provenance))
+    records = [svc.run(svc.manager.database.read(lambda s, i=i: s.get(Job, i).provenance))
                for i in (job["id"], second["id"])]
     assert [r["seed"] for r in records] == [7, 7]
     assert records[0]["datasets"][0]["digest"] and records[0]["datasets"] == records[1]["datasets"]

@@ -19,8 +19,8 @@ import nbformat
 import pytest
 
 from danlu.errors import UsageError, ValidationError
+from danlu.hub.service.paths import check_dataset, resolve_dataset, safe_relative_path
 from danlu.hub.service.validation import (
-    check_dataset,
     check_notebook,
     check_parameters,
     check_schema,
@@ -28,8 +28,6 @@ from danlu.hub.service.validation import (
     int_param,
     parse_json,
     parse_time,
-    resolve_dataset,
-    safe_relative_path,
     time_range,
 )
 

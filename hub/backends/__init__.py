@@ -1,8 +1,9 @@
 """Job backends (where admitted jobs run) and their registry.
 
-``backends.get("local")`` returns a backend class. Built-in backends are
-registered here; others are found lazily through the ``danlu.backends`` entry
-point group, the way JupyterHub finds spawners by name.
+``backends.get("local")`` returns a backend class, found through the
+``danlu.backends`` entry point group (pyproject.toml lists the local and the
+Kubernetes backend there), the way JupyterHub finds spawners by name; an
+unknown name is a :class:`~danlu.errors.ConfigError` that lists the valid ones.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from danlu.errors import ConfigError
 
 class Registry:
     """Named plug-ins: explicit ``register``, lazy entry points, typed errors for unknown names."""
-
     def __init__(self, group: str, kind: str):
         self.group = group
         self.kind = kind
@@ -45,5 +45,3 @@ class Registry:
 
 
 backends = Registry("danlu.backends", "backend")
-backends.register("local", "danlu.hub.backends.local:LocalBackend")
-backends.register("kubernetes", "danlu.hub.backends.kubernetes:KubernetesBackend")

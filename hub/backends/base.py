@@ -32,12 +32,15 @@ eviction by that queue ends the attempt with an authoritative ``preempted``
 :class:`Outcome`, and the job is handed over again.
 
 plus ``user_home`` (the owner's home as the runner sees it, if the backend
-decides that), ``get_state``/``load_state`` (persisted state after a restart) and
+decides that), ``load_state`` (persisted state after a restart) and
 ``shutdown`` (idle resources; running jobs are left alone). A subclass that
 misses a required method, or defines a lifecycle method that is not a
 coroutine, is refused when it is defined, as JupyterHub's
-``Spawner.__init_subclass__`` does. Backends are chosen by name through the
-``danlu.backends`` entry point group (:data:`danlu.hub.backends.backends`).
+``Spawner.__init_subclass__`` does. Backends are configurables: the jobs
+service builds its ``backend_class`` (an entry point name of the
+``danlu.backends`` group, as JupyterHub's ``spawner_class``) with ``parent=``
+itself and the workbench's settings and profiles, from which each backend
+takes its own defaults.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output"
 @dataclass(frozen=True)
 class Launch:
     """What a backend needs to start one attempt of a job (the rest comes from the runner API)."""
-
     job_id: str
     attempt: int
     owner: str
@@ -88,7 +90,6 @@ class Launch:
 @dataclass
 class Outcome:
     """How an attempt ended."""
-
     state: str  # succeeded | failed | cancelled | preempted | timed_out
     reason: str = ""
     exit_code: int | None = None
@@ -97,13 +98,11 @@ class Outcome:
     interrupted: bool = False
     #: the service's own account of the attempt, which wins over what its runner reported (a failed start)
     authoritative: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Admission:
     """A queueing backend's answer for an attempt it holds: admitted yet, and if not, why and where."""
-
     admitted: bool
     reason: str = ""
     position: int | None = None  # 1-based, in the attempt's queue
@@ -118,10 +117,18 @@ class FileRefused(Exception):
 
 class Backend(LoggingConfigurable):
     """Base class of job backends; subclasses implement every REQUIRED method, as coroutines."""
-
     name = "base"
-    #: True when the backend's own queue admits attempts (see the module's docs)
+    #: True when the backend's own queue admits attempts (see the module's docs); the jobs service then chooses
+    #: a scheduler that hands jobs over (asked once, at start-up)
     queues = False
+    #: True when an attempt runs in its profile's container image (a job's provenance records the image)
+    runs_in_images = False
+
+    def __init__(self, settings=None, profiles=None, **kwargs):
+        super().__init__(**kwargs)
+        #: the workbench's settings (danlu.yaml) and governed profiles, where a backend takes its defaults
+        self.settings = settings
+        self.profiles = profiles
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -172,10 +179,6 @@ class Backend(LoggingConfigurable):
     def tensorboard_dir(self, job_id: str) -> str | None:
         """Where a user's own server finds the job's TensorBoard files, if this backend has such a place."""
         return None
-
-    def get_state(self, job_id: str) -> dict:
-        """Extra state to persist for a job (merged into what ``start`` returned)."""
-        return {}
 
     def load_state(self, job_id: str, state: dict) -> None:
         """Called after a restart with the state persisted for a job that was running."""

@@ -25,11 +25,12 @@ raised with a message that names the object.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
 
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Integer, Unicode, default
 
 from danlu.hub.backends.base import Admission, Backend, Launch, Outcome
 from danlu.hub.k8s import jobs, names
@@ -54,24 +55,36 @@ def _true(conditions: dict, kind: str) -> dict | None:
 
 class KubernetesBackend(Backend):
     """TrainJobs admitted by Kueue (see the module's docs)."""
-
     name = "kubernetes"
     queues = True
+    runs_in_images = True
 
-    namespace = Unicode("danlu", help="The namespace of jobs and LocalQueues.").tag(config=True)
+    namespace = Unicode(help="The namespace of jobs and LocalQueues. Default: danlu.yaml's kubernetes.namespace.").tag(
+        config=True)
     kubeconfig = Unicode("", help="A kubeconfig file; empty: the in-cluster service account, "
                                   "else ~/.kube/config.").tag(config=True)
-    runtime = Unicode(names.RUNTIME, help="The ClusterTrainingRuntime jobs run on.").tag(config=True)
+    runtime = Unicode(help="The ClusterTrainingRuntime jobs run on. Default: kubernetes.runtime.").tag(config=True)
     home_claim = Unicode("claim-{username}", help="The PersistentVolumeClaim of a user's home (the Zero to "
                                                   "JupyterHub chart's name); empty: jobs mount none.").tag(config=True)
     poll_interval = Float(2.0, help="Seconds between looks at the cluster.").tag(config=True)
     log_limit = Integer(8 * 2**20, help="The most of a pod's log read or kept (bytes).").tag(config=True)
-    logs_dir = Unicode(help="Where the service keeps the logs of ended attempts.").tag(config=True)
+    logs_dir = Unicode(help="Where the service keeps the logs of ended attempts. Default: job-logs in the state "
+                            "folder.").tag(config=True)
 
-    def __init__(self, settings=None, profiles=None, **kwargs):
+    @default("namespace")
+    def _namespace(self):
+        return self.settings.kubernetes["namespace"] if self.settings is not None else "danlu"
+
+    @default("runtime")
+    def _runtime(self):
+        return self.settings.kubernetes["runtime"] if self.settings is not None else names.RUNTIME
+
+    @default("logs_dir")
+    def _logs_dir(self):
+        return str(self.settings.state_dir / "job-logs") if self.settings is not None else ""
+
+    def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.settings = settings
-        self.profiles = profiles
         self._client = None
         self._cache: dict[str, tuple[float, object]] = {}
         self._visibility = True
@@ -79,6 +92,7 @@ class KubernetesBackend(Backend):
     # the API client ------------------------------------------------------------------------
     async def _api(self):
         if self._client is None:
+            # deferred: kubernetes_asyncio takes ~1 s to import; only a service with a cluster needs it
             from kubernetes_asyncio import client, config
 
             if self.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -93,7 +107,7 @@ class KubernetesBackend(Backend):
     async def _call(self, what: str, method: str, *args, missing_ok: bool = False, conflict_ok: bool = False,
                     not_yet_ok: bool = False, **kwargs):
         """One API call with the errors this backend understands handled (see the module's docs)."""
-        import aiohttp
+        import aiohttp  # deferred: kubernetes_asyncio and aiohttp, as in _api
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -345,7 +359,6 @@ class KubernetesBackend(Backend):
 
 
 def _message(body) -> str:
-    import json
 
     try:
         return str(json.loads(body).get("message", ""))[:300]

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from traitlets import Dict, Float, Integer, Unicode
+from traitlets import Dict, Float, Integer, Unicode, default
 
 from danlu import env, proctree
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
@@ -42,22 +42,49 @@ def output_path(rank: int) -> str:
 
 class LocalBackend(Backend):
     """Jobs as detached local processes (papermill, torchrun for --nproc > 1)."""
-
     name = "local"
 
-    jobs_root = Unicode(help="Folder holding one folder per job (the service's; jobs own only their own).").tag(
+    jobs_root = Unicode(help="Folder holding one folder per job (the service's; jobs own only their own). "
+                             "Default: the jobs folder of the state folder.").tag(config=True)
+    warm_runners = Integer(help="Warm runners kept per kernel (and, with Unix accounts, per user) while it is in "
+                                "use (0 disables). Default: danlu.yaml's jobs.warm_runners.").tag(config=True)
+    warm_idle_seconds = Float(help="A kernel's warm runners unused for this long are stopped (with their kernels) "
+                                   "and started again on the next demand. Default: jobs.warm_idle_seconds.").tag(
         config=True)
-    warm_runners = Integer(1, help="Warm runners kept per kernel (and, with Unix accounts, per user) while it is in "
-                                   "use (0 disables).").tag(config=True)
-    warm_idle_seconds = Float(600.0, help="A kernel's warm runners unused for this long are stopped (with their "
-                                          "kernels) and started again on the next demand.").tag(config=True)
-    warm_runners_max = Integer(4, help="At most this many warm runners wait in all, every kernel and user "
-                                       "together.").tag(config=True)
-    warm_runners_per_user = Integer(2, help="With Unix accounts, at most this many warm runners wait for one "
-                                            "user.").tag(config=True)
+    warm_runners_max = Integer(help="At most this many warm runners wait in all, every kernel and user together. "
+                                    "Default: jobs.warm_runners_max.").tag(config=True)
+    warm_runners_per_user = Integer(help="With Unix accounts, at most this many warm runners wait for one user. "
+                                         "Default: jobs.warm_runners_per_user.").tag(config=True)
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
-    runner_env = Dict(help="Extra environment for every runner (JUPYTER_PATH, the workbench's marker).").tag(
-        config=True)
+    runner_env = Dict(help="Extra environment for every runner. Default: the workbench's JUPYTER_PATH (its "
+                           "kernels) and its instance marker.").tag(config=True)
+
+    @default("jobs_root")
+    def _jobs_root(self):
+        return str(self.settings.jobs_dir)
+
+    @default("warm_runners")
+    def _warm_runners(self):
+        return self.settings.jobs["warm_runners"]
+
+    @default("warm_idle_seconds")
+    def _warm_idle_seconds(self):
+        return self.settings.jobs["warm_idle_seconds"]
+
+    @default("warm_runners_max")
+    def _warm_runners_max(self):
+        return self.settings.jobs["warm_runners_max"]
+
+    @default("warm_runners_per_user")
+    def _warm_runners_per_user(self):
+        return self.settings.jobs["warm_runners_per_user"]
+
+    @default("runner_env")
+    def _runner_env(self):
+        out = {"JUPYTER_PATH": str(self.settings.state_dir / "share" / "jupyter")}
+        if env.INSTANCE.get():
+            out[env.INSTANCE] = env.INSTANCE.get()
+        return out
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

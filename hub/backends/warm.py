@@ -25,12 +25,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from danlu import proctree
+from danlu import env, proctree
 
 
 class RunnerProcess:
     """One started runner, waiting for its launch message on stdin."""
-
     def __init__(self, proc: asyncio.subprocess.Process, runner_id: str, kernel_name: str | None, uid: int):
         self.proc = proc
         self.runner_id = runner_id
@@ -64,8 +63,6 @@ class RunnerProcess:
         self.proc.stdin.close()
 
     def marker(self) -> dict:
-        from danlu import env
-
         return {env.RUNNER_ID: self.runner_id}
 
     async def stop(self) -> None:

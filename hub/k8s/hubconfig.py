@@ -24,6 +24,8 @@ from traitlets.config import LazyConfigValue
 
 from danlu import env as names
 from danlu.errors import ConfigError
+from danlu.hub.backends import backends
+from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, roles
 from danlu.hub.k8s import names as k8s_names
@@ -59,7 +61,7 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     # relative paths in danlu.yaml start beside it (the hub's working folder is the chart's, not Danlu's)
     environ = {**environ, names.BASE_DIR: names.BASE_DIR.get(environ=environ) or str(config_file.parent)}
     settings = load_settings(config_file, environ=environ)
-    if settings.data.get("jobs", {}).get("backend", "kubernetes") != "kubernetes":
+    if "backend" in settings.data.get("jobs", {}) and backends.get(settings.jobs["backend"]) is not KubernetesBackend:
         raise ConfigError(f"{settings.where('jobs', 'backend')}: jobs.backend is {settings.jobs['backend']}, which "
                           "would run jobs inside the hub pod", fix="set jobs.backend: kubernetes (or remove it)")
     profiles_file = settings.profiles_file if "profiles_file" in settings.data else config_file.parent / "profiles.yaml"
@@ -88,8 +90,10 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
                   or f"http://{k8s_names.MLFLOW_SERVICE}:{k8s_names.MLFLOW_PORT}"}
     if names.MLFLOW_AUTH_SECRET.get(environ=environ):  # from the danlu-secrets Secret, in the hub's environment
         mlflow_env[names.MLFLOW_AUTH_SECRET] = names.MLFLOW_AUTH_SECRET.get(environ=environ)
+    # on the cluster: jobs are TrainJobs, no danlu up upgrades the database first, and the chart culls idle servers
     service = jobs_service(f"http://{HUB_SERVICE}:{k8s_names.JOBS_SERVICE_PORT}",
-                           [sys.executable, "-m", "danlu.hub.service", "--JobsServiceApp.backend=kubernetes",
+                           [sys.executable, "-m", "danlu.hub.service", "--JobsServiceApp.backend_class=kubernetes",
+                            "--JobsServiceApp.upgrade_database=True", "--JobsServiceApp.cull_idle_servers=False",
                             "--JobsServiceApp.ip=0.0.0.0"], {**service_env, **mlflow_env})
     gateway = {"name": "mlflow", "url": f"http://{HUB_SERVICE}:{k8s_names.GATEWAY_SERVICE_PORT}",
                "command": [sys.executable, "-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"],
@@ -97,7 +101,8 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     c.JupyterHub.services = _by_name(_current(c.JupyterHub, "services", []), [service, gateway])
     c.JupyterHub.custom_scopes = {**_current(c.JupyterHub, "custom_scopes", {}), **CUSTOM_SCOPES}
     services = [s["name"] for s in c.JupyterHub.services]
-    c.JupyterHub.load_roles = _by_name(_current(c.JupyterHub, "load_roles", []), roles(settings, services))
+    c.JupyterHub.load_roles = _by_name(_current(c.JupyterHub, "load_roles", []),
+                                       roles(settings, services, service_culls=False))
 
     base_url = "/" + str(_current(c.JupyterHub, "base_url", "/")).strip("/")
     c.JupyterHub.spawner_class = "danlu.hub.k8s.spawner.DanluKubeSpawner"

@@ -25,7 +25,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings
-from danlu.hub.k8s import manifests, names, values
+from danlu.hub.k8s import manifests, names, readme, values
 from danlu.hub.kueue import memory_quantity
 from danlu.hub.profiles import ProfileSet
 
@@ -206,8 +206,6 @@ def placeholders(settings: Settings, profiles: ProfileSet) -> list[str]:
 
 def render(settings: Settings, profiles: ProfileSet) -> dict[str, str]:
     """Every file of ``danlu render k8s``, by name."""
-    from danlu.hub.k8s import readme
-
     source = Path(settings.source).name if settings.source else "(no danlu.yaml)"
     missing = placeholders(settings, profiles)
     header = _comment(f"Rendered by `danlu render k8s` from {source}; edit that file and render again.")

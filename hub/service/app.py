@@ -1,13 +1,19 @@
-"""The jobs service process: ``python -m danlu.hub.service``.
+"""The jobs service process: ``python -m danlu.hub.service``, and the traitlets root that wires it.
 
 JupyterHub starts it as a managed service (see :mod:`danlu.hub.hubconfig`) with
 ``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX`` and its API token in
 the environment, plus ``DANLU_CONFIG``/``DANLU_STATE_DIR``/``DANLU_BASE_DIR``
 so it reads the same danlu.yaml as ``danlu up``, and ``DANLU_MLFLOW_URL``, the
-loopback address of the MLflow server jobs log to. Only one runs per state
-folder (a lock file). On start it re-attaches to attempts that were running
-(a SIGKILLed service loses nothing) before it answers anyone. With
-``hub.idle_timeout_seconds`` it also stops users' idle servers (:mod:`.culling`).
+loopback address of the MLflow server jobs log to. :class:`JobsServiceApp`
+builds, once: the database, the backend (``backend_class``, an entry point
+name of the ``danlu.backends`` group, built with ``parent=`` itself), the
+scheduler class (``scheduler_class``: Danlu's own admission, or the backend's
+own queue when it has one -- the one place that asks), and the
+:class:`~danlu.hub.service.manager.JobManager` around them. Only one service
+runs per state folder (a lock file). On start it re-attaches to attempts that
+were running (a SIGKILLed service loses nothing) before it answers anyone.
+With ``hub.idle_timeout_seconds`` it also stops users' idle servers
+(:mod:`.culling`).
 """
 
 from __future__ import annotations
@@ -22,26 +28,29 @@ import time
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
+from jupyterhub.traitlets import EntryPointType
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Instance, Integer, Unicode, default
+from traitlets import Bool, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from danlu import __version__, env
 from danlu.errors import ConfigError, DanluError
 from danlu.hub import gpus as gpu_inventory
 from danlu.hub.backends import backends
+from danlu.hub.backends.base import Backend
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import builtin_profiles, load_profiles
 from danlu.hub.service import culling, validation
-from danlu.hub.service.api import jobs as handlers
+from danlu.hub.service.api.routes import routes
 from danlu.hub.service.api.web import MAX_BODY, NotFoundHandler
 from danlu.hub.service.auth import GroupDirectory
 from danlu.hub.service.jobs import provenance
+from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_client import MlflowAccess
-from danlu.hub.service.store import database as db
-from danlu.hub.service.store.orm import make_sessionmaker
+from danlu.hub.service.store import schema
+from danlu.hub.service.store.database import Database
 
 
 def hold_lock(path, wait: float = 30.0):
@@ -63,13 +72,26 @@ def hold_lock(path, wait: float = 30.0):
     return fd
 
 
+def scheduler_class_for(backend_class: type[Backend]) -> type[Scheduler]:
+    """Who admits the jobs ``backend_class`` runs: its own queue, if it has one (Kueue), else Danlu."""
+    return QueueingScheduler if backend_class.queues else DanluScheduler
+
+
 class JobsServiceApp(Application):
     name = "danlu-jobs"
     description = "The Danlu jobs service (a JupyterHub service)."
     version = __version__
 
-    backend = Unicode("", help="Where jobs run: a name from the danlu.backends entry points "
-                               "(default: danlu.yaml's jobs.backend).").tag(config=True)
+    backend_class = EntryPointType(
+        klass=Backend, entry_point_group="danlu.backends",
+        help="Where jobs run: a name of the danlu.backends entry points (local: processes on this machine; "
+             "kubernetes: Kueue-admitted TrainJobs) or the import name of a Backend class. Default: danlu.yaml's "
+             "jobs.backend.").tag(config=True)
+    scheduler_class = Type(
+        klass=Scheduler,
+        help="Who admits jobs: DanluScheduler (Danlu's own quotas, cohorts and preemption) or QueueingScheduler "
+             "(the backend's own queue, as Kueue is on Kubernetes). Default: QueueingScheduler for a backend that "
+             "queues attempts itself, else DanluScheduler.").tag(config=True)
     mlflow_url = Unicode(help="Loopback URL of the MLflow tracking server jobs log to ($DANLU_MLFLOW_URL).").tag(
         config=True)
     service_url = Unicode(help="Where this service listens ($JUPYTERHUB_SERVICE_URL).").tag(config=True)
@@ -78,6 +100,12 @@ class JobsServiceApp(Application):
                       "proxy and job pods reach the service through the hub's Service name, which is no address "
                       "of the hub pod.").tag(config=True)
     schedule_interval = Integer(2, help="Seconds between admission passes when nothing else triggers one.").tag(
+        config=True)
+    upgrade_database = Bool(False, help="Upgrade the jobs database's schema at start, where no danlu up runs first "
+                                        "(the hub pod); otherwise the service refuses a schema it does not know "
+                                        "and never changes it.").tag(config=True)
+    cull_idle_servers = Bool(True, help="Stop users' servers idle for danlu.yaml's hub.idle_timeout_seconds (off "
+                                        "where the hub has a culler of its own: the chart's, on Kubernetes).").tag(
         config=True)
     settings_ = Instance(Settings, allow_none=True)
 
@@ -97,6 +125,14 @@ class JobsServiceApp(Application):
     def _service_prefix(self):
         return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/danlu/")
 
+    @default("backend_class")
+    def _backend_class(self):
+        return backends.get(self.settings_.jobs["backend"])
+
+    @default("scheduler_class")
+    def _scheduler_class(self):
+        return scheduler_class_for(self.backend_class)
+
     def initialize(self, argv=None):
         super().initialize(argv)
         logging.getLogger("tornado.access").setLevel(logging.WARNING)
@@ -104,47 +140,32 @@ class JobsServiceApp(Application):
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         inventory = gpu_inventory.inventory(settings.gpus)
-        if settings.jobs["backend"] == "kubernetes":  # no danlu up runs on a cluster: the hub pod's service does
-            db.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
+        if self.upgrade_database:
+            schema.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
         else:
-            db.check(settings.jobs_database_url)  # danlu up upgrades it; the service never runs on an unknown schema
-        sessions = make_sessionmaker(settings.jobs_database_url)
+            schema.check(settings.jobs_database_url)  # danlu up upgrades it; the service never runs on an unknown one
         settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self._lock = hold_lock(settings.state_dir / "jobs-service.lock")
         # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
         os.chmod(settings.jobs_dir, 0o711 if settings.unix_accounts else 0o700)
-        name = self.backend or settings.jobs["backend"]
-        backend_cls = backends.get(name)
-        if name == "kubernetes":
-            k8s = settings.kubernetes
-            backend = backend_cls(parent=self, settings=settings, profiles=profiles, namespace=k8s["namespace"],
-                                  runtime=k8s["runtime"], logs_dir=str(settings.state_dir / "job-logs"))
-        else:
-            runner_env = {"JUPYTER_PATH": str(settings.state_dir / "share" / "jupyter")}
-            if env.INSTANCE.get():
-                runner_env[env.INSTANCE] = env.INSTANCE.get()
-            jobs = settings.jobs
-            backend = backend_cls(parent=self, jobs_root=str(settings.jobs_dir), runner_env=runner_env,
-                                  warm_runners=jobs["warm_runners"], warm_idle_seconds=jobs["warm_idle_seconds"],
-                                  warm_runners_max=jobs["warm_runners_max"],
-                                  warm_runners_per_user=jobs["warm_runners_per_user"])
+        backend = self.backend_class(parent=self, settings=settings, profiles=profiles)
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
-        self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory, sessions=sessions,
-                                  backend=backend, groups=GroupDirectory(self.hub_auth), log=self.log,
-                                  service_api=service_api, mlflow=mlflow)
-        self.default_kernel = profiles.default.kernel_name
+        self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory,
+                                  database=Database.at(settings.jobs_database_url), backend=backend,
+                                  groups=GroupDirectory(self.hub_auth), scheduler_class=self.scheduler_class,
+                                  mlflow=mlflow, service_api=service_api, log=self.log)
         self.manager.record_profiles(profiles)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
         return web.Application(
-            handlers.routes(prefix) + [
+            routes(prefix) + [
                 (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
                 (rf"{prefix.rstrip('/')}/.*", NotFoundHandler),
             ],
-            hub_auth=self.hub_auth, danlu_jobs=self.manager, cookie_secret=os.urandom(32),
+            hub_auth=self.hub_auth, danlu_manager=self.manager, cookie_secret=os.urandom(32),
             xsrf_cookies=False, log_function=self._log_request,
         )
 
@@ -167,11 +188,13 @@ class JobsServiceApp(Application):
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
         tasks = [asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))]
         # the digest of the workbench's own Python (every installed distribution) is read once, now rather
-        # than in the first submission
-        tasks.append(asyncio.ensure_future(provenance.environment_of(self.settings_, self.manager.profiles.default)))
-        tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))  # likewise the validators
+        # than in the first submission; likewise the validators are built
+        default_profile = self.manager.profiles.default
+        tasks.append(asyncio.ensure_future(
+            provenance.environment_of(default_profile, in_image=self.backend_class.runs_in_images)))
+        tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))
         idle = self.settings_.hub["idle_timeout_seconds"]
-        if idle and self.settings_.jobs["backend"] != "kubernetes":  # on a cluster the chart's culler does it
+        if idle and self.cull_idle_servers:
             tasks.append(asyncio.ensure_future(culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token,
                                                                     idle, self.log)))
         await stop.wait()

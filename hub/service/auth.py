@@ -13,11 +13,13 @@ cached briefly, so they are right whatever token the caller used.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from jupyterhub.services.auth import check_scopes
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from danlu.hub.scopes import ADMIN, READ, WRITE
 
@@ -46,7 +48,6 @@ class Principal:
 
 class GroupDirectory:
     """User -> groups, from the hub API (with the service's token), cached for ``ttl`` seconds."""
-
     def __init__(self, hub_auth, ttl: float = 15.0):
         self.hub_auth = hub_auth
         self.ttl = ttl
@@ -54,10 +55,6 @@ class GroupDirectory:
 
     async def user(self, username: str) -> dict | None:
         """The hub's model of a user (groups, servers and their activity), or None if unreachable."""
-        import json
-
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-
         url = f"{self.hub_auth.api_url}/users/{quote(username, safe='')}"
         try:
             response = await AsyncHTTPClient().fetch(

@@ -1,80 +1,84 @@
 """The jobs service's facade: everything the HTTP handlers call, with no HTTP in it.
 
-:class:`JobManager` builds the parts -- :class:`~danlu.hub.service.jobs.submission.Submission`,
-:class:`~danlu.hub.service.jobs.scheduler.Scheduler`, :class:`~danlu.hub.service.jobs.supervisor.Supervisor` (the
-execution manager), :class:`~danlu.hub.service.jobs.runner_api.Reports` (the runner API),
-:class:`~danlu.hub.service.jobs.queues.Queues`, :class:`~danlu.hub.service.jobs.servers.Servers`,
-:class:`~danlu.hub.service.datasets.catalog.Catalog` (datasets),
-:class:`~danlu.hub.service.jobs.reproduction.Reproduction` (re-running a job, comparing two),
-:class:`~danlu.hub.service.registry.versions.ModelRegistry` (models, evaluations, approvals) -- around one
-:class:`~danlu.hub.service.jobs.core.Core`, and answers for a caller: who may see or control which
-job (404, never 403, for someone else's), reading a job's log and notebooks
-through the backend, the audit log, usage, allocations. Authorization lives
-here, not in the handlers.
+:class:`JobManager` wires the parts of a job's life around one :class:`~danlu.hub.service.jobs.core.Core`
+-- :class:`~danlu.hub.service.jobs.supervisor.Supervisor` (the execution manager), the scheduler (the
+``scheduler_class`` chosen at start-up: Danlu's own admission or a backend's own queue),
+:class:`~danlu.hub.service.jobs.submission.Submission`, :class:`~danlu.hub.service.jobs.reproduction.Reproduction`
+-- and answers for a caller about jobs: who may see or control which job (404, never 403, for someone
+else's), reading a job's log and notebooks through the backend, the audit log, usage, allocations,
+profiles, lineage. The rest is reached through its named facades, each doing its own authorization:
+:attr:`datasets` (the catalog), :attr:`models` (the model registry), :attr:`queues` (queue
+administration), :attr:`servers` (notebook servers' GPUs) and :attr:`runner_api` (what a job's runner may
+ask and tell). Authorization lives here and in the facades, not in the handlers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
+from danlu.hub.backends.base import Backend, FileRefused
 from danlu.hub.service.datasets.catalog import Catalog, uses_of_jobs
-from danlu.hub.service.jobs import outputs, views
+from danlu.hub.service.formats import JOB_ID
+from danlu.hub.service.jobs import outputs
+from danlu.hub.service.jobs.attempts import handed_over
 from danlu.hub.service.jobs.core import Core
 from danlu.hub.service.jobs.experiments import experiments_of
 from danlu.hub.service.jobs.queues import ADMIN_FIX, Queues, require_admin
 from danlu.hub.service.jobs.reproduction import Reproduction
-from danlu.hub.service.jobs.runner_api import Reports
+from danlu.hub.service.jobs.runner_api import RunnerApi
 from danlu.hub.service.jobs.scheduler import Scheduler
 from danlu.hub.service.jobs.servers import Servers
 from danlu.hub.service.jobs.submission import Submission
-from danlu.hub.service.jobs.supervisor import Supervisor, handed_over
-from danlu.hub.service.jobs.views import JOB_ID, job_to_dict
+from danlu.hub.service.jobs.supervisor import Supervisor
+from danlu.hub.service.jobs.views import Views
+from danlu.hub.service.metrics import Metrics
+from danlu.hub.service.registry.lineage import model_lineage
 from danlu.hub.service.registry.versions import ModelRegistry
 from danlu.hub.service.states import FINAL, JobState, transition
 from danlu.hub.service.store import audit, listing
+from danlu.hub.service.store.database import Database
+from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import AuditRecord, Flag, Job, JobInput, utcnow
+from danlu.hub.service.store.rows import STORED_COLUMNS, stored
 from danlu.hub.service.usage import reports as usage
 
 
 class JobManager:
-    def __init__(self, **kwargs):
-        self.core = core = Core(**kwargs)
-        self.supervisor = Supervisor(core)
-        self.scheduler = Scheduler(core, self.supervisor)
-        self.catalog = Catalog(core)
-        self.submission = Submission(core, self.scheduler, self.catalog)
-        self.reports = Reports(core, self.supervisor, self.catalog)
-        self.queues = Queues(core, self.scheduler)
-        self.servers = Servers(core, self.scheduler)
-        self.reproduction = Reproduction(core, self.submission, self.catalog)
-        self.models = ModelRegistry(core, self.submission)
+    def __init__(self, *, settings, profiles, inventory, database: Database, backend: Backend, groups,
+                 scheduler_class: type[Scheduler], mlflow=None, service_api: str = "",
+                 log: logging.Logger | None = None):
+        self.settings = settings
+        self.profiles = profiles
+        self.database = database
+        self.backend = backend
+        self.groups = groups
+        self.mlflow = mlflow
+        self.log = log = log or logging.getLogger("danlu.jobs")
+        self.metrics = metrics = Metrics()
+        self.ledger = ledger = Ledger(inventory)
+        self.core = core = Core.load(database, settings, inventory)
+        shared = {"database": database, "settings": settings}
+        self.supervisor = Supervisor(core, **shared, backend=backend, ledger=ledger, metrics=metrics, mlflow=mlflow,
+                                     service_api=service_api, log=log)
+        self.scheduler = scheduler_class(core, self.supervisor, **shared, backend=backend, profiles=profiles,
+                                         inventory=inventory, ledger=ledger, metrics=metrics, log=log)
+        self.datasets = Catalog(database, settings=settings, groups=groups, log=log)
+        self.submission = Submission(core, self.scheduler, self.datasets, **shared, profiles=profiles, groups=groups,
+                                     ledger=ledger, backend=backend, mlflow=mlflow, log=log)
+        self.runner_api = RunnerApi(self.supervisor, self.datasets, **shared, backend=backend, profiles=profiles,
+                                    mlflow=mlflow)
+        self.queues = Queues(core, self.scheduler, **shared, inventory=inventory)
+        self.servers = Servers(core, self.scheduler, **shared, ledger=ledger, groups=groups)
+        self.reproduction = Reproduction(self.submission, self.datasets, database=database, profiles=profiles,
+                                         groups=groups, mlflow=mlflow)
+        self.models = ModelRegistry(self.submission, **shared, groups=groups, mlflow=mlflow, log=log)
         self.usage_cache = usage.Cache()
-        self.view_cache = views.ViewCache()
-
-    # shortcuts the app and the handlers use ------------------------------------------------------
-    @property
-    def settings(self):
-        return self.core.settings
-
-    @property
-    def profiles(self):
-        return self.core.profiles
-
-    @property
-    def groups(self):
-        return self.core.groups
-
-    @property
-    def backend(self):
-        return self.core.backend
-
-    @property
-    def metrics(self):
-        return self.core.metrics
+        self.views = Views(settings.public_url, self.scheduler, backend)
 
     @property
     def draining(self) -> bool:
@@ -86,7 +90,7 @@ class JobManager:
         if not isinstance(job_id, str) or not JOB_ID.match(job_id):
             raise ValidationError(f"'{str(job_id)[:40]}' is not a job id (12 hex digits)", field="id",
                                   reason="bad_id")
-        job = await self.core.read(lambda s: s.get(Job, job_id))
+        job = await self.database.read(lambda s: s.get(Job, job_id))
         allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
         if not allowed:
             raise NotFound(f"job {job_id} not found", reason="no_such_job", field="id",
@@ -112,8 +116,8 @@ class JobManager:
                    cursor: str | None = None) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, newest first, and the cursor of the next page (None: the last)."""
         who, after = self._listing(principal, states, owner, cursor)
-        jobs, last = await self.core.read(lambda s: listing.page(s, owner=who, states=list(states or []), queue=queue,
-                                                                 limit=limit, after=after))
+        jobs, last = await self.database.read(lambda s: listing.page(s, owner=who, states=list(states or []),
+                                                                     queue=queue, limit=limit, after=after))
         return jobs, (listing.encode_cursor(last) if last is not None else None)
 
     async def page_json(self, principal, *, states: list[str] | None = None, owner: str | None = None,
@@ -122,20 +126,20 @@ class JobManager:
 
         Read, built and encoded in one go on a reader thread: what its jobs' views show, read with the
         page itself, then their attempts and dataset uses (a select each, no ORM objects), and each view
-        encoded, or taken from :attr:`view_cache` when the job has ended and its stored values are those
-        the cached view was built from. Which jobs are on the page is decided by the caller's filter
+        encoded, or taken from the views' cache when the job has ended and its stored values are those the
+        cached view was built from. Which jobs are on the page is decided by the caller's filter
         alone; the cache only ever answers for those.
         """
         who, after = self._listing(principal, states, owner, cursor)
 
         def body(s) -> str:
-            found, last = listing.rows(s, views.STORED_COLUMNS, owner=who, states=list(states or []),
+            found, last = listing.rows(s, STORED_COLUMNS, owner=who, states=list(states or []),
                                        queue=queue, limit=limit, after=after)
-            jobs = views.stored(s, [row for _key, row in found])
-            return listing.encode_page(self.view_cache.encoded(self.core, jobs),
+            jobs = stored(s, [row for _key, row in found])
+            return listing.encode_page(self.views.encoded(jobs),
                                        listing.encode_cursor(last) if last is not None else None)
 
-        return await self.core.read(body)
+        return await self.database.read(body)
 
     async def list(self, principal, **kwargs) -> list[Job]:
         """The first page (or the page at ``cursor``) of :meth:`page`, without the next cursor."""
@@ -147,26 +151,27 @@ class JobManager:
         if owner != principal.name and not principal.admin:
             raise Forbidden("only admins can list other users' experiments", reason="not_admin", field="owner",
                             fix=f"leave owner out, or ask for owner={principal.name}")
-        return await self.core.read(experiments_of, owner)
+        return await self.database.read(experiments_of, owner)
 
-    def to_dict(self, job: Job, inputs: list[dict] | None = None) -> dict:
-        return job_to_dict(self.core, job, inputs)
-
-    async def views(self, jobs: list[Job]) -> list[dict]:
+    async def views_of(self, jobs: list[Job]) -> list[dict]:
         """The API models of ``jobs``, with the dataset versions each used (one query for all), built on a
         reader thread: a page of 1000 jobs costs the event loop nothing but the wait."""
         def build(s):
             uses = uses_of_jobs(s, [j.id for j in jobs])
-            return [self.to_dict(j, uses.get(j.id, [])) for j in jobs]
+            return [self.views.to_dict(j, uses.get(j.id, [])) for j in jobs]
 
-        return await self.core.read(build)
+        return await self.database.read(build)
+
+    async def job_view(self, principal, job_id: str) -> dict:
+        """The API model of a job the caller may see (404 otherwise)."""
+        return (await self.views_of([await self.get(principal, job_id)]))[0]
 
     async def job_dict(self, job_id: str) -> dict:
-        return (await self.views([await self.core.read(lambda s: s.get(Job, job_id))]))[0]
+        return (await self.views_of([await self.database.read(lambda s: s.get(Job, job_id))]))[0]
 
     async def input_notebook(self, principal, job_id: str) -> tuple[Job, bytes]:
         job = await self.get(principal, job_id)
-        row = await self.core.read(lambda s: s.get(JobInput, job.id))
+        row = await self.database.read(lambda s: s.get(JobInput, job.id))
         if row is None:
             raise NotFound(f"job {job.id} has no notebook on record", reason="no_output")
         return job, row.notebook.encode()
@@ -176,22 +181,34 @@ class JobManager:
         state = dict(job.backend_state or {}) if isinstance(job.backend_state, dict) else {}
         if not isinstance(state.get("uid"), int):
             try:
-                account = self.core.settings.account(job.owner) if self.core.settings.unix_accounts else None
+                account = self.settings.account(job.owner) if self.settings.unix_accounts else None
             except DanluError:  # the account is gone: nothing in that folder is anyone's we would serve
                 return {**state, "uid": -1}
             state["uid"] = account.uid if account is not None else os.geteuid()
         return state
 
     async def read_log(self, job: Job, offset: int, limit: int) -> tuple[bytes, int]:
-        return await self.core.backend.read_log(job.id, self._files_state(job), offset, limit)
+        """Up to ``limit`` bytes of the job's log from ``offset``, and its size (409 for a file the backend will
+        not serve)."""
+        try:
+            return await self.backend.read_log(job.id, self._files_state(job), offset, limit)
+        except FileRefused as e:
+            raise DanluError(f"job {job.id}'s log cannot be served: {e}", status=409, reason="unsafe_file",
+                             fix="the job replaced its log with something that is not a plain file") from None
 
     async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
+        """Likewise for rank ``rank``'s executed notebook; None while there is none."""
         ranks = job.nproc * (job.nnodes or 1)
         if rank >= ranks:
             raise NotFound(f"job {job.id} has ranks 0-{ranks - 1}", field="rank", reason="no_such_rank")
-        answer = await self.core.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
+        try:
+            answer = await self.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
+        except FileRefused as e:
+            raise DanluError(f"job {job.id}'s output cannot be served: {e}", status=409, reason="unsafe_file",
+                             fix="the job replaced its output notebook with something that is not a plain "
+                                 "file") from None
         if answer is None:  # a runner whose folder the service cannot read handed it over (a pod)
-            answer = await asyncio.to_thread(outputs.read, self.core.settings.state_dir, job.id, rank, offset, limit)
+            answer = await asyncio.to_thread(outputs.read, self.settings.state_dir, job.id, rank, offset, limit)
         return answer
 
     def ended(self, job_id: str) -> asyncio.Event:
@@ -199,7 +216,7 @@ class JobManager:
 
     async def counts(self) -> dict:
         """Jobs per state."""
-        return await self.core.read(lambda s: dict(s.execute(select(Job.state, func.count())
+        return await self.database.read(lambda s: dict(s.execute(select(Job.state, func.count())
                                                              .group_by(Job.state)).all()))
 
     # changing ----------------------------------------------------------------------------------
@@ -215,14 +232,14 @@ class JobManager:
         who = principal.name
         if job.state == JobState.queued.value:
             async with core.lock:
-                queue, handed = await core.db(_cancel_queued, job_id, who)
+                queue, handed = await self.database.write(_cancel_queued, job_id, who)
                 core.pending.pop(job_id, None)
-                core.metrics.finished.labels(queue, "cancelled").inc()
+                self.metrics.finished.labels(queue, "cancelled").inc()
             core.mark_ended(job_id)
             if handed is not None:  # a queueing backend holds it: it goes from there too
-                grace = core.settings.jobs["grace_period_seconds"]
-                await core.backend.cancel(job_id, handed, grace, reason="cancelled")
-                await core.backend.cleanup(job_id, handed)
+                grace = self.settings.jobs["grace_period_seconds"]
+                await self.backend.cancel(job_id, handed, grace, reason="cancelled")
+                await self.backend.cleanup(job_id, handed)
         else:
             await self.audit_event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
             await self.supervisor.cancel(job_id, dict(job.backend_state or {}), f"cancelled by {who}")
@@ -249,10 +266,9 @@ class JobManager:
 
     # the audit log, usage, allocations ------------------------------------------------------------
     async def audit_event(self, actor: str, action: str, target: str, before=None, after=None) -> dict:
-        """Append to the audit log outside an admission pass (one writer at a time keeps the chain whole)."""
-        async with self.core.lock:
-            return await self.core.db(lambda s: audit.to_dict(audit.append(s, actor, action, target, before=before,
-                                                                           after=after)))
+        """Append to the audit log (the database's one writer keeps the chain whole)."""
+        return await self.database.write(
+            lambda s: audit.to_dict(audit.append(s, actor, action, target, before=before, after=after)))
 
     async def record_login(self, principal, body: dict) -> dict:
         if not (principal.kind == "service" and principal.name == "danlu-admin"):
@@ -272,18 +288,19 @@ class JobManager:
                 q = q.where(AuditRecord.target == target)
             return [audit.to_dict(r) for r in s.scalars(q)]
 
-        return await self.core.read(query)
+        return await self.database.read(query)
 
     async def audit_verify(self, principal) -> dict:
         if not principal.admin:
             raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
-        return await self.core.read(lambda s: audit.verify(s).to_dict())
+        return await self.database.read(lambda s: audit.verify(s).to_dict())
 
     def record_profiles(self, profiles) -> None:
         """Audit a change of the governed profiles since the service last started (at start-up)."""
         now = {p.slug: {"display_name": p.display_name, "environment": p.environment, "groups": list(p.groups),
                         "gpus": list(p.gpu_choices), "requirements": p.requirements_digest()} for p in profiles}
-        with self.core.sessions() as s, s.begin():
+
+        def record(s) -> None:
             flag = s.get(Flag, "profiles")
             before = flag.value.get("profiles", {}) if flag and isinstance(flag.value, dict) else None
             if before == now:
@@ -294,27 +311,29 @@ class JobManager:
                          after={slug: now.get(slug) for slug in sorted(changed)})
             s.merge(Flag(key="profiles", value={"profiles": now}))
 
+        self.database.write_now(record)
+
     async def usage(self, principal, *, user: str | None, by: str, start, end) -> dict:
         if not principal.admin:
             if user not in (None, principal.name) or by != "user":
                 raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
                                 fix=f"ask for user={principal.name}, grouped by user")
             user = principal.name
-        body = await self.core.read(lambda s: usage.report(s, self.core.settings, start, end, by=by, owner=user,
-                                                           cache=self.usage_cache))
+        body = await self.database.read(lambda s: usage.report(s, self.settings, start, end, by=by, owner=user,
+                                                               cache=self.usage_cache))
         if principal.admin:
             body["idle_gpu_servers"] = await self.servers.idle()
         return body
 
     async def allocations(self, principal) -> dict:
         require_admin(principal)
-        ledger = self.core.ledger
+        ledger = self.ledger
 
         def query(s):
             return [{"device": a.device, "holder_kind": a.holder_kind, "holder_id": a.holder_id, "owner": a.owner,
                      "flavor": a.flavor, "since": a.since.isoformat() + "Z"} for a in ledger.allocations(s)]
 
-        return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.core.read(query)}
+        return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.database.read(query)}
 
     async def allocate_server(self, principal, body: dict) -> list[int]:
         require_admin(principal)
@@ -337,22 +356,38 @@ class JobManager:
         if not principal.can_write(user):
             raise Forbidden("you may warm runners only for yourself", reason="not_yours", field="user",
                             fix=f"leave user out, or ask for user={principal.name}")
-        account = self.core.settings.account(user)  # refuses a user without a Unix account when they are on
-        groups = await self.core.groups.groups_of(user, fallback=principal.groups if user == principal.name else ())
-        profile = self.core.profiles.authorize(body.get("profile"), groups,
-                                               admin=principal.admin and user == principal.name)
-        warm = getattr(self.core.backend, "warm", None)  # only the local backend keeps warm runners
+        account = self.settings.account(user)  # refuses a user without a Unix account when they are on
+        groups = await self.groups.groups_of(user, fallback=principal.groups if user == principal.name else ())
+        profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin and user == principal.name)
+        warm = getattr(self.backend, "warm", None)  # only the local backend keeps warm runners
         if warm is not None:
             self.core.spawn(warm(profile.kernel_name, account))
-        if self.core.mlflow is not None:  # their first job's start finds them an MLflow user already
-            self.core.mlflow.prepare_user(user)
+        if self.mlflow is not None:  # their first job's start finds them an MLflow user already
+            self.mlflow.prepare_user(user)
         return {"user": user, "profile": profile.slug, "warming": warm is not None}
+
+    async def profiles_for(self, principal) -> dict:
+        """The profiles the caller may use, and their default."""
+        groups = await self.groups.groups_of(principal.name, fallback=principal.groups) if principal.is_user else ()
+        default = self.profiles.default_for(groups, admin=principal.admin)
+        return {"profiles": [p.to_dict() for p in self.profiles.for_user(groups, admin=principal.admin)],
+                "default": default.slug if default else None}
+
+    async def queues_view(self) -> dict:
+        """Every queue, whether the workbench drains, and the priority classes (everyone may read them)."""
+        return {"queues": await self.queues.list(), "draining": self.core.draining,
+                "priority_classes": self.settings.priority_classes,
+                "default_priority_class": self.settings.default_priority_class}
+
+    async def lineage(self, principal, name: str, version: int) -> dict:
+        """What made a model version, as far as the caller may read it (404 as the registry answers otherwise)."""
+        return await model_lineage(self.models, self.database, self.settings.public_url, principal, name, version)
 
     def metrics_text(self, principal) -> bytes:
         if not principal.admin:
             raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin",
                             fix=ADMIN_FIX)
-        return self.core.metrics.exposition()
+        return self.metrics.exposition()
 
     # life ---------------------------------------------------------------------------------------
     async def recover(self) -> None:
@@ -370,9 +405,9 @@ class JobManager:
         self.core.closing = True
         await self.supervisor.close()
         self.core.cancel_tasks()
-        await self.core.backend.shutdown()
+        await self.backend.shutdown()
         self.submission.close()
-        self.core.close()
+        self.database.close()
 
 
 def _cancel_queued(s, job_id: str, who: str) -> str:

@@ -8,13 +8,14 @@ how long an admission pass takes; log followers and the event loop's tasks
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
 def _loop_tasks() -> float:
-    import asyncio
 
     try:
         return float(len(asyncio.all_tasks()))

@@ -1,33 +1,49 @@
-"""How the jobs service gives jobs MLflow: the tracking URI and the owner's credentials, checked experiments.
+"""MLflow as the jobs service sees it: a job's tracking URI and its owner's credentials, checked experiments,
+and the REST calls of the model registry.
 
 :class:`MlflowAccess` is what the service needs of MLflow for a job: the
-environment a job's runner and kernels get (:meth:`env_for`: the loopback
+environment a job's runner and kernels get (:meth:`~MlflowAccess.env_for`: the loopback
 tracking URI and, with MLflow's permissions on, the owner's derived
 credentials, so a job logs as its owner), making sure the owner exists as an
-MLflow user before their job runs (:meth:`ensure_user`; begun in the background
-by :meth:`prepare_user` when their server starts or their job is accepted, so
+MLflow user before their job runs (:meth:`~MlflowAccess.ensure_user`; begun in the background
+by :meth:`~MlflowAccess.prepare_user` when their server starts or their job is accepted, so
 that neither a submission nor a start waits for MLflow to create a user), and
 refusing at submission an experiment the owner could not write
-(:meth:`check_experiment`), and reading a run's final metrics as the
-workbench's MLflow admin (:meth:`final_metrics`, for comparing two jobs).
+(:meth:`~MlflowAccess.check_experiment`), and reading a run's final metrics as the
+workbench's MLflow admin (:meth:`~MlflowAccess.final_metrics`, for comparing two jobs).
 The permission system itself is :mod:`danlu.hub.mlflow_auth`'s; without its
 secret (a bare MLflow) there is nothing to provision or check.
+
+:class:`MlflowRegistry` (``MlflowAccess.registry``) reads runs, their logged models, artifacts and metrics,
+and writes registered models, model versions, their tags and aliases, and READ grants -- always as
+:data:`~danlu.hub.mlflow_auth.SERVICE_ACCOUNT`, the admin that ``danlu up`` configures. Because the service
+creates every registered model Danlu governs, users hold only the default permission (READ) on it, so MLflow
+itself refuses them alias and tag writes, through the gateway or directly. Every call is async (tornado's
+client, never the event loop blocked), has a timeout, and reads at most :data:`MAX_ANSWER` bytes of answer;
+nothing here downloads or loads a model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import math
 import time
 
 from danlu.errors import DanluError, PolicyError, Unreachable
 from danlu.hub import mlflow_auth
+from danlu.hub.service.formats import RUN_ID
 
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: how long an experiment found writable by its owner is taken as writable, and how many are remembered
 CHECKED_FOR = 60.0
 MAX_CHECKED = 10_000
+#: the most bytes of one MLflow answer the service reads (a run with many metrics and tags fits)
+MAX_ANSWER = mlflow_auth.MAX_ANSWER
+#: the most logged models of one run the service looks at
+MAX_LOGGED_MODELS = 100
+#: the most metrics of one run the service reads
+MAX_METRICS = 200
+MISSING = ("RESOURCE_DOES_NOT_EXIST",)
 
 
 class MlflowAccess:
@@ -35,6 +51,8 @@ class MlflowAccess:
         self.tracking_uri = tracking_uri
         self.secret = secret or None
         self.users = mlflow_auth.MlflowUsers(tracking_uri, self.secret) if self.secret and tracking_uri else None
+        #: the model registry's calls, as the workbench's MLflow admin (None: no MLflow)
+        self.registry = MlflowRegistry(tracking_uri, self.secret) if tracking_uri else None
         self.log = log or logging.getLogger("danlu.jobs")
         self._writable: dict[tuple[str, str], float] = {}  # (owner, experiment) -> checked until
         self._users: set[str] = set()  # owners made MLflow users by this process
@@ -118,17 +136,127 @@ class MlflowAccess:
         self._writable[key] = time.monotonic() + CHECKED_FOR
 
     async def final_metrics(self, run_id: str) -> dict | None:
-        """``{metric: its last value}`` of an MLflow run (at most
-        :data:`~danlu.hub.service.registry.evaluations.MAX_METRICS`); None if MLflow has no such run or does not
-        answer. Read as the workbench's MLflow admin, asynchronously."""
-        from danlu.hub.service.mlflow_registry import MlflowRegistry
-        from danlu.hub.service.registry.evaluations import latest_metrics
-
-        if not self.tracking_uri or not RUN_ID.match(run_id or ""):
+        """``{metric: its last value}`` of an MLflow run (at most :data:`MAX_METRICS`); None if MLflow has no such
+        run or does not answer. Read as the workbench's MLflow admin, asynchronously."""
+        if self.registry is None or not RUN_ID.match(run_id or ""):
             return None
         try:
-            run = await MlflowRegistry(self.tracking_uri, self.secret).run(run_id)
+            run = await self.registry.run(run_id)
         except DanluError as e:
             self.log.warning("could not read the metrics of MLflow run %s: %s", run_id, e)
             return None
         return latest_metrics(run) if run is not None else None
+
+
+def latest_metrics(run: dict) -> dict[str, float]:
+    """``{name: latest value}`` of an MLflow run (its ``data.metrics``), at most :data:`MAX_METRICS` names."""
+    out: dict[str, float] = {}
+    for m in (run.get("data") or {}).get("metrics") or []:
+        if len(out) >= MAX_METRICS:
+            break
+        if isinstance(m, dict) and isinstance(m.get("key"), str) and len(m["key"]) <= 250:
+            try:
+                value = float(m.get("value"))
+            except (TypeError, ValueError):
+                continue
+            out[m["key"]] = value if math.isfinite(value) else str(value)
+    return out
+
+
+class MlflowRegistry:
+    def __init__(self, url: str, secret: str | None, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.headers = {"Content-Type": "application/json"}
+        if secret:
+            self.headers["Authorization"] = mlflow_auth.basic_authorization(mlflow_auth.SERVICE_ACCOUNT, secret)
+
+    async def call(self, method: str, path: str, params: dict | None = None, body: dict | None = None):
+        """``(status, JSON object)`` of one call; Unreachable when MLflow does not answer or fails (5xx)."""
+        return await mlflow_auth.rest(self.url, self.headers, method, path, params=params, body=body,
+                                      timeout=self.timeout, max_body=MAX_ANSWER)
+
+    refused = staticmethod(mlflow_auth.refused)
+
+    async def _ok(self, what: str, method: str, path: str, **kwargs) -> dict:
+        code, data = await self.call(method, path, **kwargs)
+        if code != 200:
+            raise self.refused(what, code, data)
+        return data
+
+    # runs -------------------------------------------------------------------------------------------
+    async def run(self, run_id: str) -> dict | None:
+        """The run (``info`` and ``data``), or None if MLflow has no such run."""
+        code, data = await self.call("GET", "/api/2.0/mlflow/runs/get", params={"run_id": run_id})
+        if code == 200 and isinstance(data.get("run"), dict):
+            return data["run"]
+        if data.get("error_code") in MISSING or code in (400, 404):
+            return None
+        raise self.refused(f"read run {run_id}", code, data)
+
+    async def logged_models(self, experiment_id: str, run_id: str) -> list[dict]:
+        """The MLflow 3 logged models whose source run is ``run_id`` (their ``info``), newest first."""
+        code, data = await self.call("POST", "/api/2.0/mlflow/logged-models/search", body={
+            "experiment_ids": [experiment_id], "filter": f"source_run_id = '{run_id}'",
+            "max_results": MAX_LOGGED_MODELS, "order_by": [{"field_name": "creation_time", "ascending": False}]})
+        if code != 200:
+            return []  # an MLflow without logged models: the run's artifacts are the source
+        return [m["info"] for m in data.get("models") or [] if isinstance(m, dict) and isinstance(m.get("info"), dict)]
+
+    async def has_artifact(self, run_id: str, path: str) -> bool:
+        """Whether the run has a file or folder at ``path`` (one listing of its parent folder)."""
+        parent, _, leaf = path.rpartition("/")
+        params = {"run_id": run_id, **({"path": parent} if parent else {})}
+        code, data = await self.call("GET", "/api/2.0/mlflow/artifacts/list", params=params)
+        return code == 200 and any(isinstance(f, dict) and f.get("path") == path for f in data.get("files") or [])
+
+    # registered models and versions -------------------------------------------------------------------
+    async def registered_model(self, name: str) -> dict | None:
+        code, data = await self.call("GET", "/api/2.0/mlflow/registered-models/get", params={"name": name})
+        if code == 200:
+            return data.get("registered_model") or {}
+        if data.get("error_code") in MISSING or code == 404:
+            return None
+        raise self.refused(f"read registered model {name}", code, data)
+
+    async def create_registered_model(self, name: str, description: str) -> bool:
+        """Create it (the service gets MANAGE, users keep the default); False if the name exists."""
+        code, data = await self.call("POST", "/api/2.0/mlflow/registered-models/create",
+                                     body={"name": name, "description": description})
+        if code == 200:
+            return True
+        if data.get("error_code") == "RESOURCE_ALREADY_EXISTS":
+            return False
+        raise self.refused(f"create registered model {name}", code, data)
+
+    async def create_version(self, name: str, source: str, run_id: str, model_id: str | None, tags: dict,
+                             description: str) -> int:
+        body = {"name": name, "source": source, "run_id": run_id, "description": description,
+                "tags": [{"key": k, "value": v} for k, v in tags.items()]}
+        if model_id:
+            body["model_id"] = model_id
+        data = await self._ok(f"create a version of {name}", "POST", "/api/2.0/mlflow/model-versions/create",
+                              body=body)
+        return int(data["model_version"]["version"])
+
+    async def set_version_tags(self, name: str, version: int, tags: dict) -> None:
+        for key, value in tags.items():
+            await self._ok(f"tag {name} version {version}", "POST", "/api/2.0/mlflow/model-versions/set-tag",
+                           body={"name": name, "version": str(version), "key": key, "value": value})
+
+    async def set_alias(self, name: str, alias: str, version: int) -> None:
+        await self._ok(f"set alias {alias} of {name}", "POST", "/api/2.0/mlflow/registered-models/alias",
+                       body={"name": name, "alias": alias, "version": str(version)})
+
+    async def delete_alias(self, name: str, alias: str) -> None:
+        code, data = await self.call("DELETE", "/api/2.0/mlflow/registered-models/alias",
+                                     body={"name": name, "alias": alias})
+        if code != 200 and data.get("error_code") not in MISSING:
+            raise self.refused(f"delete alias {alias} of {name}", code, data)
+
+    async def grant_read(self, username: str, name: str) -> bool:
+        """Give ``username`` READ on the registered model (what their evaluation job needs to load a version
+        under ``default_permission: NO_PERMISSIONS``); False if this MLflow cannot."""
+        code, data = await self.call("POST", "/api/3.0/mlflow/users/permissions/grant", body={
+            "username": username, "resource_type": "registered_model", "resource_id": name, "permission": "READ"})
+        return code == 200 or data.get("error_code") == "RESOURCE_ALREADY_EXISTS"  # their earlier version's

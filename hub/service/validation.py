@@ -11,8 +11,7 @@ are read by :func:`int_param` (bounded whole numbers), :func:`parse_time` and
 through :func:`check_size` (finite, 0..2**60 bytes). Every path-like field
 (``cwd``, ``datasets[i]``, ``source.notebook_path``) is a relative path that
 stays inside its root however it is spelled, and a dataset is confined again on
-disk on its real path after every symlink (:mod:`.paths`, whose functions this
-module re-exports). The notebook must be valid nbformat 4. These are pure
+disk on its real path after every symlink: that is :mod:`.paths`. The notebook must be valid nbformat 4. These are pure
 functions; each refusal is a :class:`~danlu.errors.UsageError` (400) or
 :class:`~danlu.errors.ValidationError` (422) naming the field and the fix.
 """
@@ -29,30 +28,23 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
+import nbformat
 import yaml
 
 from danlu.errors import UsageError, ValidationError
+from danlu.hub.config import schema
+from danlu.hub.service.formats import short, show
 
 MAX_BODY = 64 * 2**20
+#: how usage reports may be grouped (``GET /usage?by=``)
+USAGE_GROUPINGS = ("user", "team", "queue", "profile")
+#: an executed notebook a runner hands over (the same bound as a submitted one)
+MAX_OUTPUT = MAX_BODY
 MAX_DEPTH = 64
 MAX_SIZE = 2**60
 MAX_SAFE_INT = 2**53 - 1  # the largest integer every JSON client (JavaScript included) reads exactly
-MAX_PATH = 4096
 EARLIEST = dt.datetime(1970, 1, 1)
 LATEST = dt.datetime(9999, 12, 30, 23, 59, 59, 999999)  # a day short of datetime.max: end + 1 day still works
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
-
-
-def _show(value: Any, limit: int = 60) -> str:
-    """``repr`` short enough for a message, with surrogates, NUL and control characters escaped."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int beyond sys.get_int_max_str_digits()
-        return "a number of more than 4300 digits"
-    return text if len(text) <= limit else f"{text[:limit - 4]}...{text[-1]}"
 
 
 @functools.cache
@@ -98,16 +90,16 @@ def _message_of(error: jsonschema.ValidationError, field: str) -> str:
     if error.validator == "required":
         return f"missing required field '{field}'"
     if error.validator in ("minimum", "exclusiveMinimum"):
-        return f"{field} must be at least {error.validator_value}, got {_show(error.instance)}"
+        return f"{field} must be at least {error.validator_value}, got {show(error.instance)}"
     if error.validator in ("maximum", "exclusiveMaximum"):
-        return f"{field} must be at most {error.validator_value}, got {_show(error.instance)}"
+        return f"{field} must be at most {error.validator_value}, got {show(error.instance)}"
     if error.validator == "type":
         return f"{field} must be of type {error.validator_value}, got {type(error.instance).__name__}"
     if error.validator == "pattern":
-        return f"{field} {_show(error.instance)} does not match {error.validator_value}"
+        return f"{field} {show(error.instance)} does not match {error.validator_value}"
     if error.validator in ("maxLength", "maxItems", "maxProperties"):
         return f"{field} is longer than {error.validator_value} {'characters' if 'Len' in error.validator else 'items'}"
-    return f"{field}: {_short(error.message)}"  # jsonschema's words embed the whole value, maybe megabytes
+    return f"{field}: {short(error.message)}"  # jsonschema's words embed the whole value, maybe megabytes
 
 
 def _fix_of(error: jsonschema.ValidationError, field: str) -> str:
@@ -321,7 +313,7 @@ def int_param(raw: str | None, field: str, *, default=None, minimum: int = 0, ma
     allowed = f"a whole number from {minimum} to {maximum}"
     pattern = _SIGNED if minimum < 0 else _UNSIGNED
     if not isinstance(raw, str) or not pattern.match(raw) or not minimum <= int(raw) <= maximum:
-        raise UsageError(f"query parameter {field} must be {allowed}, got {_show(raw)}", field=field,
+        raise UsageError(f"query parameter {field} must be {allowed}, got {show(raw)}", field=field,
                          reason="bad_query", fix=f"e.g. {field}={minimum if default is None else default}")
     return int(raw)
 
@@ -337,13 +329,13 @@ def parse_time(raw: str | None, field: str, default):
         return default
     fix = "e.g. 2026-11-01 or 2026-11-01T08:00:00Z"
     out_of_range = UsageError(f"query parameter {field} must be between 1970-01-01 and 9999-12-30, got "
-                              f"{_show(raw)}", field=field, reason="bad_time", fix=fix)
+                              f"{show(raw)}", field=field, reason="bad_time", fix=fix)
     try:
         if not isinstance(raw, str) or len(raw) > 64:
             raise ValueError(raw)
         value = dt.datetime.fromisoformat(raw[:-1] + "Z" if raw.endswith("z") else raw)  # RFC 3339 allows z
     except ValueError:
-        raise UsageError(f"query parameter {field} must be an ISO 8601 date or time, got {_show(raw)}",
+        raise UsageError(f"query parameter {field} must be an ISO 8601 date or time, got {show(raw)}",
                          field=field, reason="bad_time", fix=fix) from None
     if value.tzinfo is not None:
         try:
@@ -411,14 +403,14 @@ def check_size(value, field: str) -> float:
         # float(10**400) would raise
         size = float(value) if abs(value) <= MAX_SIZE else (math.inf if value > 0 else -math.inf)
     else:
-        raise ValidationError(f"{field}: {_show(value)} is not a size", field=field, reason="bad_size", fix=fix)
+        raise ValidationError(f"{field}: {show(value)} is not a size", field=field, reason="bad_size", fix=fix)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValidationError(f"{field} must be a finite number of bytes, got {value}", field=field,
                               reason="bad_size", fix=fix)
     if size < 0:
         raise ValidationError(f"{field} must not be negative", field=field, reason="bad_size", fix=fix)
     if size > MAX_SIZE:
-        raise ValidationError(f"{field}: {_show(value)} is more than 2**60 bytes (1 EiB)", field=field,
+        raise ValidationError(f"{field}: {show(value)} is more than 2**60 bytes (1 EiB)", field=field,
                               reason="bad_size", fix=fix)
     return abs(size)  # -0 is 0
 
@@ -433,7 +425,6 @@ def warm() -> None:
 
 
 def check_notebook(nb: dict) -> Any:
-    import nbformat
 
     if nb.get("nbformat") != 4:
         raise ValidationError("notebook must be an nbformat 4 notebook (nbformat: 4)", field="notebook",
@@ -448,10 +439,10 @@ def check_notebook(nb: dict) -> Any:
         node = nbformat.from_dict(nb)
         nbformat.validate(node)
     except (TypeError, AttributeError, KeyError) as e:
-        raise ValidationError(f"notebook is not valid nbformat: {_short(str(e))}", field="notebook",
+        raise ValidationError(f"notebook is not valid nbformat: {short(str(e))}", field="notebook",
                               reason="bad_notebook", fix=fix) from None
     except nbformat.ValidationError as e:
-        raise ValidationError(f"notebook is not valid nbformat: {_short(e.message)}", field="notebook",
+        raise ValidationError(f"notebook is not valid nbformat: {short(e.message)}", field="notebook",
                               reason="bad_notebook", fix=fix) from None
     if not any(c.get("cell_type") == "code" for c in nb.get("cells", [])):
         raise ValidationError("notebook has no code cell to run", field="notebook", reason="empty_notebook",
@@ -461,7 +452,6 @@ def check_notebook(nb: dict) -> Any:
 
 @functools.cache
 def _team_schema() -> jsonschema.Draft202012Validator:
-    from danlu.hub.config import schema
 
     full = schema()
     change = {"type": "object", "additionalProperties": False, "minProperties": 1,
@@ -489,10 +479,6 @@ def check_team_change(changes, flavors) -> None:
 def check_parameters(params: dict) -> None:
     for key in params:
         if not key.isidentifier() or keyword.iskeyword(key):
-            raise ValidationError(f"parameter name {_show(key)} is not a Python identifier",
+            raise ValidationError(f"parameter name {show(key)} is not a Python identifier",
                                   field=f"parameters.{key if len(key) <= 64 else key[:60] + '...'}",
                                   reason="bad_parameter", fix="use letters, digits and _ (not starting with a digit)")
-
-
-# paths live in their own module; these names are part of this one's API too
-from danlu.hub.service.paths import check_dataset, resolve_dataset, safe_relative_path  # noqa: E402, F401

@@ -307,14 +307,14 @@ def test_document_and_routes_agree():
     """Every path and method of the document has a handler, and every route and method is in the document."""
     from tornado import web
 
-    from danlu.hub.service.api import jobs as handlers
+    from danlu.hub.service.api.routes import routes as service_routes
     from danlu.hub.service.api.web import METHODS as HANDLED
 
     samples = {"id": JOB, "attempt": "1", "name": "research", "holder": "alice", "version": "1", "rank": "0",
                "alias": "champion", "other": JOB}
     documented_paths = {PREFIX + path.format(**samples): {m.upper() for m in item if m in HANDLED}
                         for path, item in openapi()["paths"].items()}
-    routes = [(re.compile(pattern + "$"), handler) for pattern, handler in handlers.routes("/services/danlu/")
+    routes = [(re.compile(pattern + "$"), handler) for pattern, handler in service_routes("/services/danlu/")
               if pattern.startswith(PREFIX)]
     for path, methods in documented_paths.items():
         handler = next((h for route, h in routes if route.match(path)), None)

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from danlu.errors import ConfigError, PolicyError, ValidationError
 from danlu.hub.config import DEFAULT_QUEUE, Settings, parse_size
 from danlu.hub.gpus import GPU
-from danlu.hub.service.admission.model import Model, Request, Team, gpu_key
+from danlu.hub.service.admission.model import Model
+from danlu.hub.service.admission.workloads import Request, Team, gpu_key
 
 
 def _amounts(spec: dict | None) -> dict[str, float]:

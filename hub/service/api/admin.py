@@ -7,30 +7,26 @@ hub's own token for allocations and logins).
 
 from __future__ import annotations
 
-import re
-
 from danlu.hub.service import validation
 from danlu.hub.service.api.web import APIHandler
-
-HOLDER = re.compile(r"^[A-Za-z0-9._@+-]{1,255}(:[A-Za-z0-9._@+-]{1,255})?$")
-QUEUE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+from danlu.hub.service.formats import HOLDER, QUEUE
 
 
 class AllocationsHandler(APIHandler):
     async def get(self):
-        self.write_json(await self.jobs.allocations(self.principal()))
+        self.write_json(await self.manager.allocations(self.principal()))
 
     async def post(self):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("AllocationRequest", body)
-        self.write_json({"devices": await self.jobs.allocate_server(who, body)}, 201)
+        self.write_json({"devices": await self.manager.allocate_server(who, body)}, 201)
 
 
 class ServerAllocationHandler(APIHandler):
     async def delete(self, holder):
         who = self.principal()
-        await self.jobs.release_server(who, self.path_arg(holder, "holder", HOLDER, "a server (user or user:name)"))
+        await self.manager.release_server(who, self.path_arg(holder, "holder", HOLDER, "a server (user or user:name)"))
         self.set_status(204)
         self.finish()
 
@@ -40,7 +36,7 @@ class WarmHandler(APIHandler):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("WarmRequest", body)
-        self.write_json(await self.jobs.warm(who, body), 202)
+        self.write_json(await self.manager.warm(who, body), 202)
 
 
 class QueueHandler(APIHandler):
@@ -49,18 +45,18 @@ class QueueHandler(APIHandler):
         name = self.path_arg(name, "name", QUEUE, "a queue name")
         body = self.json_body()
         validation.check_schema("QueueChange", body)
-        self.write_json(await self.jobs.queues.change(who, name, body))
+        self.write_json(await self.manager.queues.change(who, name, body))
 
     async def delete(self, name):
         who = self.principal()
-        self.write_json(await self.jobs.queues.reset(who, self.path_arg(name, "name", QUEUE, "a queue name")))
+        self.write_json(await self.manager.queues.reset(who, self.path_arg(name, "name", QUEUE, "a queue name")))
 
 
 class QueueHoldHandler(APIHandler):
     async def post(self, name, action):
         who = self.principal()
         name = self.path_arg(name, "name", QUEUE, "a queue name")
-        self.write_json(await self.jobs.queues.hold(who, name, action == "hold"))
+        self.write_json(await self.manager.queues.hold(who, name, action == "hold"))
 
 
 class DrainHandler(APIHandler):
@@ -68,13 +64,13 @@ class DrainHandler(APIHandler):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("Drain", body)
-        self.write_json(await self.jobs.queues.drain(who, body["on"]))
+        self.write_json(await self.manager.queues.drain(who, body["on"]))
 
 
 class AuditHandler(APIHandler):
     async def get(self):
         who = self.principal()
-        self.write_json({"records": await self.jobs.audit_records(
+        self.write_json({"records": await self.manager.audit_records(
             who, limit=self.int_arg("limit", 200, minimum=1, maximum=10_000), action=self.str_arg("action"),
             target=self.str_arg("target"))})
 
@@ -83,29 +79,16 @@ class AuditHandler(APIHandler):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("AuditEvent", body)
-        self.write_json(await self.jobs.record_login(who, body), 201)
+        self.write_json(await self.manager.record_login(who, body), 201)
 
 
 class AuditVerifyHandler(APIHandler):
     async def get(self):
-        self.write_json(await self.jobs.audit_verify(self.principal()))
+        self.write_json(await self.manager.audit_verify(self.principal()))
 
 
 class MetricsHandler(APIHandler):
     def get(self):
-        text = self.jobs.metrics_text(self.principal())
+        text = self.manager.metrics_text(self.principal())
         self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.finish(text)
-
-
-def routes(api: str) -> list:
-    return [
-        (f"{api}/allocations", AllocationsHandler),
-        (f"{api}/allocations/server/(?P<holder>[^/]+)", ServerAllocationHandler),
-        (f"{api}/runners/warm", WarmHandler),
-        (f"{api}/queues/(?P<name>[^/]+)", QueueHandler),
-        (f"{api}/queues/(?P<name>[^/]+)/(?P<action>hold|release)", QueueHoldHandler),
-        (f"{api}/drain", DrainHandler),
-        (f"{api}/audit", AuditHandler),
-        (f"{api}/audit/verify", AuditVerifyHandler),
-    ]

@@ -19,8 +19,9 @@ from tornado.iostream import StreamClosedError
 from danlu import __version__
 from danlu.errors import DanluError, NotFound
 from danlu.hub.service import validation
+from danlu.hub.service.api import pages
 from danlu.hub.service.api.web import APIHandler
-from danlu.hub.service.jobs.views import JOB_ID
+from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.states import FINAL, JobState
 
 CHUNK = 256 * 1024
@@ -42,11 +43,7 @@ class OpenAPIHandler(APIHandler):
 
 class ProfilesHandler(APIHandler):
     async def get(self):
-        who = self.principal()
-        groups = await self.jobs.groups.groups_of(who.name, fallback=who.groups) if who.is_user else ()
-        allowed = self.jobs.profiles.for_user(groups, admin=who.admin)
-        default = self.jobs.profiles.default_for(groups, admin=who.admin)
-        self.write_json({"profiles": [p.to_dict() for p in allowed], "default": default.slug if default else None})
+        self.write_json(await self.manager.profiles_for(self.principal()))
 
 
 class JobsHandler(APIHandler):
@@ -58,59 +55,56 @@ class JobsHandler(APIHandler):
     async def get(self):
         who = self.principal()
         states = [s for s in (self.str_arg("state", "") or "").split(",") if s]
-        self.finish(await self.jobs.page_json(
+        self.finish(await self.manager.page_json(
             who, states=states, owner=self.str_arg("owner"), queue=self.str_arg("queue"),
             limit=self.int_arg("limit", 200, minimum=1, maximum=1000), cursor=self.str_arg("cursor")))
 
     async def post(self):
         who = self.principal()
-        status, body = await self.jobs.submit(who, self.json_body())
+        status, body = await self.manager.submit(who, self.json_body())
         self.write_json(body, status)
 
 
 class ExperimentsHandler(APIHandler):
     async def get(self):
         who = self.principal()
-        self.write_json({"experiments": await self.jobs.experiments(who, owner=self.str_arg("owner"))})
+        self.write_json({"experiments": await self.manager.experiments(who, owner=self.str_arg("owner"))})
 
 
 class JobHandler(APIHandler):
     async def get(self, job_id):
         who = self.principal()
-        self.write_json((await self.jobs.views([await self.jobs.get(who, self.job_arg(job_id))]))[0])
+        self.write_json(await self.manager.job_view(who, self.job_arg(job_id)))
 
     async def patch(self, job_id):
         who = self.principal()
         body = self.json_body()
         validation.check_schema("JobChange", body)
-        self.write_json(await self.jobs.reprioritize(who, self.job_arg(job_id), body["priority"]))
+        self.write_json(await self.manager.reprioritize(who, self.job_arg(job_id), body["priority"]))
 
 
 class CancelHandler(APIHandler):
     async def post(self, job_id):
         who = self.principal()
-        self.write_json(await self.jobs.cancel(who, self.job_arg(job_id)))
+        self.write_json(await self.manager.cancel(who, self.job_arg(job_id)))
 
 
 class NotebookHandler(APIHandler):
     """The executed notebook (``/output``, any rank) or the submitted one (``/input``), streamed."""
-
     login_redirect = True  # the job card's and the jobs page's links
 
     async def get(self, job_id, which):
-        from danlu.hub.service.api import pages
-
         who = self.principal()
         job_id = self.job_arg(job_id)
         html = self.str_arg("format", "ipynb", choices=("ipynb", "html")) == "html"
         if which == "input":
-            job, data = await self.jobs.input_notebook(who, job_id)
+            job, data = await self.manager.input_notebook(who, job_id)
             if html:
                 return await pages.render_notebook(self, data)
             self._headers_for(job, which)
             self.finish(data)
             return
-        job = await self.jobs.get(who, job_id)
+        job = await self.manager.get(who, job_id)
         rank = self.int_arg("rank", 0, maximum=4096)
         first = await self._read(job, rank, 0)
         if first is None:
@@ -134,19 +128,10 @@ class NotebookHandler(APIHandler):
         self.finish()
 
     async def _read(self, job, rank: int, offset: int):
-        from danlu.hub.backends.base import FileRefused
-
-        try:
-            return await self.jobs.read_output(job, rank, offset, CHUNK)
-        except FileRefused as e:
-            raise DanluError(f"job {job.id}'s output cannot be served: {e}", status=409, reason="unsafe_file",
-                             fix="the job replaced its output notebook with something that is not a plain "
-                                 "file") from None
+        return await self.manager.read_output(job, rank, offset, CHUNK)
 
     async def _whole(self, job, rank: int, data: bytes, size: int) -> bytes:
-        from danlu.hub.service.api.pages import MAX_HTML
-
-        if size > MAX_HTML:
+        if size > pages.MAX_HTML:
             raise DanluError(f"the notebook is {size // 2**20} MiB, too large to show as HTML", status=413,
                              reason="too_large", fix="download it as ipynb (leave out format=html)")
         parts = [data]
@@ -166,7 +151,6 @@ class NotebookHandler(APIHandler):
 
 class LogsHandler(APIHandler):
     """The job log; ``follow`` streams until the job ends, as text or server-sent events."""
-
     login_redirect = True
     followers: dict[str, int] = {}
     _closed = False
@@ -184,17 +168,11 @@ class LogsHandler(APIHandler):
             self.write(chunk)
 
     async def _read(self, job, offset: int) -> tuple[bytes, int]:
-        from danlu.hub.backends.base import FileRefused
-
-        try:
-            return await self.jobs.read_log(job, offset, CHUNK)
-        except FileRefused as e:
-            raise DanluError(f"job {job.id}'s log cannot be served: {e}", status=409, reason="unsafe_file",
-                             fix="the job replaced its log with something that is not a plain file") from None
+        return await self.manager.read_log(job, offset, CHUNK)
 
     async def get(self, job_id):
         who = self.principal()
-        job = await self.jobs.get(who, self.job_arg(job_id))
+        job = await self.manager.get(who, self.job_arg(job_id))
         follow = self.bool_arg("follow")
         tail = self.int_arg("tail", None, maximum=100_000)
         offset = self.int_arg("offset", 0)
@@ -213,14 +191,14 @@ class LogsHandler(APIHandler):
             raise DanluError("too many logs are being followed", status=429, reason="too_many_followers",
                              fix="close other log views, or read the log without follow")
         counts[user] = counts.get(user, 0) + 1
-        self.jobs.metrics.followers.inc()
+        self.manager.metrics.followers.inc()
 
     def _leave(self, user: str) -> None:
         counts = LogsHandler.followers
         counts[user] -= 1
         if counts[user] <= 0:
             del counts[user]
-        self.jobs.metrics.followers.dec()
+        self.manager.metrics.followers.dec()
 
     async def _stream(self, who, job, follow: bool, tail: int | None, offset: int, sse: bool) -> None:
         self.set_header("Content-Type", "text/event-stream" if sse else "text/plain; charset=utf-8")
@@ -229,9 +207,9 @@ class LogsHandler(APIHandler):
             data, _ = await self._read(job, max(0, size - CHUNK))
             self._emit(b"".join(data.splitlines(keepends=True)[-tail:]) if tail else b"", sse)
             offset = size
-        ended = self.jobs.ended(job.id)
+        ended = self.manager.ended(job.id)
         if follow and JobState(job.state) not in FINAL:
-            job = await self.jobs.get(who, job.id)  # it may have ended before the event existed
+            job = await self.manager.get(who, job.id)  # it may have ended before the event existed
         final = JobState(job.state) in FINAL
         waiter = asyncio.ensure_future(ended.wait()) if follow and not final else None
         checked = asyncio.get_running_loop().time()
@@ -254,7 +232,7 @@ class LogsHandler(APIHandler):
                     final = True  # one more read picks up the last lines
                 elif asyncio.get_running_loop().time() - checked > RECHECK:
                     checked = asyncio.get_running_loop().time()
-                    job = await self.jobs.get(who, job.id)
+                    job = await self.manager.get(who, job.id)
                     final = JobState(job.state) in FINAL
         finally:
             if waiter is not None:
@@ -262,7 +240,7 @@ class LogsHandler(APIHandler):
         if self._closed:
             return
         if sse:
-            state = (await self.jobs.get(who, job.id)).state
+            state = (await self.manager.get(who, job.id)).state
             self.write(f"event: end\ndata: {json.dumps({'state': state})}\n\n")
         self.finish()
 
@@ -270,163 +248,23 @@ class LogsHandler(APIHandler):
 class QueuesHandler(APIHandler):
     async def get(self):
         self.principal()
-        settings = self.jobs.settings
-        self.write_json({"queues": await self.jobs.queues.list(), "draining": self.jobs.draining,
-                         "priority_classes": settings.priority_classes,
-                         "default_priority_class": settings.default_priority_class})
-
-
-class DatasetsHandler(APIHandler):
-    async def get(self):
-        self.write_json({"datasets": await self.jobs.catalog.list(self.principal())})
-
-    async def post(self):
-        who = self.principal()
-        status, body = await self.jobs.catalog.register(who, self.json_body())
-        self.write_json(body, status)
-
-
-class DatasetHandler(APIHandler):
-    def name_arg(self, value: str) -> str:
-        from danlu.hub.service.datasets.catalog import NAME
-
-        return self.path_arg(value, "name", NAME, "a dataset name")
-
-    async def get(self, name):
-        self.write_json(await self.jobs.catalog.show(self.principal(), self.name_arg(name)))
-
-
-class DatasetVersionHandler(DatasetHandler):
-    async def get(self, name, version):
-        from danlu.hub.service.datasets.catalog import VERSION
-
-        who = self.principal()
-        name = self.name_arg(name)
-        number = int(self.path_arg(version, "version", VERSION, "a version number (1, 2, ...)"))
-        self.write_json(await self.jobs.catalog.version(who, name, number))
+        self.write_json(await self.manager.queues_view())
 
 
 class ReproduceHandler(APIHandler):
     async def post(self, job_id):
         who = self.principal()
-        self.write_json(await self.jobs.reproduce(who, self.job_arg(job_id)), 201)
+        self.write_json(await self.manager.reproduce(who, self.job_arg(job_id)), 201)
 
 
 class CompareHandler(APIHandler):
     async def get(self, job_id, other):
         who = self.principal()
         other = self.path_arg(other, "other", JOB_ID, "a job id (12 hex digits)")
-        self.write_json(await self.jobs.compare(who, self.job_arg(job_id), other))
-class ModelsHandler(APIHandler):
-    async def get(self):
-        self.write_json({"models": await self.jobs.models.list(self.principal())})
-
-    async def post(self):
-        who = self.principal()
-        status, body = await self.jobs.models.register(who, self.json_body())
-        self.write_json(body, status)
-
-
-class ModelArgs(APIHandler):
-    """The path parameters of the model routes, each checked against its pattern (400 naming it)."""
-
-    def name_arg(self, value: str) -> str:
-        from danlu.hub.service.registry.versions import NAME
-
-        return self.path_arg(value, "name", NAME, "a model name")
-
-    def version_arg(self, value: str) -> int:
-        from danlu.hub.service.registry.versions import VERSION
-
-        return int(self.path_arg(value, "version", VERSION, "a version number (1, 2, ...)"))
-
-    def alias_arg(self, value: str) -> str:
-        from danlu.hub.service.registry.versions import ALIAS
-
-        return self.path_arg(value, "alias", ALIAS, "an alias (a letter, then letters, digits, - and _)")
-
-
-class ModelHandler(ModelArgs):
-    async def get(self, name):
-        self.write_json(await self.jobs.models.show(self.principal(), self.name_arg(name)))
-
-
-class ModelVersionHandler(ModelArgs):
-    async def get(self, name, version):
-        who = self.principal()
-        self.write_json(await self.jobs.models.version_view(who, self.name_arg(name), self.version_arg(version)))
-
-
-class ModelDecisionsHandler(ModelArgs):
-    async def post(self, name, version):
-        who = self.principal()
-        name, number = self.name_arg(name), self.version_arg(version)
-        self.write_json(await self.jobs.models.decide(who, name, number, self.json_body()))
-
-
-class ModelAliasHandler(ModelArgs):
-    async def put(self, name, alias):
-        who = self.principal()
-        name, alias = self.name_arg(name), self.alias_arg(alias)
-        self.write_json(await self.jobs.models.set_alias(who, name, alias, self.json_body()))
-
-    async def delete(self, name, alias):
-        who = self.principal()
-        self.write_json(await self.jobs.models.delete_alias(who, self.name_arg(name), self.alias_arg(alias)))
-
-
-class LineageHandler(ModelArgs):
-    async def get(self, name, version):
-        from danlu.hub.service.registry.lineage import model_lineage
-
-        who = self.principal()
-        name, number = self.name_arg(name), self.version_arg(version)
-        self.write_json(await model_lineage(self.jobs, who, name, number))
-
-
+        self.write_json(await self.manager.compare(who, self.job_arg(job_id), other))
 class UsageHandler(APIHandler):
     async def get(self):
-        from danlu.hub.service.usage import reports as usage
-
         who = self.principal()
-        by = self.str_arg("by", "user", choices=usage.GROUPINGS)
+        by = self.str_arg("by", "user", choices=validation.USAGE_GROUPINGS)
         start, end = validation.time_range(self.query_arg("from"), self.query_arg("to"))
-        self.write_json(await self.jobs.usage(who, user=self.str_arg("user"), by=by, start=start, end=end))
-
-
-def routes(prefix: str) -> list:
-    from danlu.hub.service.api import admin as admin_handlers
-    from danlu.hub.service.api import pages
-    from danlu.hub.service.api import runner as runner_handlers
-
-    base = prefix.rstrip("/")
-    api = f"{base}/api/v1"
-    job = r"/jobs/(?P<job_id>[^/]+)"
-    return [
-        (f"{base}/?", pages.JobsPageHandler),
-        (f"{api}/health", HealthHandler),
-        (f"{api}/openapi.json", OpenAPIHandler),
-        (f"{api}/profiles", ProfilesHandler),
-        (f"{api}/jobs", JobsHandler),
-        (f"{api}/experiments", ExperimentsHandler),
-        (f"{api}{job}", JobHandler),
-        (f"{api}{job}/cancel", CancelHandler),
-        (f"{api}{job}/logs", LogsHandler),
-        (f"{api}{job}/(?P<which>output|input)", NotebookHandler),
-        (f"{api}/queues", QueuesHandler),
-        (f"{api}/usage", UsageHandler),
-        (f"{api}/datasets", DatasetsHandler),
-        (f"{api}/datasets/(?P<name>[^/]+)", DatasetHandler),
-        (f"{api}/datasets/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", DatasetVersionHandler),
-        (f"{api}{job}/reproduce", ReproduceHandler),
-        (f"{api}{job}/compare/(?P<other>[^/]+)", CompareHandler),
-        (f"{api}/models", ModelsHandler),
-        (f"{api}/models/(?P<name>[^/]+)", ModelHandler),
-        (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", ModelVersionHandler),
-        (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/decisions", ModelDecisionsHandler),
-        (f"{api}/models/(?P<name>[^/]+)/aliases/(?P<alias>[^/]+)", ModelAliasHandler),
-        (f"{api}/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", LineageHandler),
-        *admin_handlers.routes(api),
-        *runner_handlers.routes(api),
-        (f"{base}/metrics", admin_handlers.MetricsHandler),
-    ]
+        self.write_json(await self.manager.usage(who, user=self.str_arg("user"), by=by, start=start, end=end))

@@ -18,6 +18,8 @@ import asyncio
 import html
 import json
 
+import nbformat
+
 from danlu.errors import DanluError
 from danlu.hub.service.api.web import APIHandler
 
@@ -28,7 +30,7 @@ CSP = ("sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; f
 
 def notebook_html(data: bytes) -> str:
     """A notebook as a standalone, sanitized HTML page (nbconvert's lab template)."""
-    import nbformat
+    # deferred: nbconvert takes ~0.5 s to import; only a notebook shown as HTML needs it
     from nbconvert import HTMLExporter
 
     try:
@@ -55,14 +57,13 @@ async def render_notebook(handler: APIHandler, data: bytes) -> None:
 
 class JobsPageHandler(APIHandler):
     """``/services/danlu/``: the caller's jobs as a plain HTML page (the hub's Services menu links here)."""
-
     login_redirect = True
 
     async def get(self):
         who = self.principal()
         # the views GET /jobs sends, built off the event loop (and, for ended jobs, kept encoded)
         rows = []
-        for info in json.loads(await self.jobs.page_json(who, limit=200))["jobs"]:
+        for info in json.loads(await self.manager.page_json(who, limit=200))["jobs"]:
             links = [f'<a href="{html.escape(info["logs_url"])}">log</a>']
             if info["state"] in ("running", "succeeded", "failed"):
                 links.append(f'<a href="{html.escape(info["output_url"])}?format=html">output</a>')

@@ -6,13 +6,9 @@ These are not for hub users: they authenticate with ``Authorization: Bearer
 
 from __future__ import annotations
 
-import re
-
 from danlu.hub.service.api.web import BaseHandler
-from danlu.hub.service.jobs.runner_api import MAX_OUTPUT
-
-ATTEMPT = re.compile(r"^[1-9][0-9]{0,5}$")
-RANK = re.compile(r"^(0|[1-9][0-9]{0,4})$")
+from danlu.hub.service.formats import ATTEMPT, RANK
+from danlu.hub.service.validation import MAX_OUTPUT
 
 
 class RunnerHandler(BaseHandler):
@@ -32,13 +28,13 @@ class RunnerHandler(BaseHandler):
 class RunnerSpecHandler(RunnerHandler):
     async def get(self, job_id, attempt):
         job_id, number = self.ids(job_id, attempt)
-        self.write_json(await self.jobs.reports.spec(job_id, number, self.token()))
+        self.write_json(await self.manager.runner_api.spec(job_id, number, self.token()))
 
 
 class RunnerStopHandler(RunnerHandler):
     async def get(self, job_id, attempt):
         job_id, number = self.ids(job_id, attempt)
-        self.write_json(await self.jobs.reports.stop(job_id, number, self.token()))
+        self.write_json(await self.manager.runner_api.stop(job_id, number, self.token()))
 
 
 class RunnerOutputHandler(RunnerHandler):
@@ -47,7 +43,7 @@ class RunnerOutputHandler(RunnerHandler):
     async def put(self, job_id, attempt, rank):
         job_id, number = self.ids(job_id, attempt)
         rank = int(self.path_arg(rank, "rank", RANK, "a rank number"))
-        self.write_json(await self.jobs.reports.output(job_id, number, self.token(), rank, self.request.body))
+        self.write_json(await self.manager.runner_api.output(job_id, number, self.token(), rank, self.request.body))
 
 
 class RunnerEventsHandler(RunnerHandler):
@@ -55,7 +51,7 @@ class RunnerEventsHandler(RunnerHandler):
         job_id, number = self.ids(job_id, attempt)
         # any JSON: an invalid report from the attempt's runner fails the attempt, saying why (see reports)
         body = self.json_body(anything=True)
-        self.write_json(await self.jobs.reports.event(job_id, number, self.token(), body))
+        self.write_json(await self.manager.runner_api.event(job_id, number, self.token(), body))
 
 
 class RunnerDatasetHandler(RunnerHandler):
@@ -64,16 +60,5 @@ class RunnerDatasetHandler(RunnerHandler):
     async def post(self, job_id, attempt):
         job_id, number = self.ids(job_id, attempt)
         token = self.token()
-        owner = await self.jobs.reports.owner(job_id, number, token)  # before the body is parsed
-        self.write_json(await self.jobs.reports.dataset(job_id, number, token, owner, self.json_body()))
-
-
-def routes(api: str) -> list:
-    base = f"{api}/runner/jobs/(?P<job_id>[^/]+)/attempts/(?P<attempt>[^/]+)"
-    return [
-        (f"{base}/spec", RunnerSpecHandler),
-        (f"{base}/stop", RunnerStopHandler),
-        (f"{base}/events", RunnerEventsHandler),
-        (f"{base}/outputs/(?P<rank>[^/]+)", RunnerOutputHandler),
-        (f"{base}/datasets", RunnerDatasetHandler),
-    ]
+        owner = await self.manager.runner_api.owner(job_id, number, token)  # before the body is parsed
+        self.write_json(await self.manager.runner_api.dataset(job_id, number, token, owner, self.json_body()))

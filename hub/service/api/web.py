@@ -28,7 +28,8 @@ from danlu.errors import DanluError, Forbidden, UsageError, ValidationError
 from danlu.hub.hubauth import AsyncHubAuthenticated
 from danlu.hub.service import validation
 from danlu.hub.service.auth import Principal
-from danlu.hub.service.jobs.views import JOB_ID
+from danlu.hub.service.formats import JOB_ID
+from danlu.hub.service.manager import JobManager
 
 MAX_BODY = 64 * 1024 * 1024
 MAX_QUERY = 256
@@ -42,12 +43,12 @@ PATH_NAMES = {"job_id": "id"}
 
 class BaseHandler(web.RequestHandler):
     """JSON in, JSON out, errors as JSON; no authentication of its own."""
-
     max_body = MAX_BODY
 
     @property
-    def jobs(self):
-        return self.settings["danlu_jobs"]
+    def manager(self) -> JobManager:
+        """The service's :class:`~danlu.hub.service.manager.JobManager`: every handler's one counterpart."""
+        return self.settings["danlu_manager"]
 
     def set_default_headers(self):
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -210,7 +211,6 @@ class APIHandler(AsyncHubAuthenticated, BaseHandler):
 
 class NotFoundHandler(BaseHandler):
     """Anything under the service's prefix that no route matches: a JSON 404, whatever the method."""
-
     @staticmethod
     def missing(request) -> DanluError:
         return DanluError(f"no such endpoint: {request.method[:20]} {request.path[:200]}", status=404,

@@ -28,8 +28,11 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
+import logging
 import os
-import re
+import subprocess
+import sys
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -37,9 +40,10 @@ from sqlalchemy.orm import defer
 
 from danlu.datasets import TRAINING, DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
-from danlu.hub.service import validation
-from danlu.hub.service.jobs.core import Core
+from danlu.hub.service import paths, validation
+from danlu.hub.service.formats import DATASET_REF
 from danlu.hub.service.store import audit
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Dataset, DatasetUse, DatasetVersion, Job, isoformat, utcnow
 
 #: the most files a dataset version may hold (each is hashed and listed in the manifest)
@@ -50,10 +54,6 @@ MAX_TABLES = 100
 HEAD_BYTES = 64 * 1024
 #: CSV files larger than this get columns but no row count
 MAX_COUNT_BYTES = 256 * 1024 * 1024
-NAME = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,62}[a-z0-9])?$")
-VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
-#: how a job names a catalog version: ``NAME@VERSION`` or ``NAME@latest``
-REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)@([1-9][0-9]{0,8}|latest)$")
 FIND_FIX = "see the datasets you may read with 'danlu datasets list' or GET /datasets"
 #: the most jobs a version's ``used_by`` lists (the newest uses first)
 MAX_USED_BY = 100
@@ -77,7 +77,7 @@ def csv_table(path: Path) -> dict:
 
 def parquet_table(path: Path) -> dict:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # deferred: optional (pyarrow), and slow to import; only Parquet files need it
     except ImportError:
         return {"columns": None, "rows": None, "note": "schema not read: pyarrow is not installed"}
     with open_regular(path) as f:  # only the footer is read (pyarrow parses it: see docs/security.md)
@@ -157,19 +157,22 @@ def check_groups(body: dict, ds: Dataset) -> None:
 
 
 class Catalog:
-    def __init__(self, core: Core):
-        self.core = core
+    def __init__(self, database: Database, *, settings, groups, log: logging.Logger):
+        self.database = database
+        self.settings = settings
+        self.groups = groups
+        self.log = log
         self._hashing = asyncio.Lock()  # one registration reads the disk at a time; the digest cache has one writer
 
     # who may do what ----------------------------------------------------------------------------
     async def _groups(self, principal) -> set[str]:
         if not principal.is_user:
             return set(principal.groups)
-        return set(await self.core.groups.groups_of(principal.name, fallback=principal.groups))
+        return set(await self.groups.groups_of(principal.name, fallback=principal.groups))
 
     async def _readable(self, principal, name: str) -> Dataset:
         """A dataset the caller may read; 404 otherwise, never 403."""
-        ds = await self.core.read(lambda s: s.get(Dataset, name))
+        ds = await self.database.read(lambda s: s.get(Dataset, name))
         if ds is None or not member(principal, await self._groups(principal), ds.read_groups):
             raise NotFound(f"dataset {name} not found", reason="no_such_dataset", field="name", fix=FIND_FIX)
         return ds
@@ -177,16 +180,15 @@ class Catalog:
     # registering --------------------------------------------------------------------------------
     async def register(self, principal, body) -> tuple[int, dict]:
         """Add a version (201), or answer the version that has this content already (200)."""
-        core = self.core
-        settings = core.settings
+        settings = self.settings
         validation.check_schema("DatasetRegistration", body)
         if not principal.is_user:
             raise Forbidden("only users register datasets; this token belongs to a service", reason="not_a_user",
                             fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)")
         name = body["name"]
-        source = validation.check_dataset(body["path"], "path", settings.dataset_roots)
+        source = paths.check_dataset(body["path"], "path", settings.dataset_roots)
         groups = await self._groups(principal)
-        ds = await core.read(lambda s: s.get(Dataset, name))
+        ds = await self.database.read(lambda s: s.get(Dataset, name))
         if ds is not None:
             check_registrant(principal, groups, ds)
             check_groups(body, ds)
@@ -199,9 +201,9 @@ class Catalog:
             else:  # as the user: the service never reads for them what they could not read themselves
                 real, found, manifest, tables = await asyncio.to_thread(
                     _hash_as, account, body["path"], home, settings.dataset_roots)
-        async with core.lock:  # the audit chain has one writer at a time
-            status, row = await core.db(_record, principal, groups, body, source, str(real), found, manifest, tables)
-        core.log.info("dataset %s@%s %s by %s (%s files, %s bytes)", name, row["version"],
+        status, row = await self.database.write(_record, principal, groups, body, source, str(real), found, manifest,
+                                                tables)
+        self.log.info("dataset %s@%s %s by %s (%s files, %s bytes)", name, row["version"],
                       "registered" if status == 201 else "unchanged", principal.name, found.files, found.bytes)
         return status, row
 
@@ -221,23 +223,23 @@ class Catalog:
                 latest = {v.dataset: v for v in s.scalars(q) if top.get(v.dataset) == v.version}
             return [dataset_to_dict(ds, [latest[ds.name]] if ds.name in latest else []) for ds in rows]
 
-        return await self.core.read(query)
+        return await self.database.read(query)
 
     async def show(self, principal, name: str) -> dict:
         ds = await self._readable(principal, name)
-        versions = await self.core.read(_versions, [name])
+        versions = await self.database.read(_versions, [name])
         return dataset_to_dict(ds, versions, every=True)
 
     async def version(self, principal, name: str, version: int) -> dict:
         """One version with its manifest, and ``used_by``: the jobs that used it that the caller may see."""
         await self._readable(principal, name)
-        row = await self.core.read(lambda s: s.scalars(select(DatasetVersion).where(
+        row = await self.database.read(lambda s: s.scalars(select(DatasetVersion).where(
             DatasetVersion.dataset == name, DatasetVersion.version == version)).first())
         if row is None:
             raise NotFound(f"dataset {name} has no version {version}", reason="no_such_version", field="version",
                            fix=f"see its versions with 'danlu datasets show {name}'")
         return {**version_to_dict(row, manifest=True),
-                "used_by": await self.core.read(users_of_version, principal, name, version)}
+                "used_by": await self.database.read(users_of_version, principal, name, version)}
 
     async def readable_latest(self, principal, name: str, field: str) -> dict | None:
         """:meth:`resolve` of ``NAME@latest`` if the caller may read a dataset ``name``, else None."""
@@ -250,7 +252,7 @@ class Catalog:
 
     async def resolve(self, principal, ref: str, field: str) -> dict:
         """A job's dataset entry for ``NAME@VERSION`` (or ``NAME@latest``): the version's real path and digest."""
-        name, version = REF.match(ref).groups()
+        name, version = DATASET_REF.match(ref).groups()
         groups = await self._groups(principal)
 
         def query(s):
@@ -262,7 +264,7 @@ class Catalog:
                 q.where(DatasetVersion.version == int(version))
             return ds, s.scalars(q.limit(1)).first()
 
-        ds, row = await self.core.read(query)
+        ds, row = await self.database.read(query)
         if ds is None:
             raise NotFound(f"{field}: dataset {name} not found", reason="no_such_dataset", field=field, fix=FIND_FIX)
         if row is None:
@@ -340,10 +342,6 @@ SCAN_TIMEOUT = 3600.0  # seconds a registration's scan may take as the user (a l
 
 def _hash_as(account, value: str, home: Path, roots: dict):
     """:func:`_hash` in a child process running as ``account`` (no digest cache: it is the service's)."""
-    import json
-    import subprocess
-    import sys
-
     request = json.dumps({"value": value, "home": str(home), "roots": {k: str(v) for k, v in roots.items()}})
     try:
         done = subprocess.run([sys.executable, "-m", "danlu.hub.service.datasets.catalog"], input=request.encode(),
@@ -361,16 +359,13 @@ def _hash_as(account, value: str, home: Path, roots: dict):
         raise ValidationError(**answer["error"])
     # the child runs as the user, who could tamper with it: what it says is only about the user's own data,
     # and where that data is comes from the service's own resolution, not from the child
-    _, real = validation.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
+    _, real = paths.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
     found = DatasetDigest(**{**answer["found"], "path": str(real)})
     return real, found, answer["manifest"], answer["tables"]
 
 
 def _child_main() -> int:
     """``python -m danlu.hub.service.datasets.catalog``: :func:`_hash` of the request on stdin, as JSON on stdout."""
-    import json
-    import sys
-
     request = json.loads(sys.stdin.read(1 << 20))
     try:
         real, found, manifest, tables = _hash(request["value"], Path(request["home"]),
@@ -384,7 +379,7 @@ def _child_main() -> int:
 
 def _hash(value: str, home: Path, roots: dict, cache: Path | None):
     """On a thread: the real path (confined to its root), its digest and manifest, its tables."""
-    _, real = validation.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
+    _, real = paths.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
     try:
         found, manifest = scan(real, cache_file=cache, max_files=MAX_FILES, confine=True)
     except TooManyFiles:

@@ -1,34 +1,26 @@
-"""What the parts of the jobs service share: settings, the database, the admission model, one lock.
+"""What the parts of a job's life share: the admission state, its one lock, and the service's background tasks.
 
-:class:`Core` holds the state that the submission, the scheduler, the
-supervisor, the queue admin and the server reservations all work on: the
-in-memory admission :class:`~danlu.hub.service.admission.model.Model` (a view of
-the database, rebuilt from it after a restart or an error), the pending
-workloads and the last decision, and the one ``asyncio.Lock`` that
-serializes every change of the model or of the rows it mirrors. Database work
-runs on threads, never on the event loop, so a slow disk or a busy PostgreSQL
-cannot freeze the service's other requests: writes one at a time on one thread
-(:meth:`Core.db`), reads on a few others (:meth:`Core.read`).
+:class:`Core` holds the in-memory admission :class:`~danlu.hub.service.admission.model.Model` (a view of
+the database, rebuilt from it after a restart or an error), the pending workloads, the scheduler's last
+decision and estimates, whether the workbench drains, and the one ``asyncio.Lock`` that serializes every
+change of the model or of the rows it mirrors. It also keeps the service's background tasks (so that
+stopping the service cancels them) and, for log followers, an event per job that is set when the job ends.
+It holds nothing else: the database, the settings, the backend and the rest are given to each part that
+needs them (:class:`~danlu.hub.service.manager.JobManager` wires them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
 
 from sqlalchemy import select
 
 from danlu.hub.service.admission import quotas
-from danlu.hub.service.admission.model import Decision, Request, Workload
-from danlu.hub.service.metrics import Metrics
-from danlu.hub.service.store.ledger import Ledger
+from danlu.hub.service.admission.model import Model
+from danlu.hub.service.admission.workloads import Decision, Request, Workload
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Attempt, Flag, Job, QueueSetting
-
-T = TypeVar("T")
 
 
 def ts(value) -> float:
@@ -47,61 +39,33 @@ def workload_of(job: Job, attempt: Attempt | None = None) -> Workload:
     return wl
 
 
+def overrides_of(s) -> dict[str, dict]:
+    """Queue name -> the admins' live changes of it (and whether it is held)."""
+    return {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
+
+
 class Core:
-    def __init__(self, *, settings, profiles, inventory, sessions, backend, groups, log: logging.Logger | None = None,
-                 service_api: str = "", mlflow=None):
-        self.settings = settings
-        self.profiles = profiles
-        self.inventory = inventory
-        self.ledger = Ledger(inventory)
-        self.sessions = sessions
-        self.backend = backend
-        self.groups = groups
-        self.log = log or logging.getLogger("danlu.jobs")
-        self.metrics = Metrics()
-        #: where runners reach the runner API (``.../api/v1``)
-        self.service_api = service_api
-        #: MLflow for jobs: tracking URI and the credentials of a job's owner (danlu.hub.mlflow_auth)
-        self.mlflow = mlflow
-        quotas.check(settings, inventory)
-        with self.sessions() as s:
-            overrides = {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
-            drain = s.get(Flag, "drain")
-        self.model = quotas.build_model(settings, inventory, overrides)
-        self.draining = bool(drain and isinstance(drain.value, dict) and drain.value.get("on"))
+    def __init__(self, model: Model, *, draining: bool = False):
+        self.model = model
         self.pending: dict[str, Workload] = {}
         self.plan = Decision()
         self.estimates: dict[str, float] = {}
+        self.draining = draining
         self.lock = asyncio.Lock()
         self.wake = asyncio.Event()
         self.closing = False
         self._ended: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task] = set()
-        # writes one at a time (no read-modify-write of a row can lose another's change, and SQLite never waits
-        # on itself); reads beside them
-        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="danlu-db-write")
-        self._reads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-db-read")
 
-    # the database, off the event loop ------------------------------------------------------
-    async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(session, *args)`` in one transaction on the database's writer thread."""
-        def work():
-            with self.sessions() as s, s.begin():
-                return fn(s, *args)
-
-        return await asyncio.get_running_loop().run_in_executor(self._writes, work)
-
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(session, *args)``, which only reads, on the database's reader threads."""
-        def work():
-            with self.sessions() as s:
-                return fn(s, *args)
-
-        return await asyncio.get_running_loop().run_in_executor(self._reads, work)
-
-    def close(self) -> None:
-        self._writes.shutdown(wait=False, cancel_futures=True)
-        self._reads.shutdown(wait=False, cancel_futures=True)
+    @classmethod
+    def load(cls, database: Database, settings, inventory) -> Core:
+        """The admission model danlu.yaml and the admins' live changes make (at start-up, before any request)."""
+        quotas.check(settings, inventory)
+        with database.sessions() as s:
+            overrides = overrides_of(s)
+            drain = s.get(Flag, "drain")
+        draining = bool(drain and isinstance(drain.value, dict) and drain.value.get("on"))
+        return cls(quotas.build_model(settings, inventory, overrides), draining=draining)
 
     # tasks and events -------------------------------------------------------------------------
     def spawn(self, coro) -> asyncio.Task:
@@ -129,6 +93,3 @@ class Core:
         for wl in self.pending.values():
             counts[wl.team] = counts.get(wl.team, 0) + 1
         return counts
-
-    def observe(self) -> None:
-        self.metrics.observe_model(self.model, self.pending_by_queue())

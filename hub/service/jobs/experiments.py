@@ -11,14 +11,11 @@ metrics) still come from MLflow when the user opens an experiment.
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
+from danlu.hub.service.formats import EXPERIMENT_ID
 from danlu.hub.service.store.orm import Job
-
-EXPERIMENT_ID = re.compile(r"^[0-9]{1,19}$")  # MLflow's ids (a job's runner reports it: checked, not trusted)
 
 
 def _ranked():

@@ -17,7 +17,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import importlib.metadata
 import math
+import platform
+import sys
 
 #: the longest cell source kept in the record (the whole notebook stays in ``job_inputs``)
 MAX_SOURCE = 64 * 1024
@@ -67,10 +70,6 @@ def cells_of(nb: dict) -> tuple[dict, list[dict]]:
 @functools.cache
 def _current_python() -> dict:
     """The workbench's own Python: its version and every installed distribution, hashed (once a process)."""
-    import importlib.metadata
-    import platform
-    import sys
-
     pins = set()
     for dist in importlib.metadata.distributions():
         name = dist.metadata.get("Name") if dist.metadata else None
@@ -83,7 +82,6 @@ def _current_python() -> dict:
 
 
 def _requirements(path) -> dict:
-    import platform
 
     return {"kind": "requirements", "digest": hashlib.sha256(path.read_bytes()).hexdigest(), "ref": str(path),
             "python": platform.python_version()}
@@ -94,15 +92,16 @@ def _image(image: str) -> dict:
     return {"kind": "image", "digest": digest if at and len(digest) == 64 else None, "ref": image}
 
 
-async def environment_of(settings, profile) -> dict:
+async def environment_of(profile, *, in_image: bool) -> dict:
     """``{"kind", "digest", "ref", ...}`` of the environment a job of ``profile`` runs in (file reads on a thread).
 
-    On Kubernetes a job runs in its profile's image (the digest it is pinned by; None for a tag); here, in
-    the virtual environment built from the profile's pinned requirements (the sha256 of that file), or in
-    the workbench's own Python (the sha256 of its version and installed distributions).
+    With a backend that runs jobs in images (``in_image``: Kubernetes) a job runs in its profile's image (the
+    digest it is pinned by; None for a tag); otherwise in the virtual environment built from the profile's
+    pinned requirements (the sha256 of that file), or in the workbench's own Python (the sha256 of its
+    version and installed distributions).
     """
     image = profile.environment.get("image")
-    if image and settings.jobs.get("backend") == "kubernetes":
+    if image and in_image:
         return _image(str(image))
     if profile.requirements_path:
         try:

@@ -10,15 +10,14 @@ audit record in the transaction of the change, then a pass runs.
 
 from __future__ import annotations
 
-from sqlalchemy import select
-
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.service import validation
 from danlu.hub.service.admission import quotas
-from danlu.hub.service.jobs.core import Core
+from danlu.hub.service.jobs.core import Core, overrides_of
 from danlu.hub.service.jobs.scheduler import Scheduler
 from danlu.hub.service.states import FINAL, JobState
 from danlu.hub.service.store import audit
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Flag, Job, QueueSetting, isoformat, utcnow
 
 ADMIN_FIX = "use an admin's token: the workbench's admin token, or one an admin makes at /hub/token"
@@ -30,9 +29,12 @@ def require_admin(principal) -> None:
 
 
 class Queues:
-    def __init__(self, core: Core, scheduler: Scheduler):
+    def __init__(self, core: Core, scheduler: Scheduler, *, database: Database, settings, inventory):
         self.core = core
         self.scheduler = scheduler
+        self.database = database
+        self.settings = settings
+        self.inventory = inventory
 
     def _team(self, name: str):
         if name not in self.core.model.teams:
@@ -40,12 +42,12 @@ class Queues:
         return self.core.model.teams[name]
 
     async def overrides(self) -> dict:
-        return await self.core.read(_overrides)
+        return await self.database.read(overrides_of)
 
     async def list(self) -> list[dict]:
         """Every queue: quota, use, borrowing, held; everyone may see them (no other user's jobs)."""
         core = self.core
-        specs = quotas.team_specs(core.settings, await self.overrides())
+        specs = quotas.team_specs(self.settings, await self.overrides())
         pending = core.pending_by_queue()
         out = []
         for team in core.model.teams.values():
@@ -69,7 +71,7 @@ class Queues:
 
     def _danlu_admits(self, what: str) -> None:
         """Queue changes act on Danlu's own admission model; a backend that queues itself has its own."""
-        if self.core.backend.queues:
+        if self.scheduler.owns_queues:
             raise Conflict(f"{what} is Kueue's on this workbench (jobs run on Kubernetes)", reason="kueue_owns_queues",
                            fix="edit the teams in danlu.yaml, then danlu render k8s and kubectl apply -f kueue.yaml "
                                "(or edit the ClusterQueue: spec.stopPolicy Hold holds it)")
@@ -80,12 +82,12 @@ class Queues:
         self._danlu_admits(f"queue {name}'s quota")
         self._team(name)
         core = self.core
-        if not core.settings.teams:
+        if not self.settings.teams:
             raise Conflict("the default queue holds the whole machine; define teams in danlu.yaml to set quotas",
                            reason="no_teams")
         validation.check_team_change(changes, core.model.devices)
         async with core.lock:
-            await core.db(_change, core.settings, core.inventory, principal.name, name, changes)
+            await self.database.write(_change, self.settings, self.inventory, principal.name, name, changes)
             await self.scheduler.rebuild_locked()
         await self.scheduler.schedule()
         return await self._one(name)
@@ -96,7 +98,7 @@ class Queues:
         self._danlu_admits(f"queue {name}'s quota")
         self._team(name)
         async with self.core.lock:
-            await self.core.db(_reset, self.core.settings, principal.name, name)
+            await self.database.write(_reset, self.settings, principal.name, name)
             await self.scheduler.rebuild_locked()
         await self.scheduler.schedule()
         return await self._one(name)
@@ -106,7 +108,7 @@ class Queues:
         self._danlu_admits(f"holding queue {name}")
         team = self._team(name)
         async with self.core.lock:
-            await self.core.db(_hold, principal.name, name, held)
+            await self.database.write(_hold, principal.name, name, held)
             team.held = held
         await self.scheduler.schedule()
         return await self._one(name)
@@ -115,7 +117,7 @@ class Queues:
         require_admin(principal)
         core = self.core
         async with core.lock:
-            await core.db(_drain, principal.name, on, core.draining)
+            await self.database.write(_drain, principal.name, on, core.draining)
             core.draining = on
         await self.scheduler.schedule()
         return {"draining": on}
@@ -126,9 +128,9 @@ class Queues:
         if JobState(job.state) in FINAL:
             raise Conflict(f"job {job.id} already ended ({job.state})", reason="already_final")
         core = self.core
-        name, value = quotas.priority_of(core.settings, priority)
+        name, value = quotas.priority_of(self.settings, priority)
         async with core.lock:
-            await core.db(_reprioritize, principal.name, job.id, name, value)
+            await self.database.write(_reprioritize, principal.name, job.id, name, value)
             for wl in (core.pending.get(job.id), core.model.admitted.get(job.id)):
                 if wl is not None:
                     wl.reprioritize(value)
@@ -153,13 +155,9 @@ def _merge(current: dict, change: dict) -> dict:
 
 
 # database work (runs on the database thread pool) ---------------------------------------------
-def _overrides(s) -> dict:
-    return {q.name: {**q.changes, "held": q.held} for q in s.scalars(select(QueueSetting))}
-
-
 def _change(s, settings, inventory, actor: str, name: str, changes: dict) -> None:
     row = s.get(QueueSetting, name) or QueueSetting(name=name, changes={}, held=False)
-    overrides = _overrides(s)
+    overrides = overrides_of(s)
     current = quotas.team_specs(settings, overrides).get(name, {})
     # a change names what changes: other flavors, cpu and memory keep their values
     merged = {section: _merge(current.get(section) or {}, amounts) for section, amounts in changes.items()}

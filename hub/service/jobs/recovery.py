@@ -20,8 +20,9 @@ from sqlalchemy import delete, select
 
 from danlu import env, proctree
 from danlu.hub.service.states import ACTIVE, JobState, transition
+from danlu.hub.service.store.database import make_sessionmaker
 from danlu.hub.service.store.ledger import Ledger
-from danlu.hub.service.store.orm import Allocation, Job, ServerUsage, make_sessionmaker, utcnow
+from danlu.hub.service.store.orm import Allocation, Job, ServerUsage, utcnow
 
 log = logging.getLogger(__name__)
 ACTIVE_STATES = [s.value for s in ACTIVE]

@@ -2,7 +2,7 @@
 
 :meth:`Reproduction.reproduce` resubmits a job's recorded notebook -- the same source, setup cells and
 parameters, on the same profile, with the same dataset versions -- as a new job of the caller's, through
-the ordinary :meth:`~.submission.Submission.submit` (every check a submission gets). A catalog version is
+the ordinary :meth:`.submission.Submission.submit` (every check a submission gets). A catalog version is
 asked for by its number (``NAME@VERSION``, never ``latest``); a plain path is pinned to the digest its job
 reported, so the runner fails the new job, naming the files, if the data changed. When an input can no
 longer be had -- the job has no notebook on record, its profile is gone or closed to the caller, a
@@ -17,8 +17,10 @@ import difflib
 import json
 
 from danlu.errors import Conflict, DanluError, NotFound, PolicyError
-from danlu.hub.service.jobs.core import Core
+from danlu.hub.service.datasets.catalog import Catalog
 from danlu.hub.service.jobs.provenance import cells_of, finite, provenance_of
+from danlu.hub.service.jobs.submission import Submission
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job, JobInput
 
 #: the lines of a unified diff a comparison shows per cell
@@ -33,15 +35,17 @@ def _gone(message: str, reason: str, fix: str, field: str | None = None) -> Conf
 
 
 class Reproduction:
-    def __init__(self, core: Core, submission, catalog):
-        self.core = core
+    def __init__(self, submission: Submission, datasets: Catalog, *, database: Database, profiles, groups, mlflow):
         self.submission = submission
-        self.catalog = catalog
+        self.datasets = datasets
+        self.database = database
+        self.profiles = profiles
+        self.groups = groups
+        self.mlflow = mlflow
 
     async def reproduce(self, principal, job: Job) -> tuple[int, dict]:
         """Submit ``job`` again as the caller's (they may see it: the manager checked); ``(201, {"id"})``."""
-        core = self.core
-        row = await core.read(lambda s: s.get(JobInput, job.id))
+        row = await self.database.read(lambda s: s.get(JobInput, job.id))
         if row is None:
             raise _gone(f"job {job.id} has no notebook on record, so it cannot be run again", "no_source",
                         "submit the notebook again yourself")
@@ -59,16 +63,15 @@ class Reproduction:
             raise
 
     async def _check_profile(self, principal, job: Job) -> None:
-        core = self.core
         try:
-            profile = core.profiles.get(job.profile)
+            profile = self.profiles.get(job.profile)
         except NotFound:
             raise _gone(f"job {job.id} ran on profile '{job.profile}', which this workbench no longer has",
-                        "profile_gone", f"choose one of {', '.join(core.profiles.slugs)} and submit the notebook "
+                        "profile_gone", f"choose one of {', '.join(self.profiles.slugs)} and submit the notebook "
                         "yourself, or ask an admin to restore the profile", field="profile") from None
-        groups = await core.groups.groups_of(principal.name, fallback=principal.groups)
+        groups = await self.groups.groups_of(principal.name, fallback=principal.groups)
         try:
-            core.profiles.authorize(profile.slug, groups, admin=principal.admin, gpus=job.gpus)
+            self.profiles.authorize(profile.slug, groups, admin=principal.admin, gpus=job.gpus)
         except PolicyError as e:
             raise _gone(f"job {job.id} ran on profile '{job.profile}', which you may not use: {e.message}",
                         "profile_not_allowed", e.fix or "ask an admin for access to the profile",
@@ -81,7 +84,7 @@ class Reproduction:
             if d.get("dataset"):  # a catalog version: by its number, and it must still be there, unchanged
                 ref = f"{d['dataset']}@{d['version']}"
                 try:
-                    found = await self.catalog.resolve(principal, ref, f"datasets[{i}]")
+                    found = await self.datasets.resolve(principal, ref, f"datasets[{i}]")
                 except NotFound:
                     raise _gone(f"job {job.id} read dataset version {ref}, which is gone or which you may not read",
                                 "dataset_version_gone", f"see the versions you may read with 'danlu datasets show "
@@ -123,7 +126,7 @@ class Reproduction:
 
     # comparing ---------------------------------------------------------------------------------------------
     async def compare(self, a: Job, b: Job) -> dict:
-        notebooks = await self.core.read(lambda s: [s.get(JobInput, a.id), s.get(JobInput, b.id)])
+        notebooks = await self.database.read(lambda s: [s.get(JobInput, a.id), s.get(JobInput, b.id)])
         nbs = [json.loads(n.notebook) if n is not None else None for n in notebooks]
         metrics = [await self._metrics(job) for job in (a, b)]
         return compare(a, b, nbs[0], nbs[1], metrics[0], metrics[1])
@@ -131,9 +134,9 @@ class Reproduction:
     async def _metrics(self, job: Job) -> dict | None:
         tracking = job.tracking if isinstance(job.tracking, dict) else {}
         run_id = tracking.get("run_id") or job.mlflow_run_id
-        if not run_id or self.core.mlflow is None:
+        if not run_id or self.mlflow is None:
             return None
-        return await self.core.mlflow.final_metrics(run_id)
+        return await self.mlflow.final_metrics(run_id)
 
 
 def _rows(a: dict, b: dict, keys=None) -> list[dict]:

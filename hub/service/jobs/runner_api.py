@@ -21,93 +21,96 @@ import asyncio
 import hashlib
 import hmac
 import json
-import re
 from pathlib import Path
 
 from danlu.datasets import TRAINING
 from danlu.errors import DanluError, Forbidden, ValidationError
+from danlu.hub.backends.base import Backend
 from danlu.hub.service import validation
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.datasets.catalog import Catalog, manifest_of, record_uses
+from danlu.hub.service.formats import JOB_TOKEN
 from danlu.hub.service.jobs import outputs, provenance
-from danlu.hub.service.jobs.core import Core
-from danlu.hub.service.jobs.supervisor import ACTIVE_STATES, Supervisor, _admit, handed_over
+from danlu.hub.service.jobs.attempts import ACTIVE_STATES, admit, handed_over
+from danlu.hub.service.jobs.supervisor import Supervisor
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job, JobInput
 
-MAX_OUTPUT = 64 * 2**20  # an executed notebook a runner hands over (the same bound as a submitted one)
-TOKEN = re.compile(r"^[A-Za-z0-9_-]{20,100}$")
 REFUSED = "this token does not belong to a running attempt of this job"
 TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <its attempt's job token>'"
 
 
-class Reports:
-    def __init__(self, core: Core, supervisor: Supervisor, catalog: Catalog | None = None):
-        self.core = core
+class RunnerApi:
+    def __init__(self, supervisor: Supervisor, datasets: Catalog, *, database: Database, backend: Backend, settings,
+                 profiles, mlflow):
         self.supervisor = supervisor
-        self.catalog = catalog or Catalog(core)
+        self.datasets = datasets
+        self.database = database
+        self.backend = backend
+        self.settings = settings
+        self.profiles = profiles
+        self.mlflow = mlflow
 
     async def spec(self, job_id: str, attempt: int, token: str) -> dict:
-        core = self.core
-        spec = await core.db(_spec, job_id, attempt, _hash(token))
+        spec = await self.database.write(_spec, job_id, attempt, _hash(token))
         owner = spec["owner"]
-        home = core.backend.user_home(owner) or str(core.settings.user_home(owner))
+        home = self.backend.user_home(owner) or str(self.settings.user_home(owner))
         spec.update({
-            "kernel_name": core.profiles.get(spec["profile"]).kernel_name,
+            "kernel_name": self.profiles.get(spec["profile"]).kernel_name,
             "cwd": str(Path(home) / spec["cwd_relative"]),
             "env": {"HOME": home, "USER": owner},
-            "mlflow_env": core.mlflow.env_for(owner) if core.mlflow is not None else {},
+            "mlflow_env": self.mlflow.env_for(owner) if self.mlflow is not None else {},
         })
         return spec
 
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
-        reason, grace = await self.core.read(_stop, job_id, attempt, _hash(token))
+        reason, grace = await self.database.read(_stop, job_id, attempt, _hash(token))
         return {"reason": reason or None, "grace": grace}
 
     async def output(self, job_id: str, attempt: int, token: str, rank: int, body: bytes) -> dict:
         """Keep rank ``rank``'s executed notebook, from a runner whose folder the service cannot read (a pod)."""
-        nproc = await self.core.read(_nproc, job_id, attempt, _hash(token))
+        nproc = await self.database.read(_nproc, job_id, attempt, _hash(token))
         if rank >= nproc:
             raise ValidationError(f"job {job_id} has ranks 0-{nproc - 1}", field="rank", reason="no_such_rank")
-        notebook = await asyncio.to_thread(validation.parse_json, body, max_bytes=MAX_OUTPUT)
+        notebook = await asyncio.to_thread(validation.parse_json, body, max_bytes=validation.MAX_OUTPUT)
         if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
             raise ValidationError("the output is not a notebook (a JSON object with a list of cells)", field="body")
-        await asyncio.to_thread(outputs.keep, self.core.settings.state_dir, job_id, rank, body)
+        await asyncio.to_thread(outputs.keep, self.settings.state_dir, job_id, rank, body)
         return {"kept": len(body)}
 
     async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
         digest = _hash(token)
-        await self.core.read(_check, job_id, attempt, digest)
+        await self.database.read(_check, job_id, attempt, digest)
         try:
             validation.check_schema("RunnerEvent", body)
         except ValidationError as e:
-            await self.core.db(_invalid, job_id, attempt, digest, str(e))
+            await self.database.write(_invalid, job_id, attempt, digest, str(e))
             raise
-        await self.core.db(_record, job_id, attempt, digest, body)
+        await self.database.write(_record, job_id, attempt, digest, body)
         if body["event"] == "finished":
             self.supervisor.reap_after_report(job_id, attempt)
         return {"recorded": body["event"]}
 
-
     async def owner(self, job_id: str, attempt: int, token: str) -> Principal:
         """The job's owner as a principal with no scopes (a job gets no admin's override), if the token is this
         attempt's; their groups are looked up again when they are needed, the job's own as the fallback."""
-        owner, groups = await self.core.read(_owner, job_id, attempt, _hash(token))
+        owner, groups = await self.database.read(_owner, job_id, attempt, _hash(token))
         return Principal(name=owner, kind="user", groups=tuple(groups))
 
     async def dataset(self, job_id: str, attempt: int, token: str, owner: Principal, body) -> dict:
         """``danlu.dataset`` in a job: the version ``body["ref"]`` as the owner may read it, its manifest to
         verify against, and a recorded use. The token was checked (:meth:`owner`) before the body was read."""
         validation.check_schema("RunnerDatasetRequest", body)
-        entry = await self.catalog.resolve(owner, body["ref"], "ref")
+        entry = await self.datasets.resolve(owner, body["ref"], "ref")
         context = body.get("context", TRAINING)
-        manifest = await self.core.read(manifest_of, entry["dataset"], entry["version"])
-        await self.core.db(_use, job_id, attempt, _hash(token), {**entry, "context": context})
+        manifest = await self.database.read(manifest_of, entry["dataset"], entry["version"])
+        await self.database.write(_use, job_id, attempt, _hash(token), {**entry, "context": context})
         return {"ref": entry["name"], "dataset": entry["dataset"], "version": entry["version"],
                 "digest": entry["digest"], "path": entry["path"], "context": context, "manifest": manifest}
 
 
 def _hash(token: str) -> str:
-    if not isinstance(token, str) or not TOKEN.match(token):
+    if not isinstance(token, str) or not JOB_TOKEN.match(token):
         raise DanluError(REFUSED, status=401, reason="bad_job_token", fix=TOKEN_FIX)
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -119,7 +122,7 @@ def _attempt(s, job_id: str, number: int, digest: str):
             or not attempt.token_hash or not hmac.compare_digest(attempt.token_hash, digest)):
         raise Forbidden(REFUSED, reason="bad_job_token", fix=TOKEN_FIX)
     if handed_over(job):  # its runner runs: the backend's queue admitted it before the watcher saw that
-        _admit(s, job_id, number)
+        admit(s, job_id, number)
     return job, attempt
 
 

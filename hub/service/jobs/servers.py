@@ -18,21 +18,27 @@ from sqlalchemy import select
 
 from danlu.errors import Conflict, PolicyError
 from danlu.hub.service.admission import quotas
-from danlu.hub.service.admission.model import Request, Workload
+from danlu.hub.service.admission.workloads import Request, Workload
 from danlu.hub.service.jobs.core import Core
 from danlu.hub.service.jobs.scheduler import Scheduler
+from danlu.hub.service.store.database import Database
+from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import ServerUsage, utcnow
 
 
 class Servers:
-    def __init__(self, core: Core, scheduler: Scheduler):
+    def __init__(self, core: Core, scheduler: Scheduler, *, database: Database, settings, ledger: Ledger, groups):
         self.core = core
         self.scheduler = scheduler
+        self.database = database
+        self.settings = settings
+        self.ledger = ledger
+        self.groups = groups
 
     async def allocate(self, holder: str, owner: str, gpus: int, profile: str = "", groups=()) -> list[int]:
         """Reserve GPUs for a server from its owner's team quota, now or never (servers do not queue)."""
         core = self.core
-        settings = core.settings
+        settings = self.settings
         team = quotas.DEFAULT_QUEUE
         if settings.teams:
             mine = [t for t in settings.teams if t in set(groups)]
@@ -49,16 +55,17 @@ class Servers:
                 raise Conflict(f"no room for {gpus} GPUs for the server: {why.removeprefix('waiting for ')}",
                                reason="gpus_busy", field="gpus", fix="pick fewer GPUs, or wait for jobs to finish")
             try:
-                await core.db(_claim, core.ledger, holder, owner, team, profile, server.flavor, list(server.devices))
+                await self.database.write(_claim, self.ledger, holder, owner, team, profile, server.flavor,
+                                          list(server.devices))
             except Exception:
                 core.model.release(server.id)
                 raise
-            core.observe()
+            self.scheduler.observe()
         return list(server.devices)
 
     async def _release_locked(self, holder: str) -> None:
         self.core.model.release(f"server:{holder}")
-        await self.core.db(_release, self.core.ledger, holder)
+        await self.database.write(_release, self.ledger, holder)
 
     async def release(self, holder: str) -> None:
         async with self.core.lock:
@@ -68,13 +75,12 @@ class Servers:
     async def idle(self) -> list[dict]:
         """Servers holding GPUs with no activity for ``usage.idle_server_minutes``, for admins to act on
         (the idle culler stops any server after ``hub.idle_timeout_seconds``)."""
-        core = self.core
-        minutes = core.settings.usage["idle_server_minutes"]
-        holding = await core.read(_holding)
+        minutes = self.settings.usage["idle_server_minutes"]
+        holding = await self.database.read(_holding)
         idle = []
         for holder, owner, team, devices in holding:
             user, _, name = holder.partition(":")
-            model = await core.groups.user(user)
+            model = await self.groups.user(user)
             server = ((model or {}).get("servers") or {}).get(name, {})
             last = server.get("last_activity")
             if not isinstance(last, str):

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import logging
 import os
 import re
 import time
@@ -41,17 +42,21 @@ from pathlib import Path, PurePosixPath
 
 from danlu.datasets import TRAINING
 from danlu.errors import Forbidden, PolicyError, UsageError, ValidationError
-from danlu.hub.service import validation
+from danlu.hub.backends.base import Backend
+from danlu.hub.service import paths, validation
 from danlu.hub.service.admission import quotas
-from danlu.hub.service.admission.model import Workload
-from danlu.hub.service.datasets.catalog import NAME, REF, record_uses
+from danlu.hub.service.admission.workloads import Workload
+from danlu.hub.service.datasets.catalog import Catalog, record_uses
+from danlu.hub.service.formats import DATASET, DATASET_REF
 from danlu.hub.service.jobs import provenance
 from danlu.hub.service.jobs.core import Core, workload_of
 from danlu.hub.service.jobs.scheduler import DRAINING, Scheduler
-from danlu.hub.service.jobs.views import cell_sha256
 from danlu.hub.service.states import JobState
 from danlu.hub.service.store import audit
+from danlu.hub.service.store.database import Database
+from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import Job, JobInput, utcnow
+from danlu.hub.service.store.rows import cell_sha256
 
 #: notebooks validated at once, each on a thread (more wait their turn): they are bounded in size by the request
 #: body, and more threads would only share one GIL
@@ -59,10 +64,19 @@ NOTEBOOK_CHECKS = 2
 
 
 class Submission:
-    def __init__(self, core: Core, scheduler: Scheduler, catalog=None):
+    def __init__(self, core: Core, scheduler: Scheduler, datasets: Catalog, *, database: Database, settings, profiles,
+                 groups, ledger: Ledger, backend: Backend, mlflow, log: logging.Logger):
         self.core = core
+        self.backend = backend
         self.scheduler = scheduler
-        self.catalog = catalog
+        self.datasets = datasets
+        self.database = database
+        self.settings = settings
+        self.profiles = profiles
+        self.groups = groups
+        self.ledger = ledger
+        self.mlflow = mlflow
+        self.log = log
         self._notebooks = ThreadPoolExecutor(max_workers=NOTEBOOK_CHECKS, thread_name_prefix="danlu-notebook")
 
     def close(self) -> None:
@@ -83,7 +97,7 @@ class Submission:
     async def submit(self, principal, body, *, reproduces: str | None = None,
                      pins: dict[int, dict] | None = None) -> tuple[int, dict]:
         """Accept a job; ``reproduces`` and ``pins`` (dataset index -> the digest a plain path must still have)
-        come from :meth:`~.reproduction.Reproduction.reproduce`, never from a request body."""
+        come from :meth:`.reproduction.Reproduction.reproduce`, never from a request body."""
         if not isinstance(body, dict):
             raise ValidationError("the request body must be a JSON object", field="body",
                                   fix="send {\"notebook\": {...}} with Content-Type: application/json")
@@ -97,22 +111,22 @@ class Submission:
     async def _submit(self, principal, body: dict, begin, reproduces: str | None,
                       pins: dict[int, dict] | None) -> tuple[int, dict]:
         core = self.core
-        settings, jobs = core.settings, core.settings.jobs
+        settings, jobs = self.settings, self.settings.jobs
         owner = principal.name
         nb = body["notebook"]
         checked = begin(asyncio.get_running_loop().run_in_executor(self._notebooks, validation.check_notebook, nb))
-        groups_of = begin(core.groups.groups_of(owner, fallback=principal.groups))
+        groups_of = begin(self.groups.groups_of(owner, fallback=principal.groups))
         node = await checked
         params = body.get("parameters", {})
         validation.check_parameters(params)
         resources = {"nproc": 1, "gpus": 0, "nodes": 1, **body.get("resources", {})}
-        validation.check_nodes(resources, multi_node=core.backend.queues)
+        validation.check_nodes(resources, multi_node=self.scheduler.multi_node)
         if resources["nproc"] > jobs["max_nproc"]:
             raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
                                   field="resources.nproc", reason="too_many_processes",
                                   fix=f"ask for at most {jobs['max_nproc']} processes (jobs.max_nproc)")
-        if resources["gpus"] > core.ledger.total:
-            raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {core.ledger.total}",
+        if resources["gpus"] > self.ledger.total:
+            raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {self.ledger.total}",
                               field="resources.gpus", reason="not_enough_gpus")
         if resources.get("gpu_type") and resources["gpu_type"] not in core.model.devices:
             raise ValidationError(f"resources.gpu_type: no GPUs of flavor '{resources['gpu_type']}' here",
@@ -128,22 +142,22 @@ class Submission:
             raise ValidationError(f"timeout_seconds must be at most {jobs['max_runtime_seconds']} (the workbench's "
                                   "max runtime)", field="timeout_seconds",
                                   fix="ask for less, or leave it out for the workbench's maximum")
-        cwd = validation.safe_relative_path(body.get("cwd", "."), "cwd")
+        cwd = paths.safe_relative_path(body.get("cwd", "."), "cwd")
         wanted = [_dataset_item(i, item) for i, item in enumerate(body.get("datasets", []))]
-        refs = {i for i, (value, _, _) in enumerate(wanted) if self.catalog and REF.match(value)}
+        refs = {i for i, (value, _, _) in enumerate(wanted) if DATASET_REF.match(value)}
         for i, (value, _, field) in enumerate(wanted):
             if i not in refs:
-                validation.check_dataset(value, field, settings.dataset_roots)
+                paths.check_dataset(value, field, settings.dataset_roots)
         source = dict(body.get("source", {}))
         if source.get("notebook_path"):
-            source["notebook_path"] = validation.safe_relative_path(source["notebook_path"], "source.notebook_path")
+            source["notebook_path"] = paths.safe_relative_path(source["notebook_path"], "source.notebook_path")
         stem = PurePosixPath(source.get("notebook_path") or "").stem
         experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
-        writable = (begin(core.mlflow.check_experiment(experiment, owner, principal.admin, core.groups.exists))
-                    if core.mlflow is not None else None)
+        writable = (begin(self.mlflow.check_experiment(experiment, owner, principal.admin, self.groups.exists))
+                    if self.mlflow is not None else None)
         account = settings.account(owner)  # refuses a user without a Unix account when they are on
         groups = await groups_of
-        profile = core.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
+        profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
                                           gpu_field="resources.gpus")
         queue = quotas.queue_for(settings, body.get("queue"), groups, admin=principal.admin)
         priority_class, priority = quotas.priority_of(settings, body.get("priority"))
@@ -161,7 +175,7 @@ class Submission:
             # a catalog version: its files are re-verified against its digest when the job starts
             entry = await self._catalog_entry(principal, value, field, workdir, i in refs)
             if entry is None:
-                name, path = validation.resolve_dataset(value, workdir=workdir, home=home,
+                name, path = paths.resolve_dataset(value, workdir=workdir, home=home,
                                                         roots=settings.dataset_roots, field=field)
                 entry = {"name": name, "path": str(path), **(pins or {}).get(i, {})}
             datasets.append({**entry, "context": context})
@@ -177,7 +191,7 @@ class Submission:
         if body.get("dry_run"):
             return 200, await self._dry_run(node, params, profile, resources, probe)
 
-        environment = await provenance.environment_of(settings, profile)
+        environment = await provenance.environment_of(profile, in_image=self.backend.runs_in_images)
         record = provenance.build(profile=profile.slug, environment=environment, parameters=params, nb=node,
                                   source=source, datasets=datasets, cell_sha256=sha, reproduces=reproduces)
         job = Job(id=uuid.uuid4().hex[:12], owner=owner, name=name, state=JobState.queued.value, reason="",
@@ -194,11 +208,11 @@ class Submission:
         if reproduces:
             after["reproduces"] = reproduces
         async with core.lock:
-            await core.db(_insert, job, notebook, after)
+            await self.database.write(_insert, job, notebook, after)
             core.pending[job.id] = workload_of(job)
-        if core.mlflow is not None:
-            core.mlflow.prepare_user(owner)  # done before the job's start needs it, usually
-        core.log.info("job %s submitted by %s (%s, queue %s, %s)", job.id, owner, profile.slug, queue, resources)
+        if self.mlflow is not None:
+            self.mlflow.prepare_user(owner)  # done before the job's start needs it, usually
+        self.log.info("job %s submitted by %s (%s, queue %s, %s)", job.id, owner, profile.slug, queue, resources)
         await self.scheduler.schedule()
         return 201, {"id": job.id}
 
@@ -206,10 +220,10 @@ class Submission:
         """The catalog version ``value`` names (``NAME@VERSION``, or a bare ``NAME`` the caller may read: the
         latest), or None for a path; a bare name that is also a file or folder in the job's folder is refused."""
         if ref:
-            return await self.catalog.resolve(principal, value, field)
-        if self.catalog is None or not NAME.match(value):
+            return await self.datasets.resolve(principal, value, field)
+        if not DATASET.match(value):
             return None
-        entry = await self.catalog.readable_latest(principal, value, field)
+        entry = await self.datasets.readable_latest(principal, value, field)
         if entry is not None and os.path.lexists(workdir / value):
             raise UsageError(f"{field}: '{value}' is both a dataset of the catalog and a file or folder in the job's "
                              "folder", field=field, reason="ambiguous_dataset",
@@ -218,6 +232,7 @@ class Submission:
         return entry
 
     async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
+        # deferred: papermill takes ~0.4 s to import; only a dry run renders parameters here
         from papermill.parameterize import parameterize_notebook
 
         core = self.core

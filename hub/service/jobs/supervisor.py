@@ -6,8 +6,10 @@ for a running job. Starting an attempt hands the backend a typed
 hash is stored); the backend records where the attempt runs before the
 runner can start, and the supervisor marks it launched once the runner has
 its launch message, so a service killed in between never leaves two runners
-for one attempt (:meth:`recover`). Each attempt has a watcher that waits for
-its processes to end, has the backend end what they left, and then
+for one attempt (:meth:`recover`). Each attempt has a watcher that waits,
+first, for the scheduler to say it runs (at once, unless a backend's own
+queue holds it: :meth:`~danlu.hub.service.jobs.scheduler.Scheduler.admitted`),
+then for its processes to end, has the backend end what they left, and then
 :meth:`finalize` records the end in one transaction: the runner's own report
 if it made one, else what the backend saw, decided by the pure
 :func:`~danlu.hub.service.states.next_state`.
@@ -17,32 +19,43 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 
-from sqlalchemy import select
-
-from danlu.hub.backends.base import Launch, Outcome
+from danlu.hub.backends.base import Backend, Launch, Outcome
+from danlu.hub.service.jobs import attempts
+from danlu.hub.service.jobs.attempts import ACTIVE_STATES
 from danlu.hub.service.jobs.core import Core, workload_of
-from danlu.hub.service.states import ACTIVE, Ending, JobState, next_state, transition
+from danlu.hub.service.metrics import Metrics
+from danlu.hub.service.states import Ending, JobState, next_state, transition
 from danlu.hub.service.store import audit
+from danlu.hub.service.store.database import Database
+from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import Attempt, Job, utcnow
 from danlu.states import ATTEMPT_ENDINGS
 
-ACTIVE_STATES = [s.value for s in ACTIVE]
 RECORD_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds between tries to record an attempt's end
 
 
-def _latest(job: Job) -> Attempt | None:
-    return job.attempts[-1] if job.attempts else None
-
-
 class Supervisor:
-    def __init__(self, core: Core):
+    def __init__(self, core: Core, *, database: Database, backend: Backend, settings, ledger: Ledger,
+                 metrics: Metrics, mlflow, service_api: str, log: logging.Logger):
         self.core = core
+        self.database = database
+        self.backend = backend
+        self.settings = settings
+        self.ledger = ledger
+        self.metrics = metrics
+        #: MLflow for jobs: a job's owner becomes an MLflow user before the job starts
+        self.mlflow = mlflow
+        #: where runners reach the runner API (``.../api/v1``)
+        self.service_api = service_api
+        self.log = log
         self.watchers: dict[str, asyncio.Task] = {}
         self.starting: dict[str, asyncio.Task] = {}  # job id -> its attempt's start, while it runs
         #: job id -> (why its processes are being stopped, the reason to record)
         self.stopping: dict[str, tuple[str, str]] = {}
-        self.schedule = None  # set by the manager: a coroutine function that runs an admission pass
+        #: set by the scheduler when it is made: whether an attempt runs yet, and the next pass
+        self.scheduler = None
 
     # starting ------------------------------------------------------------------------------
     def launch(self, start: dict) -> None:
@@ -63,74 +76,48 @@ class Supervisor:
                 task.cancel()  # whatever it recorded is in the database; the stop ends it
             except Exception:  # noqa: BLE001 - the start's own failure is its business
                 pass
-        fresh = await self.core.read(_state_of, job_id)
+        fresh = await self.database.read(attempts.state_of, job_id)
         return fresh if fresh else state
 
     async def start(self, start: dict) -> None:
         """Start an admitted attempt (its row says running); on failure, record that it could not start."""
-        core, job_id = self.core, start["id"]
+        job_id = start["id"]
         recorded: dict = {}
         try:
             if not start["kernel_name"]:
                 raise RuntimeError("its profile no longer exists (profiles.yaml changed)")
-            account = core.settings.account(start["owner"])
-            if core.mlflow is not None:
-                await core.mlflow.ensure_user(start["owner"])
+            account = self.settings.account(start["owner"])
+            if self.mlflow is not None:
+                await self.mlflow.ensure_user(start["owner"])
             launch = Launch(job_id=job_id, attempt=start["attempt"], owner=start["owner"],
                             kernel_name=start["kernel_name"], nproc=start["nproc"], nnodes=start.get("nnodes", 1),
                             devices=tuple(start["devices"]),
-                            run_as=account, api_url=core.service_api, token=start["token"],
+                            run_as=account, api_url=self.service_api, token=start["token"],
                             queue=start["queue"], priority_class=start["priority_class"], profile=start["profile"],
                             gpus=start["gpus"], gpu_type=start["gpu_type"], cpu=start["cpu"],
                             memory=start["memory"], timeout_seconds=start["timeout_seconds"])
 
             async def record(state: dict) -> None:
                 recorded.update(state, attempt=start["attempt"])
-                await core.db(_save_state, job_id, start["attempt"], dict(recorded))
+                await self.database.write(attempts.save_state, job_id, start["attempt"], dict(recorded))
 
-            state = await core.backend.start(launch, record)
+            state = await self.backend.start(launch, record)
             state = {**state, "launched": True, "attempt": start["attempt"]}
-            await core.db(_save_state, job_id, start["attempt"], state)
+            await self.database.write(attempts.save_state, job_id, start["attempt"], state)
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay running
-            core.log.exception("starting job %s failed", job_id)
+            self.log.exception("starting job %s failed", job_id)
             if recorded:  # a runner may exist: it goes before the job's GPUs are given back
                 try:
-                    await core.backend.cancel(job_id, recorded, 1.0, reason="cancelled")
-                    await core.backend.cleanup(job_id, recorded)
+                    await self.backend.cancel(job_id, recorded, 1.0, reason="cancelled")
+                    await self.backend.cleanup(job_id, recorded)
                 except Exception:  # noqa: BLE001
-                    core.log.exception("ending the runner of job %s after its failed start failed", job_id)
-            if core.backend.queues:
-                await core.db(_admit, job_id, start["attempt"])
+                    self.log.exception("ending the runner of job %s after its failed start failed", job_id)
+            # an attempt a backend's own queue held is the job's running one from now on, so its end is recorded
+            await self.database.write(attempts.admit, job_id, start["attempt"])
             await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True,
                                                 authoritative=True), start["attempt"])
             return
         self.watch(job_id, state)
-
-    # a backend with its own queue -------------------------------------------------------------
-    async def watch_queued(self, job_id: str, state: dict) -> bool:
-        """Until a queueing backend admits the attempt: record its answer (why, position). True once
-        admitted (the job is running), False if the attempt ended meanwhile (it was cancelled, or it
-        ended before it was admitted, which is finalized here)."""
-        core, backend, number = self.core, self.core.backend, state.get("attempt")
-        last = None
-        while True:
-            current = await core.read(_handed_state, job_id, number)
-            if current is None:
-                return await core.read(_state_of, job_id, number) is not None  # running now, or gone
-            answer = await backend.admission(job_id, state)
-            if answer.admitted:
-                await core.db(_admit, job_id, number)
-                return True
-            outcome = await backend.poll(job_id, state)
-            if outcome is not None:  # it ended before it was admitted (deleted, refused by the cluster)
-                await core.db(_admit, job_id, number)
-                await backend.cleanup(job_id, state)
-                await self.finalize(job_id, outcome, number)
-                return False
-            if (answer.reason, answer.position) != last:
-                last = (answer.reason, answer.position)
-                await core.db(_queued_answer, job_id, number, answer.reason, answer.position)
-            await asyncio.sleep(getattr(backend, "poll_interval", 1.0))
 
     def watch(self, job_id: str, state: dict) -> None:
         task = asyncio.ensure_future(self._watch(job_id, state))
@@ -139,9 +126,9 @@ class Supervisor:
                                else None)
 
     async def _watch(self, job_id: str, state: dict) -> None:
-        backend = self.core.backend
+        backend = self.backend
         try:
-            if backend.queues and not await self.watch_queued(job_id, state):
+            if not await self.scheduler.admitted(job_id, state):
                 return
             await backend.wait(job_id, state)
             outcome = await backend.poll(job_id, state)
@@ -153,7 +140,7 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except Exception:
-            self.core.log.exception("watching job %s failed", job_id)
+            self.log.exception("watching job %s failed", job_id)
             await self.finalize(job_id, Outcome("failed", "the service lost track of it", infrastructure=True),
                                 state.get("attempt"))
 
@@ -163,22 +150,21 @@ class Supervisor:
         self.stopping[job_id] = (why, reason or why)
         try:
             state = await self.settled(job_id, state)
-            await self.core.db(_set_stop, job_id, why, grace, state.get("attempt"))
-            await self.core.backend.cancel(job_id, state, grace, reason=why)
+            await self.database.write(attempts.set_stop, job_id, why, grace, state.get("attempt"))
+            await self.backend.cancel(job_id, state, grace, reason=why)
         except Exception:
-            self.core.log.exception("stopping job %s (%s) failed", job_id, why)
+            self.log.exception("stopping job %s (%s) failed", job_id, why)
         if job_id not in self.watchers:  # nothing else will notice
             await self.finalize(job_id, Outcome(why, reason or why), state.get("attempt"))
 
     async def cancel(self, job_id: str, state: dict, reason: str) -> None:
         """Cancel a running attempt now: end its processes (with the grace period), then record it."""
-        core = self.core
-        grace = core.settings.jobs["grace_period_seconds"]
+        grace = self.settings.jobs["grace_period_seconds"]
         self.stopping[job_id] = ("cancelled", reason)
         state = await self.settled(job_id, state)
-        await core.db(_set_stop, job_id, "cancelled", grace, state.get("attempt"))
-        await core.backend.cancel(job_id, state, grace, reason="cancelled")
-        await core.backend.cleanup(job_id, state)
+        await self.database.write(attempts.set_stop, job_id, "cancelled", grace, state.get("attempt"))
+        await self.backend.cancel(job_id, state, grace, reason="cancelled")
+        await self.backend.cleanup(job_id, state)
         await self.finalize(job_id, Outcome("cancelled", reason), state.get("attempt"))
         watcher = self.watchers.pop(job_id, None)
         if watcher is not None:
@@ -189,10 +175,10 @@ class Supervisor:
         it is ended (only that attempt: a later one of the same job is left alone)."""
         async def reap():
             await asyncio.sleep(seconds)
-            state = await self.core.read(_state_of, job_id, number)
+            state = await self.database.read(attempts.state_of, job_id, number)
             if state is not None:
-                self.core.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id, seconds)
-                await self.core.backend.cancel(job_id, state, 5.0, reason="finished")
+                self.log.warning("job %s reported its end %g s ago and still runs: ending it", job_id, seconds)
+                await self.backend.cancel(job_id, state, 5.0, reason="finished")
 
         self.core.spawn(reap())
 
@@ -204,29 +190,27 @@ class Supervisor:
         (the database may be busy or restarting); if it keeps failing, the job is failed with the
         reason in a transaction of its own, so a job never stays running with nothing behind it.
         """
-        core = self.core
         for delay in RECORD_RETRIES:
             try:
                 await self._finalize_once(job_id, outcome, attempt)
                 break
             except Exception as e:  # noqa: BLE001 - retried, then recorded as the job's failure
-                core.log.exception("recording the end of job %s failed (%s); retrying in %g s", job_id, e, delay)
+                self.log.exception("recording the end of job %s failed (%s); retrying in %g s", job_id, e, delay)
                 await asyncio.sleep(delay)
         else:
             why = f"the service could not record how its attempt ended ({outcome.state}: {outcome.reason})"
             try:
                 await self._finalize_once(job_id, Outcome("failed", why, infrastructure=True), attempt)
             except Exception:  # noqa: BLE001 - the database is gone: rewatch_orphans tries again later
-                core.log.exception("job %s could not be recorded at all; it is watched again later", job_id)
+                self.log.exception("job %s could not be recorded at all; it is watched again later", job_id)
                 return
-        if self.schedule is not None:
-            await self.schedule()
+        await self.scheduler.schedule()
 
     async def _finalize_once(self, job_id: str, outcome: Outcome, attempt: int | None) -> None:
         core = self.core
         async with core.lock:
-            done = await core.db(_finalize, job_id, outcome, self.stopping.get(job_id), core.settings.jobs,
-                                 core.ledger, attempt)
+            done = await self.database.write(_finalize, job_id, outcome, self.stopping.get(job_id),
+                                             self.settings.jobs, self.ledger, attempt)
             if done is None:
                 return
             self.stopping.pop(job_id, None)
@@ -235,46 +219,45 @@ class Supervisor:
             if state == JobState.queued.value:
                 core.pending[job_id] = workload
             else:
-                core.metrics.finished.labels(workload.team, state).inc()
+                self.metrics.finished.labels(workload.team, state).inc()
                 core.mark_ended(job_id)
-            core.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
+            self.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
 
     async def rewatch_orphans(self) -> None:
         """Active attempts that nothing watches (a watcher that failed, a recording that failed): watch again."""
-        core = self.core
-        for job_id, state, _preempted, _stop in await core.read(_active, core.backend.queues):
+        for job_id, state, _preempted, _stop in await self.database.read(attempts.active, self.scheduler.owns_queues):
             if job_id not in self.watchers and state.get("launched"):
-                core.log.warning("job %s is active with no watcher: watching it again", job_id)
+                self.log.warning("job %s is active with no watcher: watching it again", job_id)
                 self.watch(job_id, state)
 
     # restarts ------------------------------------------------------------------------------------
     async def recover(self) -> None:
         """Re-attach to attempts that were running when the service stopped (before it serves runners)."""
-        core = self.core
-        for job_id, state, preempted, stop in await core.read(_active, core.backend.queues):
-            if core.backend.queues and not state.get("launched"):
+        owns_queues = self.scheduler.owns_queues
+        for job_id, state, preempted, stop in await self.database.read(attempts.active, owns_queues):
+            if owns_queues and not state.get("launched"):
                 # the service stopped while submitting it: whatever reached the cluster goes, and it is
                 # handed over again (not counted)
-                await core.backend.cancel(job_id, state, 1.0, reason="interrupted")
-                await core.db(_admit, job_id, state.get("attempt"))
+                await self.backend.cancel(job_id, state, 1.0, reason="interrupted")
+                await self.database.write(attempts.admit, job_id, state.get("attempt"))
                 await self.finalize(job_id, Outcome("failed", "the service stopped while submitting it",
                                                     interrupted=True, authoritative=True))
                 continue
             if not state.get("launched") and not state.get("spec_fetched"):
                 # the service stopped between admitting it and handing it to a runner: that runner never
                 # ran it (and can no longer fetch its spec): end what exists and requeue, not counted
-                await core.db(_abandon, job_id)
-                await core.backend.cancel(job_id, state, 1.0, reason="interrupted")
+                await self.database.write(attempts.abandon, job_id)
+                await self.backend.cancel(job_id, state, 1.0, reason="interrupted")
                 await self.finalize(job_id, Outcome("failed", "the service stopped while starting it",
                                                     interrupted=True))
                 continue
-            core.backend.load_state(job_id, state)
-            core.log.info("re-attaching to job %s", job_id)
+            self.backend.load_state(job_id, state)
+            self.log.info("re-attaching to job %s", job_id)
             if preempted or stop:
                 why = "preempted" if preempted else stop
-                grace = core.settings.jobs["preemption_grace_seconds" if why == "preempted" else
+                grace = self.settings.jobs["preemption_grace_seconds" if why == "preempted" else
                                           "grace_period_seconds"]
-                core.spawn(self.stop(job_id, state, grace, why))
+                self.core.spawn(self.stop(job_id, state, grace, why))
             self.watch(job_id, state)
 
     async def close(self) -> None:
@@ -282,90 +265,8 @@ class Supervisor:
             task.cancel()
 
 
+
 # database work (runs on the database thread pool) ---------------------------------------------
-def handed_over(job: Job) -> bool:
-    """A queued job whose current attempt a queueing backend holds (submitted, not yet admitted)."""
-    attempt = _latest(job)
-    return (job.state == JobState.queued.value and attempt is not None and attempt.finished_at is None
-            and attempt.state == JobState.queued.value)
-
-
-def _handed_state(s, job_id: str, number: int | None) -> dict | None:
-    """The backend state of a job a queueing backend holds with attempt ``number``, not yet admitted."""
-    job = s.get(Job, job_id)
-    if job is None or not handed_over(job) or _latest(job).number != number:
-        return None
-    return dict(job.backend_state or {})
-
-
-def _queued_answer(s, job_id: str, number: int | None, reason: str, position: int | None) -> None:
-    job = s.get(Job, job_id)
-    if job is not None and handed_over(job) and _latest(job).number == number:
-        job.reason = reason or job.reason
-        job.backend_state = {**(job.backend_state or {}), "position": position}
-
-
-def _admit(s, job_id: str, number: int | None) -> bool:
-    """The backend's queue admitted the attempt (or its runner already runs): the job is running."""
-    job = s.get(Job, job_id)
-    if job is None or not handed_over(job) or _latest(job).number != number:
-        return False
-    attempt = _latest(job)
-    job.state = transition(job.state, JobState.running).value
-    job.reason = ""
-    job.started_at = job.started_at or utcnow()
-    attempt.state = JobState.running.value
-    attempt.started_at = utcnow()
-    job.backend_state = {k: v for k, v in (job.backend_state or {}).items() if k != "position"}
-    return True
-
-
-def _save_state(s, job_id: str, attempt: int, state: dict) -> None:
-    job = s.get(Job, job_id)
-    latest = _latest(job) if job is not None else None
-    if job is not None and latest is not None and latest.number == attempt and (job.state in ACTIVE_STATES
-                                                                                or handed_over(job)):
-        job.backend_state = {**(job.backend_state or {}), **state}
-
-
-def _state_of(s, job_id: str, number: int | None = None) -> dict | None:
-    """The backend state of the job's current attempt (of attempt ``number``, if still current), while active."""
-    job = s.get(Job, job_id)
-    if job is None or job.state not in ACTIVE_STATES:
-        return None
-    attempt = _latest(job)
-    if number is not None and (attempt is None or attempt.number != number or attempt.finished_at is not None):
-        return None
-    return dict(job.backend_state or {})
-
-
-def _set_stop(s, job_id: str, why: str, grace: float, number: int | None = None) -> None:
-    job = s.get(Job, job_id)
-    attempt = _latest(job) if job is not None else None
-    if attempt is not None and attempt.finished_at is None and number in (None, attempt.number):
-        attempt.stop_reason, attempt.stop_grace = why, float(grace)
-
-
-def _abandon(s, job_id: str) -> None:
-    job = s.get(Job, job_id)
-    attempt = _latest(job) if job is not None else None
-    if attempt is not None:
-        attempt.token_hash = ""  # its runner API calls are refused from now on
-
-
-def _active(s, queued_too: bool = False) -> list[tuple]:
-    """Jobs with an attempt in the backend's hands (with ``queued_too``, those a queueing backend holds too)."""
-    out = []
-    states = ACTIVE_STATES + ([JobState.queued.value] if queued_too else [])
-    for job in s.scalars(select(Job).where(Job.state.in_(states))):
-        if job.state == JobState.queued.value and not handed_over(job):
-            continue
-        attempt = _latest(job)
-        out.append((job.id, dict(job.backend_state or {}), job.state == JobState.preempted.value,
-                    attempt.stop_reason if attempt is not None else ""))
-    return out
-
-
 def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str] | None, stopped: bool) -> Ending:
     """How the attempt ended: the runner's report if it made a valid one, else what the backend saw.
 
@@ -389,7 +290,7 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, nu
     job = s.get(Job, job_id)
     if job is None or job.state not in ACTIVE_STATES:
         return None
-    attempt = _latest(job)
+    attempt = attempts.latest(job)
     if number is not None and (attempt is None or attempt.number != number):
         return None  # an earlier attempt's late news
     ledger.release(s, "job", job_id)

@@ -1,58 +1,47 @@
-"""What the API says about a job: its JSON model, read for many jobs at once and kept encoded; small
-helpers on job notebooks.
+"""What the API says about a job: its JSON model, built for many jobs at once and kept encoded once it ended.
 
-Everything here comes from the database and the admission model: nothing is
-read from the job's folder, so a job cannot change what its record says.
-:func:`job_to_dict` is the model. A listing reads what the views of its jobs
-show with one Core select per table (:data:`STORED_COLUMNS` read with the page,
-JSON ones as their stored text, then :func:`stored`: the attempts, the dataset
-uses), never the ORM's objects, and :class:`ViewCache` keeps the encoded view of each job in a final
-state with the values it was built from: a view is served from the cache only
-while the database still holds exactly those values, so no write, by whatever
-path, is hidden. A view says nothing about who asks for it; which jobs a caller
-may see is decided before any view is read (:mod:`~danlu.hub.service.store.listing`, :mod:`~danlu.hub.service.manager`).
+Everything here comes from the database and the scheduler: nothing is read from the job's folder, so a job
+cannot change what its record says. :meth:`Views.to_dict` is the model; for a queued job, why it waits, its
+place in the queue and when it may start are the scheduler's answer (:meth:`Scheduler.explain
+<danlu.hub.service.jobs.scheduler.Scheduler.explain>`), whichever admits jobs. A listing's jobs come as
+:class:`~danlu.hub.service.store.rows.Stored` values (one select per table), and :class:`ViewCache` keeps the
+encoded view of each job in a final state with the values it was built from: a view is served from the cache
+only while the database still holds exactly those values, so no write, by whatever path, is hidden. A view
+says nothing about who asks for it; which jobs a caller may see is decided before any view is read
+(:mod:`~danlu.hub.service.store.listing`, :mod:`~danlu.hub.service.manager`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
-import re
 import threading
 from collections import OrderedDict
 from types import SimpleNamespace
-from typing import NamedTuple
-
-from sqlalchemy import Text, bindparam, cast, select
+from typing import Any, NamedTuple, Protocol
 
 from danlu.hub.service.states import FINAL
-from danlu.hub.service.store.orm import Attempt, DatasetUse, Job, isoformat, utcnow
+from danlu.hub.service.store.orm import Job, isoformat, utcnow
+from danlu.hub.service.store.rows import ATTEMPT_COLUMNS, JSON_COLUMNS, VIEW_COLUMNS, Stored
 
-JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 #: the encoded views kept, about 4 KiB each with what they were built from (20 MiB in all): every job that
 #: 200 users with 20 each poll, and an admin's page of 1000; beyond that, the least recently read are built
 #: again when read
 MAX_CACHED = 5_000
-#: what a job's view shows of its row (:func:`job_to_dict`), and the JSON columns among it, read as text
-VIEW_COLUMNS = ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority_class",
-                "priority", "nproc", "nnodes", "gpus", "gpu_type", "cpu", "memory", "retries", "timeout_seconds",
-                "experiment", "created_at", "started_at", "finished_at", "not_before", "mlflow_run_id", "reproduces")
-JSON_COLUMNS = ("parameters", "datasets", "source", "tracking", "backend_state")
-ATTEMPT_COLUMNS = ("number", "state", "reason", "failure", "devices", "flavor", "exit_code", "started_at",
-                   "finished_at")
-USE_COLUMNS = ("dataset", "version", "digest", "context")
 _FINAL = frozenset(s.value for s in FINAL)
 
 
-def cell_sha256(nb: dict) -> tuple[str, str]:
-    """(cell id, sha256 of its source) of the job's cell: tagged ``danlu-cell``, else the last code cell."""
-    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    tagged = [c for c in code if "danlu-cell" in c.get("metadata", {}).get("tags", [])]
-    cell = (tagged or code)[-1]
-    source = cell.get("source", "")
-    source = "".join(source) if isinstance(source, list) else source
-    return cell.get("id", ""), hashlib.sha256(source.encode()).hexdigest()
+class Explanation(NamedTuple):
+    """Why a queued job waits, its place in its queue (1-based) and when it may start (seconds since the
+    epoch), each None where the scheduler cannot say."""
+
+    reason: str
+    position: int | None = None
+    estimated_start: float | None = None
+
+
+class Explains(Protocol):
+    def explain(self, job: Any) -> Explanation: ...
 
 
 def _tracking(job: Job) -> dict:
@@ -76,124 +65,85 @@ def inputs_of(job: Job) -> list[dict]:
             for d in job.datasets or [] if d.get("dataset") and d.get("version")]  # a pinned path has a digest too
 
 
-def job_to_dict(core, job: Job, inputs: list[dict] | None = None) -> dict:
-    """The job's API model; ``inputs``: its ``dataset_uses`` (catalog.uses_of_job), else what it was submitted with."""
-    settings = core.settings
-    base = f"{settings.public_url}/services/danlu/api/v1/jobs/{job.id}"
-    tracking = _tracking(job)
-    run_id, experiment_id = tracking["run_id"], tracking["experiment_id"]
-    attempts = [{
-        "number": a.number, "state": a.state, "reason": a.reason, "failure": a.failure or None,
-        "devices": list(a.devices or []), "gpu_type": a.flavor, "exit_code": a.exit_code,
-        "started_at": isoformat(a.started_at), "finished_at": isoformat(a.finished_at),
-    } for a in job.attempts]
-    end = job.finished_at or (utcnow() if job.state in ("running", "preempted") else None)
-    reason = job.reason
-    estimate = None
-    state = job.backend_state if isinstance(job.backend_state, dict) else {}
-    position = core.plan.positions.get(job.id) if job.state == "queued" else None
-    if job.state == "queued" and core.backend.queues:  # the backend's queue answers (Kueue's reason, position)
-        reason, position = reason or "waiting for admission", state.get("position")
-    elif job.state == "queued":
-        reason = core.plan.waiting.get(job.id, reason or "waiting for admission")
-        if job.id in core.estimates:
-            estimate = isoformat(dt.datetime.fromtimestamp(core.estimates[job.id], dt.timezone.utc)
-                                 .replace(tzinfo=None))
-    running = job.attempts[-1] if job.attempts and job.state in ("running", "preempted") else None
-    return {
-        "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
-        "failure": job.failure or None, "profile": job.profile, "queue": job.queue,
-        "priority": job.priority_class or None, "priority_value": job.priority,
-        "resources": {"nproc": job.nproc, "nodes": job.nnodes, "gpus": job.gpus, "gpu_type": job.gpu_type,
-                      "cpu": job.cpu, "memory": job.memory},
-        "retries": job.retries, "timeout_seconds": job.timeout_seconds,
-        "parameters": job.parameters, "experiment": job.experiment,
-        "datasets": [d["name"] for d in job.datasets], "source": job.source,
-        "inputs": inputs if inputs is not None else inputs_of(job),
-        "devices": list(running.devices or []) if running else [],
-        "attempts": attempts,
-        "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
-        "finished_at": isoformat(job.finished_at), "retry_at": isoformat(job.not_before),
-        "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
-        "queue_position": position,
-        "estimated_start": estimate,
-        "mlflow_run_id": run_id,
-        "tracking": tracking,
-        "mlflow_run_url": (f"{settings.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
-                           if run_id and experiment_id else None),
-        "output_url": f"{base}/output", "logs_url": f"{base}/logs",
-        # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
-        "tensorboard_dir": core.backend.tensorboard_dir(job.id),
-        "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
-        "reproduces": job.reproduces,  # the job this one re-runs (POST /jobs/{id}/reproduce)
-    }
+class Views:
+    """The API models of jobs: :meth:`to_dict` of a row, :meth:`encoded` of a listing's stored jobs."""
+    def __init__(self, public_url: str, scheduler: Explains, backend, size: int = MAX_CACHED):
+        self.public_url = public_url
+        self.scheduler = scheduler
+        self.backend = backend
+        self.cache = ViewCache(size)
 
+    def to_dict(self, job, inputs: list[dict] | None = None) -> dict:
+        """The job's API model; ``inputs``: its ``dataset_uses`` (catalog.uses_of_job), else what it was submitted
+        with."""
+        base = f"{self.public_url}/services/danlu/api/v1/jobs/{job.id}"
+        tracking = _tracking(job)
+        run_id, experiment_id = tracking["run_id"], tracking["experiment_id"]
+        attempts = [{
+            "number": a.number, "state": a.state, "reason": a.reason, "failure": a.failure or None,
+            "devices": list(a.devices or []), "gpu_type": a.flavor, "exit_code": a.exit_code,
+            "started_at": isoformat(a.started_at), "finished_at": isoformat(a.finished_at),
+        } for a in job.attempts]
+        end = job.finished_at or (utcnow() if job.state in ("running", "preempted") else None)
+        reason, position, estimate = job.reason, None, None
+        state = job.backend_state if isinstance(job.backend_state, dict) else {}
+        if job.state == "queued":
+            reason, position, when = self.scheduler.explain(job)
+            if when is not None:
+                estimate = isoformat(dt.datetime.fromtimestamp(when, dt.timezone.utc).replace(tzinfo=None))
+        running = job.attempts[-1] if job.attempts and job.state in ("running", "preempted") else None
+        return {
+            "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
+            "failure": job.failure or None, "profile": job.profile, "queue": job.queue,
+            "priority": job.priority_class or None, "priority_value": job.priority,
+            "resources": {"nproc": job.nproc, "nodes": job.nnodes, "gpus": job.gpus, "gpu_type": job.gpu_type,
+                          "cpu": job.cpu, "memory": job.memory},
+            "retries": job.retries, "timeout_seconds": job.timeout_seconds,
+            "parameters": job.parameters, "experiment": job.experiment,
+            "datasets": [d["name"] for d in job.datasets], "source": job.source,
+            "inputs": inputs if inputs is not None else inputs_of(job),
+            "devices": list(running.devices or []) if running else [],
+            "attempts": attempts,
+            "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
+            "finished_at": isoformat(job.finished_at), "retry_at": isoformat(job.not_before),
+            "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
+            "queue_position": position,
+            "estimated_start": estimate,
+            "mlflow_run_id": run_id,
+            "tracking": tracking,
+            "mlflow_run_url": (f"{self.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
+                               if run_id and experiment_id else None),
+            "output_url": f"{base}/output", "logs_url": f"{base}/logs",
+            # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
+            "tensorboard_dir": self.backend.tensorboard_dir(job.id),
+            "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
+            "reproduces": job.reproduces,  # the job this one re-runs (POST /jobs/{id}/reproduce)
+        }
 
-# many jobs at once, and their encoded views ------------------------------------------------------------------
-class Stored(NamedTuple):
-    """What the database holds of one job's view: its :data:`VIEW_COLUMNS` then its :data:`JSON_COLUMNS` (as
-    stored text), its attempts' :data:`ATTEMPT_COLUMNS` (devices as text) by number, and its dataset uses'
-    :data:`USE_COLUMNS` in the order they were recorded. Equal values, equal view."""
+    def of_stored(self, stored: Stored) -> dict:
+        """:meth:`to_dict` of a :class:`~danlu.hub.service.store.rows.Stored` job, with its dataset uses as its
+        inputs."""
+        n = len(VIEW_COLUMNS)
+        job = SimpleNamespace(**dict(zip(VIEW_COLUMNS, stored.job[:n], strict=True)),
+                              **{c: _decoded(t) for c, t in zip(JSON_COLUMNS, stored.job[n:], strict=True)})
+        job.attempts = [SimpleNamespace(**dict(zip(ATTEMPT_COLUMNS, a, strict=True))) for a in stored.attempts]
+        for a in job.attempts:
+            a.devices = _decoded(a.devices)
+        inputs = [{"ref": f"{d}@{v}", "dataset": d, "version": v, "digest": digest, "context": context}
+                  for d, v, digest, context in stored.uses]  # as catalog.use_to_dict says a use
+        return self.to_dict(job, inputs)
 
-    job: tuple
-    attempts: tuple
-    uses: tuple
-
-    @property
-    def id(self) -> str:
-        return self.job[0]
-
-    @property
-    def state(self) -> str:
-        return self.job[3]
-
-
-#: what to select of a job for :func:`stored`: its :data:`VIEW_COLUMNS`, then its :data:`JSON_COLUMNS` as the text
-#: the database holds (decoded only when a view is built; never provenance or groups, tens of KiB no view shows)
-STORED_COLUMNS = (*(getattr(Job, c) for c in VIEW_COLUMNS), *(cast(getattr(Job, c), Text) for c in JSON_COLUMNS))
-# built once: SQLAlchemy then finds their compiled forms by the statements themselves
-_ATTEMPTS = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
-                                      for c in ATTEMPT_COLUMNS))
-             .where(Attempt.job_id.in_(bindparam("ids", expanding=True))).order_by(Attempt.job_id, Attempt.number))
-_USES = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
-         .where(DatasetUse.job_id.in_(bindparam("ids", expanding=True))).order_by(DatasetUse.id))
-
-
-def stored(s, rows: list[tuple]) -> list[Stored]:
-    """:class:`Stored` of jobs read as :data:`STORED_COLUMNS`, in order: their attempts in one select, their
-    dataset uses in another."""
-    if not rows:
-        return []
-    conn = s.connection()  # Core rows: none of the ORM's per-row work
-    ids = {"ids": [row[0] for row in rows]}
-    attempts: dict[str, list[tuple]] = {}
-    for row in conn.execute(_ATTEMPTS, ids).all():
-        attempts.setdefault(row[0], []).append(tuple(row[1:]))
-    uses: dict[str, list[tuple]] = {}
-    for row in conn.execute(_USES, ids).all():
-        uses.setdefault(row[0], []).append(tuple(row[1:]))
-    return [Stored(tuple(row), tuple(attempts.get(row[0], ())), tuple(uses.get(row[0], ()))) for row in rows]
+    def encoded(self, jobs: list[Stored]) -> list[str]:
+        """``json.dumps`` of each job's view, in order (ended jobs' from :attr:`cache` while they hold)."""
+        return self.cache.encoded(jobs, self.of_stored)
 
 
 def _decoded(text: str | None):
     return json.loads(text) if text is not None else None
 
 
-def view_of(core, stored: Stored) -> dict:
-    """:func:`job_to_dict` of a :class:`Stored` job, with its dataset uses as its inputs."""
-    n = len(VIEW_COLUMNS)
-    job = SimpleNamespace(**dict(zip(VIEW_COLUMNS, stored.job[:n], strict=True)),
-                          **{c: _decoded(t) for c, t in zip(JSON_COLUMNS, stored.job[n:], strict=True)})
-    job.attempts = [SimpleNamespace(**dict(zip(ATTEMPT_COLUMNS, a, strict=True))) for a in stored.attempts]
-    for a in job.attempts:
-        a.devices = _decoded(a.devices)
-    inputs = [{"ref": f"{d}@{v}", "dataset": d, "version": v, "digest": digest, "context": context}
-              for d, v, digest, context in stored.uses]  # as catalog.use_to_dict says a use
-    return job_to_dict(core, job, inputs)
-
-
 class ViewCache:
-    """The encoded views of jobs in a final state, each with the :class:`Stored` values it was built from.
+    """The encoded views of jobs in a final state, each with the stored values it was built from.
 
     A final job's view depends on its row, its attempts and its dataset uses alone (the scheduler's
     positions and the clock only show in queued and running jobs' views, which are always built anew),
@@ -213,8 +163,8 @@ class ViewCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def encoded(self, core, jobs: list[Stored]) -> list[str]:
-        """``json.dumps`` of each job's view, in order."""
+    def encoded(self, jobs: list[Stored], build) -> list[str]:
+        """``json.dumps`` of each job's view (``build(stored)``), in order."""
         out: list[str | None] = [None] * len(jobs)
         with self._lock:
             for i, stored in enumerate(jobs):
@@ -226,7 +176,7 @@ class ViewCache:
         built = []
         for i, stored in enumerate(jobs):
             if out[i] is None:
-                out[i] = json.dumps(view_of(core, stored))
+                out[i] = json.dumps(build(stored))
                 if stored.state in _FINAL:
                     built.append((stored, out[i]))
         if built:

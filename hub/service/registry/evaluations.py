@@ -22,7 +22,6 @@ from danlu.errors import ConfigError
 #: the largest evaluation notebook the service reads
 MAX_NOTEBOOK = 16 * 2**20
 #: the most metrics of an evaluation run recorded on a version
-MAX_METRICS = 200
 THRESHOLD = re.compile(r"^\s*(>=|<=|==|>|<)\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)\s*$")
 OPERATORS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 #: the gate states while the evaluation job has not ended
@@ -47,21 +46,6 @@ def verdict(metrics: dict[str, float], thresholds: dict[str, str]) -> list[str]:
         elif not isinstance(value, (int, float)) or math.isnan(value) or not OPERATORS[op](value, limit):
             failures.append(f"{name} = {value}, needs {op} {limit:g}")
     return failures
-
-
-def latest_metrics(run: dict) -> dict[str, float]:
-    """``{name: latest value}`` of an MLflow run (its ``data.metrics``), at most :data:`MAX_METRICS` names."""
-    out: dict[str, float] = {}
-    for m in (run.get("data") or {}).get("metrics") or []:
-        if len(out) >= MAX_METRICS:
-            break
-        if isinstance(m, dict) and isinstance(m.get("key"), str) and len(m["key"]) <= 250:
-            try:
-                value = float(m.get("value"))
-            except (TypeError, ValueError):
-                continue
-            out[m["key"]] = value if math.isfinite(value) else str(value)
-    return out
 
 
 def gate_of(job_state: str) -> str:

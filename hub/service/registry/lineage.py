@@ -15,6 +15,12 @@ version whose run belongs to someone else is a node that says so, and nothing be
 
 from __future__ import annotations
 
+from sqlalchemy import select
+
+from danlu.hub.service.datasets.catalog import uses_of_job
+from danlu.hub.service.jobs.provenance import provenance_of
+from danlu.hub.service.registry.versions import ModelRegistry
+from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job
 
 #: the order the sidebar lays the kinds out in, inputs first (the TypeScript reads the same list)
@@ -50,15 +56,11 @@ def _short(digest: str | None) -> str:
     return (digest or "")[:12]
 
 
-async def model_lineage(manager, principal, name: str, version: int) -> dict:
+async def model_lineage(models: ModelRegistry, database: Database, public_url: str, principal, name: str,
+                        version: int) -> dict:
     """The lineage graph of a model version the caller may read (404 as the registry answers otherwise)."""
-    from danlu.hub.service.datasets.catalog import uses_of_job
-    from danlu.hub.service.jobs.provenance import provenance_of
-
-    core = manager.core
-    settings = core.settings
-    mlflow_ui = f"{settings.public_url}/services/mlflow/#"
-    mv = await manager.models.version_view(principal, name, version)
+    mlflow_ui = f"{public_url}/services/mlflow/#"
+    mv = await models.version_view(principal, name, version)
     graph = Graph()
     model = graph.node("model_version", f"{name}/{version}", f"{name} v{version}", {
         "approval": mv.get("approval"), "aliases": ", ".join(mv.get("aliases") or []) or None,
@@ -85,14 +87,12 @@ async def model_lineage(manager, principal, name: str, version: int) -> dict:
     def find(s):
         job = s.get(Job, job_id) if job_id else None
         if job is None and run_id:
-            from sqlalchemy import select
-
             job = s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first()
         if job is None:
             return None, []
         return job, (uses_of_job(s, job.id) if principal.can_read(job.owner) else [])
 
-    job, inputs = await core.read(find)
+    job, inputs = await database.read(find)
     run = None
     if run_id:
         experiment = (job.tracking or {}).get("experiment_id") if job is not None and isinstance(job.tracking, dict) \
@@ -111,7 +111,7 @@ async def model_lineage(manager, principal, name: str, version: int) -> dict:
     node = graph.node("job", job.id, job.name or f"job {job.id}", {
         "state": job.state, "owner": job.owner, "profile": job.profile, "queue": job.queue,
         "created_at": job.created_at.isoformat() if job.created_at else None},
-        url=f"{settings.public_url}/services/danlu/api/v1/jobs/{job.id}")
+        url=f"{public_url}/services/danlu/api/v1/jobs/{job.id}")
     graph.edge(run or model, node, "ran_as")
     prov = provenance_of(job)
     source = job.source if isinstance(job.source, dict) else {}

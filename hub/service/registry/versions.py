@@ -21,27 +21,22 @@ verdict and registration is an audit record in the transaction of the change.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
+import logging
 
 from sqlalchemy import select
 
 from danlu import tags
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, Unreachable, ValidationError
 from danlu.hub.service import validation
-from danlu.hub.service.jobs.core import Core
-from danlu.hub.service.mlflow_registry import MlflowRegistry
+from danlu.hub.service.formats import MODEL, RESERVED_ALIAS, RUN_ID
+from danlu.hub.service.jobs.submission import Submission
+from danlu.hub.service.mlflow_client import MlflowAccess, MlflowRegistry, latest_metrics
 from danlu.hub.service.registry import evaluations
+from danlu.hub.service.registry.records import mlflow_tags, model_to_dict, views_of
 from danlu.hub.service.store import audit
-from danlu.hub.service.store.orm import Job, ModelDecision, ModelRecord, ModelVersionRecord, isoformat, utcnow
+from danlu.hub.service.store.database import Database
+from danlu.hub.service.store.orm import Job, ModelDecision, ModelRecord, ModelVersionRecord, utcnow
 
-# \Z, not $: a name never ends in a newline (the document's patterns say the same in ECMA's terms)
-NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?\Z")
-VERSION = re.compile(r"^[1-9][0-9]{0,8}\Z")
-ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
-#: aliases MLflow gives a meaning of its own
-RESERVED_ALIAS = re.compile(r"^(latest|[vV][0-9]+)\Z")
 FIND_FIX = "see the registered models with 'danlu models list' or GET /models"
 RUN_FIX = "register a run of yours: its id is the job's mlflow_run_id ('danlu jobs show') or in MLflow's UI"
 #: the evaluation states an approval waits for, and the reason of the refusal in each
@@ -49,61 +44,18 @@ GATE_REFUSAL = {"queued": "evaluation_pending", "running": "evaluation_pending",
                 "error": "evaluation_error"}
 
 
-# API models -----------------------------------------------------------------------------------------------
-def decision_to_dict(d: ModelDecision) -> dict:
-    return {"actor": d.actor, "decision": d.decision, "comment": d.comment, "at": isoformat(d.at),
-            "audit_seq": d.audit_seq}
-
-
-def version_to_dict(v: ModelVersionRecord, decisions: list[ModelDecision], aliases: dict) -> dict:
-    return {"name": v.name, "version": v.version, "run_id": v.run_id, "job_id": v.job_id, "source": v.source,
-            "registered_by": v.registered_by, "registered_at": isoformat(v.registered_at), "approval": v.approval,
-            "evaluation": {"state": v.evaluation, "job_id": v.evaluation_job, "metrics": dict(v.metrics or {}),
-                           "thresholds": dict(v.thresholds or {}), "failures": list(v.failures or [])},
-            "decisions": [decision_to_dict(d) for d in decisions],
-            "aliases": sorted(a for a, n in (aliases or {}).items() if n == v.version)}
-
-
-def model_to_dict(m: ModelRecord, versions: list[dict], *, every: bool = False) -> dict:
-    body = {"name": m.name, "description": m.description, "created_by": m.created_by,
-            "created_at": isoformat(m.created_at), "aliases": dict(m.aliases or {}),
-            "latest": versions[-1] if versions else None}
-    if every:
-        body["versions"] = versions
-    return body
-
-
-def mlflow_tags(v: ModelVersionRecord, decided_by: str | None) -> dict:
-    """The version's MLflow tags as its row says (the metrics its thresholds name)."""
-    metrics = {k: v.metrics[k] for k in sorted(v.thresholds or {}) if k in (v.metrics or {})}
-    out = {tags.REGISTERED_BY: v.registered_by, tags.APPROVAL: v.approval, tags.EVALUATION: v.evaluation,
-           tags.EVALUATION_JOB: v.evaluation_job or "", tags.EVALUATION_METRICS: json.dumps(metrics)[:5000]}
-    if v.approval == "approved" and decided_by:
-        out[tags.APPROVED_BY] = decided_by
-    return {k: value for k, value in out.items() if value}
-
-
-def _views(s, rows: list[ModelVersionRecord]) -> list[dict]:
-    """The API models of ``rows`` with their decisions and aliases (one query each)."""
-    if not rows:
-        return []
-    names = {r.name for r in rows}
-    aliases = {m.name: m.aliases for m in s.scalars(select(ModelRecord).where(ModelRecord.name.in_(names)))}
-    decided: dict[tuple, list] = {}
-    for d in s.scalars(select(ModelDecision).where(ModelDecision.name.in_(names)).order_by(ModelDecision.id)):
-        decided.setdefault((d.name, d.version), []).append(d)
-    return [version_to_dict(r, decided.get((r.name, r.version), []), aliases.get(r.name) or {}) for r in rows]
-
-
 class ModelRegistry:
-    def __init__(self, core: Core, submission):
-        self.core = core
+    def __init__(self, submission: Submission, *, database: Database, settings, groups, mlflow: MlflowAccess | None,
+                 log: logging.Logger):
         self.submission = submission
-        access = core.mlflow
-        self.mlflow = MlflowRegistry(access.tracking_uri, access.secret) \
-            if access is not None and access.tracking_uri else None
+        self.database = database
+        self.settings = settings
+        self.groups = groups
+        self.mlflow = mlflow.registry if mlflow is not None else None
+        self.log = log
         self._registering = asyncio.Lock()  # one registration at a time: MLflow numbers versions, we record them
         self._settling = asyncio.Lock()
+        self._aliasing = asyncio.Lock()  # an alias in MLflow and its audit record change together, one at a time
 
     # who may do what ----------------------------------------------------------------------------
     def _api(self) -> MlflowRegistry:
@@ -115,10 +67,10 @@ class ModelRegistry:
     async def _groups(self, principal) -> set[str]:
         if not principal.is_user:
             return set(principal.groups)
-        return set(await self.core.groups.groups_of(principal.name, fallback=principal.groups))
+        return set(await self.groups.groups_of(principal.name, fallback=principal.groups))
 
     async def _require_approver(self, principal) -> None:
-        approvers = self.core.settings.models["approvers"]
+        approvers = self.settings.models["approvers"]
         if principal.admin or (await self._groups(principal)) & set(approvers):
             return
         who = f"members of {', '.join(approvers)} and admins" if approvers else "admins"
@@ -127,7 +79,8 @@ class ModelRegistry:
 
     async def _owner_of(self, run_id: str, run: dict) -> tuple[str | None, str | None]:
         """``(owner, job id)`` of a run: the job that made it, else its ``danlu.user`` tag."""
-        job = await self.core.read(lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first())
+        job = await self.database.read(
+            lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first())
         if job is not None:
             return job.owner, job.id
         run_tags = {t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or []
@@ -136,7 +89,6 @@ class ModelRegistry:
 
     # registering --------------------------------------------------------------------------------
     async def register(self, principal, body) -> tuple[int, dict]:
-        core = self.core
         validation.check_schema("ModelRegistration", body)
         if not principal.is_user:
             raise Forbidden("only users register models; this token belongs to a service", reason="not_a_user",
@@ -149,18 +101,17 @@ class ModelRegistry:
         if run is None or not (principal.admin or owner == principal.name):
             raise NotFound(f"run {run_id} not found", reason="no_such_run", field="run_id", fix=RUN_FIX)
         source, model_id = await self._source(api, run, body.get("artifact_path"))
-        spec = core.settings.models["evaluations"].get(name)
+        spec = self.settings.models["evaluations"].get(name)
         notebook = await self._evaluation_notebook(spec) if spec else None
         async with self._registering:
-            if await core.read(lambda s: s.get(ModelRecord, name)) is None:
+            if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
                 if not await api.create_registered_model(name, body.get("description", "")):
                     raise Conflict(f"MLflow has a registered model named {name} that Danlu did not create",
                                    reason="name_taken", field="name",
                                    fix="choose another name; versions go only into models Danlu created, whose "
                                        "aliases and tags no user can write around the approvals (an admin may "
                                        "rename or delete the MLflow model)")
-                async with core.lock:
-                    await core.db(_insert_model, name, body.get("description", ""), principal.name)
+                await self.database.write(_insert_model, name, body.get("description", ""), principal.name)
             row = ModelVersionRecord(name=name, run_id=run_id, job_id=job_id, source=source, model_id=model_id,
                                      registered_by=principal.name, registered_at=utcnow(), approval="pending",
                                      evaluation="queued" if spec else "not_required",
@@ -168,12 +119,11 @@ class ModelRegistry:
                                      synced=True)
             row.version = await api.create_version(name, source, run_id, model_id, mlflow_tags(row, None),
                                                    body.get("description", ""))
-            async with core.lock:
-                await core.db(_insert_version, row)
+            await self.database.write(_insert_version, row)
         if not await api.grant_read(principal.name, name):
-            core.log.warning("could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
+            self.log.warning("could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
                              "job cannot load it", principal.name, name)
-        core.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
+        self.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
         if spec:
             await self._evaluate(principal, row, spec, notebook)
         return 201, await self.version_view(principal, name, row.version)
@@ -208,7 +158,7 @@ class ModelRegistry:
         try:
             return await asyncio.to_thread(evaluations.read_notebook, spec["notebook"])
         except DanluError as e:
-            self.core.log.error("model evaluation notebook: %s", e)
+            self.log.error("model evaluation notebook: %s", e)
             raise DanluError(f"this model's evaluation cannot run: {e}", status=503,
                              reason="evaluation_unavailable", fix=e.fix or "ask an admin") from None
 
@@ -218,11 +168,9 @@ class ModelRegistry:
         try:
             _, job = await self.submission.submit(principal, body)
         except DanluError as e:
-            async with self.core.lock:
-                await self.core.db(_settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None)
+            await self.database.write(_settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None)
         else:
-            async with self.core.lock:
-                await self.core.db(_set_evaluation_job, row.id, job["id"])
+            await self.database.write(_set_evaluation_job, row.id, job["id"])
         await self._sync()
 
     # reading ------------------------------------------------------------------------------------
@@ -234,10 +182,10 @@ class ModelRegistry:
             latest = {}
             for v in s.scalars(select(ModelVersionRecord).order_by(ModelVersionRecord.version)):
                 latest[v.name] = v
-            views = {v["name"]: v for v in _views(s, list(latest.values()))}
+            views = {v["name"]: v for v in views_of(s, list(latest.values()))}
             return [model_to_dict(m, [views[m.name]] if m.name in views else []) for m in models]
 
-        return await self.core.read(query)
+        return await self.database.read(query)
 
     async def show(self, principal, name: str) -> dict:
         await self.settle(name)
@@ -248,9 +196,9 @@ class ModelRegistry:
                 return None
             rows = list(s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.name == name)
                                   .order_by(ModelVersionRecord.version)))
-            return model_to_dict(m, _views(s, rows), every=True)
+            return model_to_dict(m, views_of(s, rows), every=True)
 
-        body = await self.core.read(query)
+        body = await self.database.read(query)
         if body is None:
             raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
         return body
@@ -261,15 +209,15 @@ class ModelRegistry:
 
         def query(s):
             row = _row(s, name, version)
-            return _views(s, [row])[0] if row is not None else None
+            return views_of(s, [row])[0] if row is not None else None
 
-        body = await self.core.read(query)
+        body = await self.database.read(query)
         if body is None:
             raise await self._missing(name, version)
         return body
 
     async def _missing(self, name: str, version: int) -> NotFound:
-        if await self.core.read(lambda s: s.get(ModelRecord, name)) is None:
+        if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
             return NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
         return NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version",
                         fix=f"see its versions with 'danlu models show {name}'")
@@ -278,17 +226,16 @@ class ModelRegistry:
     async def decide(self, principal, name: str, version: int, body) -> dict:
         validation.check_schema("ModelDecisionRequest", body)
         await self.settle(name, version)
-        row = await self.core.read(_row, name, version)
+        row = await self.database.read(_row, name, version)
         if row is None:
             raise await self._missing(name, version)
         await self._require_approver(principal)
-        if row.registered_by == principal.name and not self.core.settings.models["self_approval"]:
+        if row.registered_by == principal.name and not self.settings.models["self_approval"]:
             raise Forbidden(f"you registered {name} version {version}: someone else must decide on it",
                             reason="self_approval",
                             fix="ask another approver (danlu.yaml models.self_approval is false)")
-        async with self.core.lock:
-            await self.core.db(_decide, name, version, principal.name, body["decision"], body["comment"])
-        self.core.log.info("model %s version %s: %s by %s", name, version, body["decision"], principal.name)
+        await self.database.write(_decide, name, version, principal.name, body["decision"], body["comment"])
+        self.log.info("model %s version %s: %s by %s", name, version, body["decision"], principal.name)
         await self._sync()
         return await self.version_view(principal, name, version)
 
@@ -296,7 +243,7 @@ class ModelRegistry:
         validation.check_schema("ModelAliasRequest", body)
         check_alias(alias)
         version = body["version"]
-        row = await self.core.read(_row, name, version)
+        row = await self.database.read(_row, name, version)
         if row is None:
             raise await self._missing(name, version)
         await self._require_approver(principal)
@@ -305,13 +252,13 @@ class ModelRegistry:
                            reason="not_approved", field="version",
                            fix=f"approve it first ('danlu models approve {name} {version} --comment ...')")
         api = self._api()
-        async with self.core.lock:  # MLflow's alias and its audit record change together, one change at a time
+        async with self._aliasing:
             await api.set_alias(name, alias, version)
-            before = await self.core.db(_alias, name, alias, version, principal.name)
+            before = await self.database.write(_alias, name, alias, version, principal.name)
         return {"name": name, "alias": alias, "version": version, "previous": before}
 
     async def delete_alias(self, principal, name: str, alias: str) -> dict:
-        model = await self.core.read(lambda s: s.get(ModelRecord, name))
+        model = await self.database.read(lambda s: s.get(ModelRecord, name))
         if model is None:
             raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
         if alias not in (model.aliases or {}):
@@ -319,9 +266,9 @@ class ModelRegistry:
                            fix=f"see its aliases with 'danlu models show {name}'")
         await self._require_approver(principal)
         api = self._api()
-        async with self.core.lock:
+        async with self._aliasing:
             await api.delete_alias(name, alias)
-            before = await self.core.db(_alias, name, alias, None, principal.name)
+            before = await self.database.write(_alias, name, alias, None, principal.name)
         return {"name": name, "alias": alias, "version": None, "previous": before}
 
     # the evaluation gate and MLflow's copy --------------------------------------------------------
@@ -340,12 +287,11 @@ class ModelRegistry:
 
         async with self._settling:
             changed = False
-            for row_id, job, thresholds, state in await self.core.read(waiting):
+            for row_id, job, thresholds, state in await self.database.read(waiting):
                 verdict = await self._verdict(job, thresholds)
                 if verdict is None or verdict[0] == state:
                     continue
-                async with self.core.lock:
-                    await self.core.db(_settle, row_id, *verdict, job.id if job is not None else None)
+                await self.database.write(_settle, row_id, *verdict, job.id if job is not None else None)
                 changed = True
             if changed:
                 await self._sync()
@@ -363,11 +309,11 @@ class ModelRegistry:
         try:
             run = await self._api().run(job.mlflow_run_id)
         except (Unreachable, DanluError) as e:
-            self.core.log.warning("evaluation of job %s not read yet: %s", job.id, e)
+            self.log.warning("evaluation of job %s not read yet: %s", job.id, e)
             return None
         if run is None:
             return "error", {}, [f"the evaluation run {job.mlflow_run_id} is not in MLflow"]
-        metrics = evaluations.latest_metrics(run)
+        metrics = latest_metrics(run)
         failures = evaluations.verdict(metrics, thresholds)
         return ("failed" if failures else "passed"), metrics, failures
 
@@ -375,29 +321,28 @@ class ModelRegistry:
         """Write the MLflow tags of versions whose row changed since (MLflow away: at the next change or start)."""
         if self.mlflow is None:
             return
-        for row, decided_by in await self.core.read(_unsynced):
+        for row, decided_by in await self.database.read(_unsynced):
             try:
                 await self.mlflow.set_version_tags(row.name, row.version, mlflow_tags(row, decided_by))
             except DanluError as e:
-                self.core.log.warning("MLflow tags of model %s version %s not written yet: %s", row.name,
+                self.log.warning("MLflow tags of model %s version %s not written yet: %s", row.name,
                                       row.version, e)
                 return
-            await self.core.db(_mark_synced, row.id, row.approval, row.evaluation)
+            await self.database.write(_mark_synced, row.id, row.approval, row.evaluation)
 
     async def recover(self) -> None:
         """At start-up: gates whose evaluation was never submitted end in ``error``; the rest are settled."""
         try:
-            async with self.core.lock:
-                await self.core.db(_orphaned)
+            await self.database.write(_orphaned)
             await self.settle()
             await self._sync()
         except DanluError as e:
-            self.core.log.warning("model evaluations not settled at start-up: %s", e)
+            self.log.warning("model evaluations not settled at start-up: %s", e)
 
 
 def check_registration(body: dict) -> None:
     """What the document's patterns cannot say: no trailing newline, no ``.``/``..`` or empty path segment."""
-    for key, pattern in (("name", NAME), ("run_id", RUN_ID)):
+    for key, pattern in (("name", MODEL), ("run_id", RUN_ID)):
         if not pattern.match(body[key]):
             raise ValidationError(f"{key}: {body[key][:40]!r} is not valid", field=key, reason="invalid_field",
                                   fix=f"it must match {pattern.pattern}")

@@ -28,28 +28,9 @@ class Ledger:
     def allocations(self, session: Session) -> list[Allocation]:
         return list(session.scalars(select(Allocation).order_by(Allocation.device)))
 
-    def free(self, session: Session, flavor: str | None = None) -> list[GPU]:
-        held = set(session.scalars(select(Allocation.device)))
-        return [g for g in self.inventory if g.index not in held and (flavor is None or g.flavor == flavor)]
-
     def held_by(self, session: Session, kind: str, holder: str) -> list[int]:
         return list(session.scalars(select(Allocation.device).where(
             Allocation.holder_kind == kind, Allocation.holder_id == holder).order_by(Allocation.device)))
-
-    def allocate(self, session: Session, kind: str, holder: str, owner: str, count: int,
-                 flavor: str | None = None) -> list[int] | None:
-        """Reserve ``count`` devices (lowest free indices); None if not enough are free."""
-        if count <= 0:
-            return []
-        free = self.free(session, flavor)
-        if len(free) < count:
-            return None
-        chosen = free[:count]
-        for gpu in chosen:
-            session.add(Allocation(device=gpu.index, holder_kind=kind, holder_id=holder, owner=owner,
-                                   flavor=gpu.flavor))
-        session.flush()  # a concurrent writer holding the same device fails here, not later
-        return [g.index for g in chosen]
 
     def claim(self, session: Session, device: int, kind: str, holder: str, owner: str, flavor: str | None) -> None:
         """Record that a device (chosen by the admission model) is held; a second claim fails on the key."""

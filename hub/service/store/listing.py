@@ -25,7 +25,7 @@ from sqlalchemy import Integer, Select, bindparam, select, tuple_
 from sqlalchemy.orm import Session, defer
 
 from danlu.errors import UsageError
-from danlu.hub.service.jobs.views import JOB_ID
+from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.store.orm import Job
 
 VERSION = "1"
@@ -78,7 +78,7 @@ def decode_cursor(cursor: str) -> Key:
 def rows(session: Session, columns: tuple = (), *, owner: str | None, states: list[str], queue: str | None,
          limit: int, after: Key | None) -> tuple[list[tuple[Key, tuple]], Key | None]:
     """Up to ``limit`` jobs below ``after`` (None: from the newest), each as its key and its ``columns`` (a
-    tuple kept by the caller, such as :data:`~danlu.hub.service.jobs.views.STORED_COLUMNS`), and the key the next
+    tuple kept by the caller, such as :data:`~.rows.STORED_COLUMNS`), and the key the next
     page starts below (None: this was the last page)."""
     conn = session.connection()  # Core rows: none of the ORM's per-row work
     q = _range(columns, owner is not None, bool(states), bool(queue), after is not None)

@@ -4,10 +4,9 @@ datasets and their uses, models.
 SQLAlchemy 2 declarative models that run on SQLite (the default, a file in the
 state dir) and PostgreSQL. Notebooks, logs and outputs are files in the job's
 directory, not rows; a row holds what the API reports and what the scheduler
-needs. :func:`make_engine` applies the pragmas SQLite needs to be shared by
-the service and its recovery code (WAL, a busy timeout); :func:`make_sessionmaker`
-opens sessions. Creating and upgrading the schema is :mod:`danlu.hub.service.store.database`'s
-job (Alembic revisions in ``migrations/``): a change here comes with a revision.
+needs. Sessions are :mod:`.database`'s; creating and upgrading the schema is
+:mod:`.schema`'s job (Alembic revisions in ``migrations/``): a change here comes
+with a revision.
 """
 
 from __future__ import annotations
@@ -27,12 +26,9 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
     text,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> dt.datetime:
@@ -143,7 +139,6 @@ class Attempt(Base):
 
 class JobInput(Base):
     """The notebook a job runs, as submitted: kept by the service, never read back from the job's folder."""
-
     __tablename__ = "job_inputs"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
@@ -169,7 +164,6 @@ class Allocation(Base):
 
 class QueueSetting(Base):
     """An admin's live change to a team's queue (quota, limits, hold), over danlu.yaml."""
-
     __tablename__ = "queue_settings"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -179,7 +173,6 @@ class QueueSetting(Base):
 
 class Flag(Base):
     """Workbench-wide switches (``drain``)."""
-
     __tablename__ = "flags"
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -188,7 +181,6 @@ class Flag(Base):
 
 class AuditRecord(Base):
     """One audited action; ``hash`` chains every record to the one before it."""
-
     __tablename__ = "audit"
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -204,7 +196,6 @@ class AuditRecord(Base):
 
 class ServerUsage(Base):
     """GPUs a notebook server held, from start to stop (for usage reports)."""
-
     __tablename__ = "server_usage"
     __table_args__ = (Index("ix_server_usage_started_at", "started_at"),
                       Index("ix_server_usage_ended_at", "ended_at", "started_at"))
@@ -222,7 +213,6 @@ class ServerUsage(Base):
 
 class GpuSample(Base):
     """Measured utilization of a device (NVML), sampled while the service runs."""
-
     __tablename__ = "gpu_samples"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -262,7 +252,6 @@ class UsageRollup(Base):
 
 class Dataset(Base):
     """A named dataset of the catalog and who may read it and add versions to it (empty: everyone)."""
-
     __tablename__ = "datasets"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -366,7 +355,6 @@ class ModelVersionRecord(Base):
 
 class ModelDecision(Base):
     """An approver's decision on a model version; ``audit_seq`` is its record in the audit chain."""
-
     __tablename__ = "model_decisions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -378,25 +366,3 @@ class ModelDecision(Base):
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     audit_seq: Mapped[int] = mapped_column(Integer)
 
-
-def make_engine(url: str) -> Engine:
-    kwargs: dict[str, Any] = {"future": True}
-    if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-    else:
-        kwargs["pool_pre_ping"] = True
-    engine = create_engine(url, **kwargs)
-    if url.startswith("sqlite"):
-        @event.listens_for(engine, "connect")
-        def _pragmas(conn, _record):  # pragma: no cover - exercised by every sqlite test
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-    return engine
-
-
-def make_sessionmaker(url: str) -> sessionmaker:
-    """Sessions on the jobs database; it creates and alters nothing (:mod:`.database` owns the schema)."""
-    return sessionmaker(make_engine(url), expire_on_commit=False)

@@ -32,7 +32,6 @@ from danlu.hub.service.store.orm import Attempt, GpuSample, Job, UsageRollup, is
 from danlu.hub.service.usage import rollups
 from danlu.hub.service.usage.rollups import HOUR, ceil_day, ceil_hour, floor_day, floor_hour
 
-GROUPINGS = ("user", "team", "queue", "profile")
 _COLUMN = {"user": UsageRollup.owner, "team": UsageRollup.team, "queue": UsageRollup.team,
            "profile": UsageRollup.profile}
 #: job ids per query when checking retries
@@ -211,7 +210,7 @@ def sample_gpus(session: Session, inventory) -> int:
     if not inventory or all(g.declared for g in inventory):
         return 0
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # deferred: optional (nvidia-ml-py), absent where no GPU is
 
         pynvml.nvmlInit()
     except Exception:

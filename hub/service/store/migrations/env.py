@@ -1,6 +1,6 @@
 """Alembic's environment for the jobs database.
 
-:mod:`danlu.hub.service.store.database` hands over an open connection in
+:mod:`danlu.hub.service.store.schema` hands over an open connection in
 ``config.attributes["connection"]`` (its SQLite connections have foreign keys
 off, so a table that batch mode recreates cascades nothing); without one, the
 ``sqlalchemy.url`` option names the database. ``render_as_batch`` makes

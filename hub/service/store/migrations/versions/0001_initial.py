@@ -1,7 +1,7 @@
 """The schema of Danlu 0.1.0, the last release that created its tables without migrations.
 
 A database that 0.1.0 made has these tables and no ``alembic_version``;
-:func:`danlu.hub.service.store.database.upgrade` stamps it with this revision before
+:func:`danlu.hub.service.store.schema.upgrade` stamps it with this revision before
 upgrading it. Types, nullability, indexes and constraints are exactly what
 0.1.0's ``create_all`` made (no server defaults: 0.1.0 set defaults in Python).
 

@@ -5,7 +5,7 @@ Adds ``jobs.cell_sha256`` and ``jobs.tracking``, the attempt's ``token_hash``,
 The new NOT NULL columns get server defaults, so the rows an older Danlu wrote
 get values (the models set the same defaults in Python). A job that was
 waiting or running during the upgrade has no ``job_inputs`` row yet:
-:func:`danlu.hub.service.store.database.import_legacy_inputs` carries its notebook over.
+:func:`danlu.hub.service.store.schema.import_legacy_inputs` carries its notebook over.
 
 Revision ID: 0002
 Revises: 0001
