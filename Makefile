@@ -77,6 +77,7 @@ up: install
 	$(BIN)/danlu up
 
 test: install $(LAB)/ui-tests/node_modules/.danlu-installed
+	npm run lint:check --prefix $(LAB)
 	npm test --prefix $(LAB)
 	$(BIN)/ruff check hub magics tests benchmarks examples extensions
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -203,18 +203,26 @@ export class DanluService {
 
   /** `GET runs?experiment_id=X`: this user's runs of one experiment. */
   async runs(experimentId: string): Promise<IRun[]> {
-    const data = await this.request<{ runs: IRun[] }>('runs', {}, {
-      experiment_id: experimentId
-    });
+    const data = await this.request<{ runs: IRun[] }>(
+      'runs',
+      {},
+      {
+        experiment_id: experimentId
+      }
+    );
     return data?.runs ?? [];
   }
 
   /** `GET metric-history?run_id=A&run_id=B&key=K`: one metric's points per run. */
   metricHistory(runIds: string[], key: string): Promise<IMetricHistory> {
-    return this.request<IMetricHistory>('metric-history', {}, {
-      run_id: runIds,
-      key
-    });
+    return this.request<IMetricHistory>(
+      'metric-history',
+      {},
+      {
+        run_id: runIds,
+        key
+      }
+    );
   }
 
   /** `POST tensorboard`: a (reused) TensorBoard over these jobs' or runs' logs. */

@@ -29,7 +29,10 @@ import { PanelLayout } from '@lumino/widgets';
 import { JobBadge } from './components/badge';
 import { danluIcon } from './components/icons';
 import { createLineageWidget, lineageWidgetId } from './components/lineage';
-import { describeVersion, showRegisterModelDialog } from './components/register';
+import {
+  describeVersion,
+  showRegisterModelDialog
+} from './components/register';
 import { showSubmitDialog } from './components/submit';
 import {
   createTensorBoardWidget,
@@ -133,7 +136,8 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
             }
           }
           const label =
-            (args.label as string | undefined) ?? [...jobIds, ...runIds].join(', ');
+            (args.label as string | undefined) ??
+            [...jobIds, ...runIds].join(', ');
           const widget = createTensorBoardWidget(
             tb,
             label,
@@ -142,7 +146,10 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
           shell.add(widget, 'main');
           shell.activateById(widget.id);
         } catch (error) {
-          await showErrorMessage('TensorBoard could not be opened', messageOf(error));
+          await showErrorMessage(
+            'TensorBoard could not be opened',
+            messageOf(error)
+          );
         }
       }
     });
@@ -150,8 +157,11 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     // ---- lineage tabs ----------------------------------------------------
     commands.addCommand(CommandIDs.openLineage, {
       label: args =>
-        args.name ? `Lineage of ${args.name} version ${args.version}` : 'Open model lineage…',
-      caption: 'Show what made a model version: its run, job, notebook, data, environment and approvals',
+        args.name
+          ? `Lineage of ${args.name} version ${args.version}`
+          : 'Open model lineage…',
+      caption:
+        'Show what made a model version: its run, job, notebook, data, environment and approvals',
       icon: danluIcon,
       execute: async args => {
         let ref = `${args.name ?? ''}@${args.version ?? ''}`;
@@ -194,7 +204,9 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
         const result = await showDialog({
           title: 'Cancel job?',
           body: `Cancel job "${job.name}" (${job.id})? ${
-            job.state === 'running' ? 'Its processes are stopped.' : 'It leaves the queue.'
+            job.state === 'running'
+              ? 'Its processes are stopped.'
+              : 'It leaves the queue.'
           }`,
           buttons: [
             Dialog.cancelButton({ label: 'Keep it' }),
@@ -207,7 +219,10 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
         try {
           await service.cancel(job.id);
         } catch (error) {
-          await showErrorMessage(`Job ${job.id} could not be cancelled`, messageOf(error));
+          await showErrorMessage(
+            `Job ${job.id} could not be cancelled`,
+            messageOf(error)
+          );
         }
       },
       openOutput: async (job: IJob) => {
@@ -215,11 +230,17 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
           const { path } = await service.output(job.id);
           await commands.execute('docmanager:open', { path });
         } catch (error) {
-          await showErrorMessage(`The output of job ${job.id} could not be opened`, messageOf(error));
+          await showErrorMessage(
+            `The output of job ${job.id} could not be opened`,
+            messageOf(error)
+          );
         }
       },
       openTensorBoard: async (target, label) => {
-        await commands.execute(CommandIDs.openTensorBoard, { ...target, label });
+        await commands.execute(CommandIDs.openTensorBoard, {
+          ...target,
+          label
+        });
       },
       registerModel: async run => {
         const name = await showRegisterModelDialog(run);
@@ -228,7 +249,9 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
         }
         try {
           const version = await service.registerModel(run.run_id, name);
-          Notification.success(`Registered ${describeVersion(version)}.`, { autoClose: 6000 });
+          Notification.success(`Registered ${describeVersion(version)}.`, {
+            autoClose: 6000
+          });
           return version;
         } catch (error) {
           await showErrorMessage(
@@ -239,7 +262,10 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
         }
       },
       openLineage: async (name, version) => {
-        await commands.execute(CommandIDs.openLineage, { name, version: String(version) });
+        await commands.execute(CommandIDs.openLineage, {
+          name,
+          version: String(version)
+        });
       }
     };
     const sidebar = new DanluSidebar({ queue, experiments, actions });
@@ -273,8 +299,7 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     const syncBadges = (panel: NotebookPanel) => {
       for (const cell of panel.content.widgets) {
         const meta = cell.model.getMetadata(CELL_METADATA_KEY) as
-          | { job_id?: string }
-          | undefined;
+          { job_id?: string } | undefined;
         if (meta?.job_id) {
           attachBadge(cell, meta.job_id);
         } else {
@@ -316,14 +341,17 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     palette?.addItem({ command: CommandIDs.runCellAsJob, category: 'Danlu' });
     palette?.addItem({ command: CommandIDs.refresh, category: 'Danlu' });
 
-    async function runCellAsJob(panel: NotebookPanel, cell: CodeCell): Promise<void> {
+    async function runCellAsJob(
+      panel: NotebookPanel,
+      cell: CodeCell
+    ): Promise<void> {
       const title = 'The job was not submitted';
       await panel.sessionContext.ready;
       const kernel = panel.sessionContext.session?.kernel;
       if (!kernel) {
         await showErrorMessage(
           title,
-          'This notebook has no kernel. Start one (Kernel > Change Kernel…) and try again: the job is submitted from the notebook\'s kernel.'
+          "This notebook has no kernel. Start one (Kernel > Change Kernel…) and try again: the job is submitted from the notebook's kernel."
         );
         return;
       }
@@ -351,7 +379,9 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
       let previous: ISubmitOptions | undefined;
       for (;;) {
         const value = await showSubmitDialog({
-          what: firstLine ? `the cell "${firstLine.trim().slice(0, 60)}"` : 'this cell',
+          what: firstLine
+            ? `the cell "${firstLine.trim().slice(0, 60)}"`
+            : 'this cell',
           profiles,
           defaultProfile,
           profilesError,
@@ -373,9 +403,13 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
         }
       }
 
-      const note = Notification.emit('Submitting the cell as a training job…', 'in-progress', {
-        autoClose: false
-      });
+      const note = Notification.emit(
+        'Submitting the cell as a training job…',
+        'in-progress',
+        {
+          autoClose: false
+        }
+      );
       try {
         const load = await kernel.requestExecute(
           { code: LOAD_EXTENSION, silent: true, store_history: false },
@@ -409,7 +443,9 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
           const expr = content.user_expressions?.job_id as any;
           throw new DanluError(
             'The kernel ran the submission but no job id came back' +
-              (expr?.status === 'error' ? ` (${expr.ename}: ${expr.evalue}).` : '.'),
+              (expr?.status === 'error'
+                ? ` (${expr.ename}: ${expr.evalue}).`
+                : '.'),
             0
           );
         }

@@ -280,7 +280,10 @@ export class ExperimentsModel {
         return;
       }
       this._runs = runs;
-      this._runsState = { status: runs.length ? 'ready' : 'empty', error: null };
+      this._runsState = {
+        status: runs.length ? 'ready' : 'empty',
+        error: null
+      };
     } catch (error) {
       if (generation !== this._runsGeneration) {
         return;
@@ -333,7 +336,13 @@ export class ExperimentsModel {
   noteRegistered(version: IModelVersion): void {
     const list = this._registered.get(version.run_id) ?? [];
     this._registered.set(version.run_id, [
-      ...list.filter(v => !(v.name === version.name && String(v.version) === String(version.version))),
+      ...list.filter(
+        v =>
+          !(
+            v.name === version.name &&
+            String(v.version) === String(version.version)
+          )
+      ),
       version
     ]);
     this._changed.emit();
@@ -638,7 +647,9 @@ export function parseModelRef(text: string): { name: string; version: string } {
     throw new FormError(problem);
   }
   if (!/^[1-9][0-9]{0,8}$/.test(version)) {
-    throw new FormError(`Say which version of ${name}: ${name}@VERSION, e.g. ${name}@1.`);
+    throw new FormError(
+      `Say which version of ${name}: ${name}@VERSION, e.g. ${name}@1.`
+    );
   }
   return { name, version };
 }

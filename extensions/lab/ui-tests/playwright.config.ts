@@ -19,9 +19,13 @@ import { defineConfig } from '@playwright/test';
 
 const baseConfig = require('@jupyterlab/galata/lib/playwright-config');
 
-const HUB_URL = (process.env.DANLU_UI_HUB_URL || 'http://127.0.0.1:8000').replace(/\/$/, '');
+const HUB_URL = (
+  process.env.DANLU_UI_HUB_URL || 'http://127.0.0.1:8000'
+).replace(/\/$/, '');
 const USER = process.env.DANLU_UI_USER || 'alice';
-const ARTIFACTS = process.env.DANLU_UI_ARTIFACTS || path.resolve(__dirname, '../../../test-artifacts/ui-tests');
+const ARTIFACTS =
+  process.env.DANLU_UI_ARTIFACTS ||
+  path.resolve(__dirname, '../../../test-artifacts/ui-tests');
 
 export default defineConfig<GalataOptions>({
   ...baseConfig,
@@ -34,7 +38,10 @@ export default defineConfig<GalataOptions>({
   workers: 1,
   fullyParallel: false,
   retries: 0,
-  reporter: [['list'], ['html', { open: 'never', outputFolder: path.join(ARTIFACTS, 'report') }]],
+  reporter: [
+    ['list'],
+    ['html', { open: 'never', outputFolder: path.join(ARTIFACTS, 'report') }]
+  ],
   use: {
     ...baseConfig.use,
     baseURL: `${HUB_URL}/user/${USER}`,

@@ -5,8 +5,23 @@ import { layoutChart, niceTicks } from '../components/chart';
 
 describe('layoutChart', () => {
   const series = [
-    { run_id: 'a', run_name: 'A', points: [[2, 0.5], [0, 1], [1, 0.75]] as [number, number][] },
-    { run_id: 'b', run_name: 'B', points: [[0, 0.9], [2, 0.25]] as [number, number][] },
+    {
+      run_id: 'a',
+      run_name: 'A',
+      points: [
+        [2, 0.5],
+        [0, 1],
+        [1, 0.75]
+      ] as [number, number][]
+    },
+    {
+      run_id: 'b',
+      run_name: 'B',
+      points: [
+        [0, 0.9],
+        [2, 0.25]
+      ] as [number, number][]
+    },
     { run_id: 'c', run_name: 'C', points: [] as [number, number][] }
   ];
 
@@ -16,7 +31,10 @@ describe('layoutChart', () => {
     const a = layout.series[0].d;
     expect(a.startsWith('M')).toBe(true);
     expect(a.match(/[ML]/g)).toEqual(['M', 'L', 'L']);
-    const coords = a.split(/[ML]/).filter(Boolean).map(p => p.split(',').map(Number));
+    const coords = a
+      .split(/[ML]/)
+      .filter(Boolean)
+      .map(p => p.split(',').map(Number));
     const xs = coords.map(c => c[0]);
     expect(xs).toEqual([...xs].sort((x, y) => x - y));
     for (const [x, y] of coords) {
@@ -32,7 +50,9 @@ describe('layoutChart', () => {
   });
 
   it('copes with a single point', () => {
-    const layout = layoutChart([{ run_id: 'a', run_name: 'A', points: [[5, 3]] }]);
+    const layout = layoutChart([
+      { run_id: 'a', run_name: 'A', points: [[5, 3]] }
+    ]);
     expect(layout.series[0].d).toMatch(/^M[\d.]+,[\d.]+$/);
   });
 });

@@ -78,40 +78,66 @@ describe('DanluService', () => {
         '/user/alice/danlu/api/jobs/j1/cancel'
       );
 
-      const tb = respond(200, { id: 'abc', url: '/user/alice/danlu/tensorboard/abc/', logdirs: {} });
+      const tb = respond(200, {
+        id: 'abc',
+        url: '/user/alice/danlu/tensorboard/abc/',
+        logdirs: {}
+      });
       const result = await service(tb).tensorboard({ run_ids: ['r1', 'r2'] });
       expect(sent(tb).method).toBe('POST');
       expect(await sent(tb).json()).toEqual({ run_ids: ['r1', 'r2'] });
       expect(result.id).toBe('abc');
     });
 
-    it('POSTs a model registration and reads a version\'s lineage by name and number', async () => {
-      const version = { name: 'mnist.v2', version: 1, run_id: 'r1', approval: 'pending' };
+    it("POSTs a model registration and reads a version's lineage by name and number", async () => {
+      const version = {
+        name: 'mnist.v2',
+        version: 1,
+        run_id: 'r1',
+        approval: 'pending'
+      };
       const post = respond(201, version);
-      expect(await service(post).registerModel('r1', 'mnist.v2')).toEqual(version);
+      expect(await service(post).registerModel('r1', 'mnist.v2')).toEqual(
+        version
+      );
       expect(sent(post).method).toBe('POST');
-      expect(new URL(sent(post).url).pathname).toBe('/user/alice/danlu/api/models');
-      expect(await sent(post).json()).toEqual({ run_id: 'r1', name: 'mnist.v2' });
+      expect(new URL(sent(post).url).pathname).toBe(
+        '/user/alice/danlu/api/models'
+      );
+      expect(await sent(post).json()).toEqual({
+        run_id: 'r1',
+        name: 'mnist.v2'
+      });
 
       const get = respond(200, { model: {}, nodes: [], edges: [] });
       await service(get).lineage('mnist.v2', 7);
-      expect(new URL(sent(get).url).pathname).toBe('/user/alice/danlu/api/lineage/models/mnist.v2/7');
+      expect(new URL(sent(get).url).pathname).toBe(
+        '/user/alice/danlu/api/lineage/models/mnist.v2/7'
+      );
       const odd = respond(200, { model: {}, nodes: [], edges: [] });
       await service(odd).lineage('a/b', '1');
-      expect(new URL(sent(odd).url).pathname).toBe('/user/alice/danlu/api/lineage/models/a%2Fb/1');
+      expect(new URL(sent(odd).url).pathname).toBe(
+        '/user/alice/danlu/api/lineage/models/a%2Fb/1'
+      );
 
-      const models = respond(200, { models: [{ name: 'mnist', latest_version: 2, aliases: { champion: 1 } }] });
-      expect((await service(models).models())[0].aliases).toEqual({ champion: 1 });
+      const models = respond(200, {
+        models: [{ name: 'mnist', latest_version: 2, aliases: { champion: 1 } }]
+      });
+      expect((await service(models).models())[0].aliases).toEqual({
+        champion: 1
+      });
     });
 
-    it('gives a refused registration the server\'s message, fix included', async () => {
+    it("gives a refused registration the server's message, fix included", async () => {
       const refused = respond(409, {
         status: 409,
         reason: 'name_taken',
         field: 'name',
         message: 'model taken belongs to bob (choose another name)'
       });
-      await expect(service(refused).registerModel('r1', 'taken')).rejects.toMatchObject({
+      await expect(
+        service(refused).registerModel('r1', 'taken')
+      ).rejects.toMatchObject({
         message: 'model taken belongs to bob (choose another name)',
         status: 409
       });
@@ -121,7 +147,9 @@ describe('DanluService', () => {
   describe('JSON', () => {
     it('unwraps the lists of jobs, experiments and runs', async () => {
       const job = { id: 'j1', name: 'train', state: 'queued' };
-      expect(await service(respond(200, { jobs: [job] })).jobs()).toEqual([job]);
+      expect(await service(respond(200, { jobs: [job] })).jobs()).toEqual([
+        job
+      ]);
       const exp = { experiment_id: '1', name: 'alice/mnist', runs: 2 };
       expect(
         await service(respond(200, { experiments: [exp] })).experiments()
@@ -130,11 +158,23 @@ describe('DanluService', () => {
     });
 
     it('reads queues and profiles as a list or wrapped', async () => {
-      const q = { name: 'team-a', quota: {}, usage: {}, pending: 0, running: 0 };
-      expect(await service(respond(200, { queues: [q], draining: false })).queues()).toEqual([q]);
+      const q = {
+        name: 'team-a',
+        quota: {},
+        usage: {},
+        pending: 0,
+        running: 0
+      };
+      expect(
+        await service(respond(200, { queues: [q], draining: false })).queues()
+      ).toEqual([q]);
       expect(await service(respond(200, [q])).queues()).toEqual([q]);
       const p = { slug: 'cpu', display_name: 'CPU' };
-      expect(await service(respond(200, { profiles: [p], default: 'cpu' })).profiles()).toEqual({
+      expect(
+        await service(
+          respond(200, { profiles: [p], default: 'cpu' })
+        ).profiles()
+      ).toEqual({
         profiles: [p],
         default: 'cpu'
       });
@@ -153,7 +193,8 @@ describe('DanluService', () => {
 
   describe('errors', () => {
     it("carries the server's message and status", async () => {
-      const message = 'the Danlu jobs service is not reachable at http://127.0.0.1:8081';
+      const message =
+        'the Danlu jobs service is not reachable at http://127.0.0.1:8081';
       const error = await service(respond(503, { message }))
         .jobs()
         .catch(e => e);
@@ -175,7 +216,9 @@ describe('DanluService', () => {
       const fetch: FetchMock = jest.fn(async (_request: Request) => {
         throw new TypeError('Failed to fetch');
       });
-      const error = await service(fetch).whoami().catch(e => e);
+      const error = await service(fetch)
+        .whoami()
+        .catch(e => e);
       expect(error).toBeInstanceOf(DanluError);
       expect(error.status).toBe(0);
       expect(error.message).toMatch(/did not answer/);
@@ -233,22 +276,33 @@ describe('DanluService', () => {
 
     function streaming() {
       const s = new DanluService({
-        serverSettings: ServerConnection.makeSettings({ baseUrl: BASE, token: 't' }),
+        serverSettings: ServerConnection.makeSettings({
+          baseUrl: BASE,
+          token: 't'
+        }),
         eventSource: FakeEventSource as unknown as typeof EventSource
       });
       const lines: string[] = [];
       const onEnd = jest.fn();
       const onError = jest.fn();
-      const handle = s.streamLogs('j 1', { onLine: l => lines.push(l), onEnd, onError });
+      const handle = s.streamLogs('j 1', {
+        onLine: l => lines.push(l),
+        onEnd,
+        onError
+      });
       return { source: FakeEventSource.last, lines, onEnd, onError, handle };
     }
 
     it('reads lines until the end event, then closes', () => {
       const { source, lines, onEnd, handle } = streaming();
-      expect(source.url.split('?')[0]).toBe(`${BASE}danlu/api/jobs/j%201/logs/stream`);
+      expect(source.url.split('?')[0]).toBe(
+        `${BASE}danlu/api/jobs/j%201/logs/stream`
+      );
       source.message({ line: 'epoch 1 loss=0.9' });
       source.message({ line: 'epoch 2 loss=0.5' });
-      source.listeners.end({ data: JSON.stringify({ state: 'succeeded' }) } as MessageEvent);
+      source.listeners.end({
+        data: JSON.stringify({ state: 'succeeded' })
+      } as MessageEvent);
       expect(lines).toEqual(['epoch 1 loss=0.9', 'epoch 2 loss=0.5']);
       expect(onEnd).toHaveBeenCalledWith('succeeded');
       expect(source.closed).toBe(true);
@@ -264,7 +318,10 @@ describe('DanluService', () => {
           `${BASE}danlu/api/jobs/j%201/logs/stream?_xsrf=${encodeURIComponent('2|abc|def')}`
         );
       } finally {
-        document.cookie = before === undefined ? '_xsrf=; expires=Thu, 01 Jan 1970 00:00:00 GMT' : `_xsrf=${before}`;
+        document.cookie =
+          before === undefined
+            ? '_xsrf=; expires=Thu, 01 Jan 1970 00:00:00 GMT'
+            : `_xsrf=${before}`;
       }
     });
 

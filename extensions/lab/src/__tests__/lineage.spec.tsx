@@ -27,7 +27,10 @@ function sleep(ms: number): Promise<void> {
   return new Promise(resolve => setTimeout(resolve, ms));
 }
 
-async function until<T>(find: () => T | null | undefined | false, timeout = 3000): Promise<T> {
+async function until<T>(
+  find: () => T | null | undefined | false,
+  timeout = 3000
+): Promise<T> {
   const start = Date.now();
   for (;;) {
     const found = find();
@@ -44,7 +47,12 @@ async function until<T>(find: () => T | null | undefined | false, timeout = 3000
 /** The start and end points of an edge's path `Mx1,y1C... x2,y2`. */
 function ends(d: string): { x1: number; y1: number; x2: number; y2: number } {
   const numbers = d.match(/-?\d+(\.\d+)?/g)!.map(Number);
-  return { x1: numbers[0], y1: numbers[1], x2: numbers[numbers.length - 2], y2: numbers[numbers.length - 1] };
+  return {
+    x1: numbers[0],
+    y1: numbers[1],
+    x2: numbers[numbers.length - 2],
+    y2: numbers[numbers.length - 1]
+  };
 }
 
 describe('layoutLineage', () => {
@@ -86,15 +94,21 @@ describe('layoutLineage', () => {
       expect(p.x + p.width).toBeLessThanOrEqual(layout.width);
       expect(p.y + p.height).toBeLessThanOrEqual(layout.height);
     }
-    const data = layout.nodes.filter(p => p.column === 0).sort((a, b) => a.y - b.y);
+    const data = layout.nodes
+      .filter(p => p.column === 0)
+      .sort((a, b) => a.y - b.y);
     expect(data).toHaveLength(3);
     for (let i = 1; i < data.length; i++) {
-      expect(data[i].y).toBeGreaterThanOrEqual(data[i - 1].y + data[i - 1].height);
+      expect(data[i].y).toBeGreaterThanOrEqual(
+        data[i - 1].y + data[i - 1].height
+      );
     }
   });
 
   it('routes each arrow from the input to what was made from it', () => {
-    const edge = layout.edges.find(e => e.edge.to === 'dataset_version:mnist/3')!;
+    const edge = layout.edges.find(
+      e => e.edge.to === 'dataset_version:mnist/3'
+    )!;
     const data = placed('dataset_version:mnist/3');
     const job = placed('job:0123456789ab');
     expect(ends(edge.d)).toEqual({
@@ -167,8 +181,12 @@ describe('layoutLineage', () => {
 
 describe('safeUrl', () => {
   it('keeps http(s) and paths, refuses other schemes', () => {
-    expect(safeUrl('/services/mlflow/#/runs/1')).toBe('/services/mlflow/#/runs/1');
-    expect(safeUrl('https://mlflow.example.org/x')).toBe('https://mlflow.example.org/x');
+    expect(safeUrl('/services/mlflow/#/runs/1')).toBe(
+      '/services/mlflow/#/runs/1'
+    );
+    expect(safeUrl('https://mlflow.example.org/x')).toBe(
+      'https://mlflow.example.org/x'
+    );
     expect(safeUrl('javascript:alert(1)')).toBeNull();
     expect(safeUrl(' JavaScript:alert(1)')).toBeNull();
     expect(safeUrl('data:text/html,hi')).toBeNull();
@@ -193,7 +211,9 @@ describe('LineageGraph', () => {
 
   it('draws a box per node with its kind and label, and an arrow per edge', async () => {
     const node = render(<LineageGraph lineage={LINEAGE} />);
-    const svg = await until(() => node.querySelector('svg.danlu-lineage-graph'));
+    const svg = await until(() =>
+      node.querySelector('svg.danlu-lineage-graph')
+    );
     const boxes = svg.querySelectorAll('g.danlu-lineage-node');
     expect(boxes).toHaveLength(10);
     const job = svg.querySelector('g[data-node-id="job:0123456789ab"]')!;
@@ -201,10 +221,14 @@ describe('LineageGraph', () => {
     expect(job.getAttribute('role')).toBe('button');
     expect(job.getAttribute('aria-label')).toBe('job: job 0123456789ab');
     expect(job.querySelector('.danlu-lineage-kind')!.textContent).toBe('job');
-    expect(job.querySelector('.danlu-lineage-label')!.textContent).toBe('job 0123456789ab');
+    expect(job.querySelector('.danlu-lineage-label')!.textContent).toBe(
+      'job 0123456789ab'
+    );
     // a long label is clipped in the box, whole in its tooltip
     const cell = svg.querySelector('g[data-kind=cell]')!;
-    expect(cell.querySelector('title')!.textContent).toBe('cell sha256 ab12cd34');
+    expect(cell.querySelector('title')!.textContent).toBe(
+      'cell sha256 ab12cd34'
+    );
 
     const edges = svg.querySelectorAll('path.danlu-lineage-edge');
     expect(edges).toHaveLength(9);
@@ -212,79 +236,132 @@ describe('LineageGraph', () => {
     for (const edge of edges) {
       expect(edge.getAttribute('marker-end')).toBe(`url(#${marker})`);
     }
-    const read = svg.querySelector('path[data-from="job:0123456789ab"][data-to="dataset_version:mnist/3"]')!;
-    expect(read.querySelector('title')!.textContent).toBe('job 0123456789ab read mnist@3');
-    expect([...svg.querySelectorAll('.danlu-lineage-column-title')].map(t => t.textContent)).toContain(
-      'Data and environment'
+    const read = svg.querySelector(
+      'path[data-from="job:0123456789ab"][data-to="dataset_version:mnist/3"]'
+    )!;
+    expect(read.querySelector('title')!.textContent).toBe(
+      'job 0123456789ab read mnist@3'
     );
+    expect(
+      [...svg.querySelectorAll('.danlu-lineage-column-title')].map(
+        t => t.textContent
+      )
+    ).toContain('Data and environment');
   });
 
-  it('shows a node\'s details, its link in a new tab and its neighbours on click', async () => {
+  it("shows a node's details, its link in a new tab and its neighbours on click", async () => {
     const node = render(<LineageGraph lineage={LINEAGE} />);
-    const panel = await until(() => node.querySelector('.danlu-lineage-detail'));
+    const panel = await until(() =>
+      node.querySelector('.danlu-lineage-detail')
+    );
     expect(panel.textContent).toMatch(/Click a box/);
     const run = node.querySelector('g[data-node-id="run:4f1c"]')!;
     run.dispatchEvent(new MouseEvent('click', { bubbles: true }));
-    const detail = await until(() => panel.querySelector('.danlu-lineage-node-detail[data-node-id="run:4f1c"]'));
+    const detail = await until(() =>
+      panel.querySelector('.danlu-lineage-node-detail[data-node-id="run:4f1c"]')
+    );
     expect(detail.querySelector('h3')!.textContent).toBe('bright-owl-42');
-    expect(detail.querySelector('.danlu-lineage-detail-kind')!.textContent).toBe('MLflow run');
+    expect(
+      detail.querySelector('.danlu-lineage-detail-kind')!.textContent
+    ).toBe('MLflow run');
     const terms = [...detail.querySelectorAll('dt')].map(d => d.textContent);
     const values = [...detail.querySelectorAll('dd')].map(d => d.textContent);
     expect(terms).toEqual(['status', 'seed']);
     expect(values).toEqual(['FINISHED', '1234']);
     const link = detail.querySelector('a')!;
-    expect(link.getAttribute('href')).toBe('/services/mlflow/#/experiments/1/runs/4f1c');
+    expect(link.getAttribute('href')).toBe(
+      '/services/mlflow/#/experiments/1/runs/4f1c'
+    );
     expect(link.getAttribute('target')).toBe('_blank');
     expect(link.getAttribute('rel')).toMatch(/noopener/);
     expect(detail.textContent).toMatch(/Made from.*job 0123456789ab/);
     expect(detail.textContent).toMatch(/Used by.*mnist-classifier v1/);
     expect(run.getAttribute('aria-pressed')).toBe('true');
     expect(run.getAttribute('class')).toMatch(/danlu-mod-selected/);
-    const active = node.querySelectorAll('path.danlu-lineage-edge.danlu-mod-active');
+    const active = node.querySelectorAll(
+      'path.danlu-lineage-edge.danlu-mod-active'
+    );
     expect(active).toHaveLength(2);
 
     // a neighbour in the panel selects that node
-    const goto = [...detail.querySelectorAll('button')].find(b => b.textContent === 'job 0123456789ab')!;
+    const goto = [...detail.querySelectorAll('button')].find(
+      b => b.textContent === 'job 0123456789ab'
+    )!;
     goto.click();
-    const jobDetail = await until(() => panel.querySelector('[data-node-id="job:0123456789ab"]'));
-    expect([...jobDetail.querySelectorAll('dd')].map(d => d.textContent)).toEqual(['python', '9e1f2a7', 'no', '0.1']);
+    const jobDetail = await until(() =>
+      panel.querySelector('[data-node-id="job:0123456789ab"]')
+    );
+    expect(
+      [...jobDetail.querySelectorAll('dd')].map(d => d.textContent)
+    ).toEqual(['python', '9e1f2a7', 'no', '0.1']);
   });
 
   it('selects with the keyboard and shows empty values as a dash', async () => {
     const node = render(<LineageGraph lineage={LINEAGE} />);
-    const env = await until(() => node.querySelector('g[data-node-id="environment:python"]'));
-    env.dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));
-    const detail = await until(() => node.querySelector('.danlu-lineage-node-detail'));
-    expect([...detail.querySelectorAll('dd')].map(d => d.textContent)).toEqual(['sha256:9f8e', '—']);
+    const env = await until(() =>
+      node.querySelector('g[data-node-id="environment:python"]')
+    );
+    env.dispatchEvent(
+      new KeyboardEvent('keydown', { key: 'Enter', bubbles: true })
+    );
+    const detail = await until(() =>
+      node.querySelector('.danlu-lineage-node-detail')
+    );
+    expect([...detail.querySelectorAll('dd')].map(d => d.textContent)).toEqual([
+      'sha256:9f8e',
+      '—'
+    ]);
     expect(detail.querySelector('a')).toBeNull(); // no url, no link
   });
 
   it('never links a javascript: url', async () => {
     const lineage: ILineage = {
       ...LINEAGE,
-      nodes: [{ id: 'n', kind: 'job', label: 'evil', detail: {}, url: 'javascript:alert(1)' }],
+      nodes: [
+        {
+          id: 'n',
+          kind: 'job',
+          label: 'evil',
+          detail: {},
+          url: 'javascript:alert(1)'
+        }
+      ],
       edges: []
     };
     const node = render(<LineageGraph lineage={lineage} />);
     const box = await until(() => node.querySelector('g[data-node-id=n]'));
     box.dispatchEvent(new MouseEvent('click', { bubbles: true }));
-    const detail = await until(() => node.querySelector('.danlu-lineage-node-detail'));
+    const detail = await until(() =>
+      node.querySelector('.danlu-lineage-node-detail')
+    );
     expect(detail.querySelector('a')).toBeNull();
   });
 
   it('loads the lineage, shows the approval, and offers Retry on an error', async () => {
     const lineage = jest
       .fn()
-      .mockRejectedValueOnce(new Error('model mnist-classifier version 1 not found'))
+      .mockRejectedValueOnce(
+        new Error('model mnist-classifier version 1 not found')
+      )
       .mockResolvedValue(LINEAGE);
-    const node = render(<LineageView source={{ lineage }} name="mnist-classifier" version="1" />);
+    const node = render(
+      <LineageView source={{ lineage }} name="mnist-classifier" version="1" />
+    );
     const error = await until(() => node.querySelector('.danlu-error'));
-    expect(error.textContent).toMatch(/Could not load the lineage: model mnist-classifier version 1 not found/);
+    expect(error.textContent).toMatch(
+      /Could not load the lineage: model mnist-classifier version 1 not found/
+    );
     expect(lineage).toHaveBeenCalledWith('mnist-classifier', '1');
-    [...error.querySelectorAll('button')].find(b => b.textContent === 'Retry')!.click();
+    [...error.querySelectorAll('button')]
+      .find(b => b.textContent === 'Retry')!
+      .click();
     await until(() => node.querySelector('svg.danlu-lineage-graph'));
-    expect(node.querySelector('h2')!.textContent).toBe('Lineage of mnist-classifier version 1');
-    expect(node.querySelector('.danlu-approval')!.getAttribute('data-approval')).toBe('approved');
+    expect(node.querySelector('h2')!.textContent).toBe(
+      'Lineage of mnist-classifier version 1'
+    );
+    expect(
+      node.querySelector('.danlu-approval')!.getAttribute('data-approval')
+    ).toBe('approved');
     expect(node.querySelector('.danlu-alias')!.textContent).toBe('@champion');
     expect(lineage).toHaveBeenCalledTimes(2);
   });
@@ -292,7 +369,11 @@ describe('LineageGraph', () => {
 
 describe('the lineage tab', () => {
   it('is one tab per model version, named after it', () => {
-    const widget = createLineageWidget({ lineage: jest.fn(async () => LINEAGE) }, 'mnist.v2', 3);
+    const widget = createLineageWidget(
+      { lineage: jest.fn(async () => LINEAGE) },
+      'mnist.v2',
+      3
+    );
     expect(widget.id).toBe(lineageWidgetId('mnist.v2', 3));
     expect(widget.id).toBe('danlu-lineage-mnist.v2-v3');
     expect(widget.title.label).toBe('Lineage: mnist.v2 v3');

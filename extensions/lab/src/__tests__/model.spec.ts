@@ -31,9 +31,16 @@ const JOB: IJob = {
 };
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-function fakeService(overrides: Partial<Record<keyof DanluService, any>> = {}): any {
+function fakeService(
+  overrides: Partial<Record<keyof DanluService, any>> = {}
+): any {
   return {
-    whoami: jest.fn(async () => ({ user: 'alice', admin: false, hub_url: '/hub/', mlflow_url: null })),
+    whoami: jest.fn(async () => ({
+      user: 'alice',
+      admin: false,
+      hub_url: '/hub/',
+      mlflow_url: null
+    })),
     jobs: jest.fn(async () => [JOB]),
     queues: jest.fn(async () => []),
     job: jest.fn(async (id: string) => ({ ...JOB, id })),
@@ -41,7 +48,14 @@ function fakeService(overrides: Partial<Record<keyof DanluService, any>> = {}): 
     runs: jest.fn(async () => []),
     metricHistory: jest.fn(async (ids: string[], key: string) => ({
       key,
-      series: ids.map(id => ({ run_id: id, run_name: id, points: [[0, 1], [1, 0.5]] }))
+      series: ids.map(id => ({
+        run_id: id,
+        run_name: id,
+        points: [
+          [0, 1],
+          [1, 0.5]
+        ]
+      }))
     })),
     ...overrides
   };
@@ -80,7 +94,10 @@ describe('QueueModel', () => {
   });
 
   it('is empty when the user has no jobs', async () => {
-    model = new QueueModel({ service: fakeService({ jobs: jest.fn(async () => []) }), auto: false });
+    model = new QueueModel({
+      service: fakeService({ jobs: jest.fn(async () => []) }),
+      auto: false
+    });
     await model.refresh();
     expect(model.status).toBe('empty');
     expect(model.loaded).toBe(true);
@@ -89,7 +106,9 @@ describe('QueueModel', () => {
   it('shows the error, and recovers on the next successful poll', async () => {
     const jobs = jest
       .fn()
-      .mockRejectedValueOnce(new Error('the Danlu jobs service is not reachable'))
+      .mockRejectedValueOnce(
+        new Error('the Danlu jobs service is not reachable')
+      )
       .mockResolvedValue([JOB]);
     model = new QueueModel({ service: fakeService({ jobs }), auto: false });
     await model.refresh();
@@ -103,9 +122,20 @@ describe('QueueModel', () => {
 
   it('asks whoami once, and the queues only for admins', async () => {
     const service = fakeService({
-      whoami: jest.fn(async () => ({ user: 'root', admin: true, hub_url: '/hub/', mlflow_url: null })),
+      whoami: jest.fn(async () => ({
+        user: 'root',
+        admin: true,
+        hub_url: '/hub/',
+        mlflow_url: null
+      })),
       queues: jest.fn(async () => [
-        { name: 'team-a', quota: { gpus: { a100: 4 } }, usage: { gpus: { a100: 1 } }, pending: 1, running: 1 }
+        {
+          name: 'team-a',
+          quota: { gpus: { a100: 4 } },
+          usage: { gpus: { a100: 1 } },
+          pending: 1,
+          running: 1
+        }
       ])
     });
     model = new QueueModel({ service, auto: false });
@@ -128,7 +158,11 @@ describe('QueueModel', () => {
       }
       return [JOB];
     });
-    model = new QueueModel({ service: fakeService({ jobs }), interval: 10, backoff: 2 });
+    model = new QueueModel({
+      service: fakeService({ jobs }),
+      interval: 10,
+      backoff: 2
+    });
     const waits: number[] = [];
     model.poll.ticked.connect((_, state) => {
       if (state.phase === 'rejected') {
@@ -144,7 +178,11 @@ describe('QueueModel', () => {
 
     fail = false;
     await until(() => model!.status === 'ready');
-    await until(() => model!.poll.state.phase === 'resolved' || model!.poll.state.phase === 'reconnected');
+    await until(
+      () =>
+        model!.poll.state.phase === 'resolved' ||
+        model!.poll.state.phase === 'reconnected'
+    );
     expect(model.poll.state.interval).toBe(10);
   });
 
@@ -174,7 +212,11 @@ describe('QueueModel', () => {
   });
 });
 
-function run(id: string, metrics: Record<string, number>, params: Record<string, string> = {}): IRun {
+function run(
+  id: string,
+  metrics: Record<string, number>,
+  params: Record<string, string> = {}
+): IRun {
   return {
     run_id: id,
     run_name: `run-${id}`,
@@ -192,10 +234,14 @@ describe('ExperimentsModel', () => {
   it('loads the experiments: ready, empty or error', async () => {
     const experiments = jest
       .fn()
-      .mockResolvedValueOnce([{ experiment_id: '1', name: 'alice/mnist', runs: 2 }])
+      .mockResolvedValueOnce([
+        { experiment_id: '1', name: 'alice/mnist', runs: 2 }
+      ])
       .mockResolvedValueOnce([])
       .mockRejectedValueOnce(new Error('MLflow is not reachable'));
-    const model = new ExperimentsModel({ service: fakeService({ experiments }) });
+    const model = new ExperimentsModel({
+      service: fakeService({ experiments })
+    });
     expect(model.experimentsState.status).toBe('idle');
     const loading = model.loadExperiments();
     expect(model.experimentsState.status).toBe('loading');
@@ -205,12 +251,20 @@ describe('ExperimentsModel', () => {
     await model.loadExperiments();
     expect(model.experimentsState.status).toBe('empty');
     await model.loadExperiments();
-    expect(model.experimentsState).toEqual({ status: 'error', error: 'MLflow is not reachable' });
+    expect(model.experimentsState).toEqual({
+      status: 'error',
+      error: 'MLflow is not reachable'
+    });
   });
 
   it('selects an experiment, loads its runs and clears the selection', async () => {
     const runs = jest.fn(async (id: string) =>
-      id === '1' ? [run('a', { loss: 0.5, acc: 0.8 }, { lr: '0.1' }), run('b', { loss: 0.4 }, { bs: '32' })] : []
+      id === '1'
+        ? [
+            run('a', { loss: 0.5, acc: 0.8 }, { lr: '0.1' }),
+            run('b', { loss: 0.4 }, { bs: '32' })
+          ]
+        : []
     );
     const model = new ExperimentsModel({ service: fakeService({ runs }) });
     await model.selectExperiment('1');
@@ -252,7 +306,11 @@ describe('ExperimentsModel', () => {
 
   it('compares one metric of the selected runs, loss first', async () => {
     const service = fakeService({
-      runs: jest.fn(async () => [run('a', { acc: 0.9, loss: 0.1 }), run('b', { acc: 0.8, loss: 0.2 }), run('c', { acc: 1 })])
+      runs: jest.fn(async () => [
+        run('a', { acc: 0.9, loss: 0.1 }),
+        run('b', { acc: 0.8, loss: 0.2 }),
+        run('c', { acc: 1 })
+      ])
     });
     const model = new ExperimentsModel({ service });
     await model.selectExperiment('1');
@@ -277,17 +335,26 @@ describe('ExperimentsModel', () => {
   it('reports an empty history and a failed one', async () => {
     const metricHistory = jest
       .fn()
-      .mockResolvedValueOnce({ key: 'loss', series: [{ run_id: 'a', run_name: 'a', points: [] }] })
+      .mockResolvedValueOnce({
+        key: 'loss',
+        series: [{ run_id: 'a', run_name: 'a', points: [] }]
+      })
       .mockRejectedValueOnce(new Error('no such metric'));
     const model = new ExperimentsModel({
-      service: fakeService({ runs: jest.fn(async () => [run('a', { loss: 1 })]), metricHistory })
+      service: fakeService({
+        runs: jest.fn(async () => [run('a', { loss: 1 })]),
+        metricHistory
+      })
     });
     await model.selectExperiment('1');
     model.toggleRun('a', true);
     await model.compare();
     expect(model.historyState.status).toBe('empty');
     await model.compare();
-    expect(model.historyState).toEqual({ status: 'error', error: 'no such metric' });
+    expect(model.historyState).toEqual({
+      status: 'error',
+      error: 'no such metric'
+    });
     expect(model.history).toBeNull();
   });
 });

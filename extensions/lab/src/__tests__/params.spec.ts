@@ -16,7 +16,12 @@ import {
 
 describe('parseParameters', () => {
   it('reads name = value lines in order', () => {
-    const source = ['lr = 0.01', 'epochs=3', 'name = "mnist"', 'layers = [64, 32]'].join('\n');
+    const source = [
+      'lr = 0.01',
+      'epochs=3',
+      'name = "mnist"',
+      'layers = [64, 32]'
+    ].join('\n');
     expect(parseParameters(source)).toEqual([
       { name: 'lr', value: '0.01' },
       { name: 'epochs', value: '3' },
@@ -99,9 +104,13 @@ describe('trainCommand', () => {
 
   it('refuses what %%train could not read', () => {
     expect(() => trainCommand({ nproc: 'two' })).toThrow(FormError);
-    expect(() => trainCommand({ gpus: '-1' })).toThrow(/--gpus must be a whole number/);
+    expect(() => trainCommand({ gpus: '-1' })).toThrow(
+      /--gpus must be a whole number/
+    );
     expect(() => trainCommand({ queue: 'team a' })).toThrow(/--queue/);
-    expect(() => trainCommand({ params: { s: `"it's"` + "'" } })).toThrow(/both ' and "/);
+    expect(() => trainCommand({ params: { s: `"it's"` + "'" } })).toThrow(
+      /both ' and "/
+    );
   });
 
   it('quotes a parameter so that parse_param gets k=v back', () => {
@@ -116,12 +125,16 @@ describe('trainCommand', () => {
       '%%train --no-wait --quiet --nproc 1\ntrain()\nprint(1)'
     );
     expect(LOAD_EXTENSION).toBe('%load_ext danlu');
-    expect(JOB_ID_EXPRESSION).toBe('__import__("danlu.train", fromlist=["x"]).last_job_id()');
+    expect(JOB_ID_EXPRESSION).toBe(
+      '__import__("danlu.train", fromlist=["x"]).last_job_id()'
+    );
   });
 });
 
 describe('jobIdFromReply', () => {
-  const ok = (text: string) => ({ job_id: { status: 'ok', data: { 'text/plain': text }, metadata: {} } });
+  const ok = (text: string) => ({
+    job_id: { status: 'ok', data: { 'text/plain': text }, metadata: {} }
+  });
 
   it("reads the repr of the id's str", () => {
     expect(jobIdFromReply(ok("'7f3a2c'"))).toBe('7f3a2c');
@@ -131,7 +144,11 @@ describe('jobIdFromReply', () => {
   it('is null for None, an error or nothing', () => {
     expect(jobIdFromReply(ok('None'))).toBeNull();
     expect(jobIdFromReply(ok("''"))).toBeNull();
-    expect(jobIdFromReply({ job_id: { status: 'error', ename: 'AttributeError', evalue: 'x' } })).toBeNull();
+    expect(
+      jobIdFromReply({
+        job_id: { status: 'error', ename: 'AttributeError', evalue: 'x' }
+      })
+    ).toBeNull();
     expect(jobIdFromReply({})).toBeNull();
     expect(jobIdFromReply(undefined)).toBeNull();
   });

@@ -13,7 +13,10 @@ function sleep(ms: number): Promise<void> {
   return new Promise(resolve => setTimeout(resolve, ms));
 }
 
-async function until<T>(find: () => T | null | undefined | false, timeout = 3000): Promise<T> {
+async function until<T>(
+  find: () => T | null | undefined | false,
+  timeout = 3000
+): Promise<T> {
   const start = Date.now();
   for (;;) {
     const found = find();
@@ -69,14 +72,32 @@ function run(id: string, name: string, loss: number): IRun {
 function setup(overrides: Record<string, any> = {}) {
   const { actions: actionOverrides, ...serviceOverrides } = overrides;
   const service = {
-    whoami: jest.fn(async () => ({ user: 'alice', admin: false, hub_url: '/hub/', mlflow_url: '/services/mlflow/' })),
+    whoami: jest.fn(async () => ({
+      user: 'alice',
+      admin: false,
+      hub_url: '/hub/',
+      mlflow_url: '/services/mlflow/'
+    })),
     jobs: jest.fn(async () => [RUNNING, QUEUED]),
     queues: jest.fn(async () => []),
-    experiments: jest.fn(async () => [{ experiment_id: '1', name: 'alice/mnist', runs: 2 }]),
-    runs: jest.fn(async () => [run('a', 'bright-owl', 0.2), run('b', 'calm-fox', 0.3)]),
+    experiments: jest.fn(async () => [
+      { experiment_id: '1', name: 'alice/mnist', runs: 2 }
+    ]),
+    runs: jest.fn(async () => [
+      run('a', 'bright-owl', 0.2),
+      run('b', 'calm-fox', 0.3)
+    ]),
     metricHistory: jest.fn(async (ids: string[], key: string) => ({
       key,
-      series: ids.map(id => ({ run_id: id, run_name: id, points: [[0, 1], [1, 0.5], [2, 0.25]] }))
+      series: ids.map(id => ({
+        run_id: id,
+        run_name: id,
+        points: [
+          [0, 1],
+          [1, 0.5],
+          [2, 0.25]
+        ]
+      }))
     })),
     ...serviceOverrides
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -87,10 +108,17 @@ function setup(overrides: Record<string, any> = {}) {
     cancel: jest.fn(async (_job: IJob) => undefined),
     openOutput: jest.fn(async (_job: IJob) => undefined),
     openTensorBoard: jest.fn(
-      async (_target: Parameters<ISidebarActions['openTensorBoard']>[0], _label: string) => undefined
+      async (
+        _target: Parameters<ISidebarActions['openTensorBoard']>[0],
+        _label: string
+      ) => undefined
     ),
-    registerModel: jest.fn(async (_run: IRun): Promise<IModelVersion | null> => null),
-    openLineage: jest.fn(async (_name: string, _version: string | number) => undefined),
+    registerModel: jest.fn(
+      async (_run: IRun): Promise<IModelVersion | null> => null
+    ),
+    openLineage: jest.fn(
+      async (_name: string, _version: string | number) => undefined
+    ),
     ...(actionOverrides ?? {})
   };
   const sidebar = new DanluSidebar({ queue, experiments, actions });
@@ -125,23 +153,40 @@ describe('DanluSidebar', () => {
     const { node, queue } = current;
     await until(() => node.querySelector('.danlu-loading'));
     await queue.refresh();
-    const queued = await until(() => node.querySelector('li.danlu-job[data-job-id=q1]'));
+    const queued = await until(() =>
+      node.querySelector('li.danlu-job[data-job-id=q1]')
+    );
     expect(queued.getAttribute('data-state')).toBe('queued');
-    expect(queued.querySelector('.danlu-job-state')!.textContent).toBe('queued');
-    expect(queued.querySelector('.danlu-job-reason')!.textContent).toMatch(/waiting for 2 GPUs/);
+    expect(queued.querySelector('.danlu-job-state')!.textContent).toBe(
+      'queued'
+    );
+    expect(queued.querySelector('.danlu-job-reason')!.textContent).toMatch(
+      /waiting for 2 GPUs/
+    );
     expect(queued.textContent).toMatch(/#3 in team-a/);
     expect(queued.textContent).toMatch(/2 GPUs/);
     expect(queued.querySelector('[aria-label="Cancel job q1"]')).not.toBeNull();
-    expect(queued.querySelector('[aria-label="Show log of job q1"]')).not.toBeNull();
+    expect(
+      queued.querySelector('[aria-label="Show log of job q1"]')
+    ).not.toBeNull();
     // nothing ran yet: no output, no TensorBoard
-    expect(queued.querySelector('[aria-label="Open output of job q1"]')).toBeNull();
+    expect(
+      queued.querySelector('[aria-label="Open output of job q1"]')
+    ).toBeNull();
 
     const running = node.querySelector('li.danlu-job[data-job-id=r1]')!;
     expect(running.getAttribute('data-state')).toBe('running');
     expect(running.textContent).toMatch(/1 GPU \(3\)/);
     expect(running.textContent).toMatch(/1m 1\ds/);
-    for (const label of ['Cancel job r1', 'Show log of job r1', 'Open output of job r1', 'Open TensorBoard for job r1']) {
-      const button = running.querySelector(`button[aria-label="${label}"]`) as HTMLButtonElement;
+    for (const label of [
+      'Cancel job r1',
+      'Show log of job r1',
+      'Open output of job r1',
+      'Open TensorBoard for job r1'
+    ]) {
+      const button = running.querySelector(
+        `button[aria-label="${label}"]`
+      ) as HTMLButtonElement;
       expect(button).not.toBeNull();
       expect(button.title).toBe(label);
     }
@@ -154,7 +199,9 @@ describe('DanluSidebar', () => {
     // a job's buttons are disabled while one of its actions runs
     const button = (label: string) =>
       until(() => {
-        const found = node.querySelector(`button[aria-label="${label}"]`) as HTMLButtonElement | null;
+        const found = node.querySelector(
+          `button[aria-label="${label}"]`
+        ) as HTMLButtonElement | null;
         return found && !found.disabled ? found : null;
       });
     (await button('Cancel job r1')).click();
@@ -164,18 +211,28 @@ describe('DanluSidebar', () => {
     await until(() => actions.openOutput.mock.calls.length > 0);
     (await button('Open TensorBoard for job r1')).click();
     await until(() => actions.openTensorBoard.mock.calls.length > 0);
-    expect(actions.openTensorBoard).toHaveBeenCalledWith({ job_ids: ['r1'] }, 'cifar');
+    expect(actions.openTensorBoard).toHaveBeenCalledWith(
+      { job_ids: ['r1'] },
+      'cifar'
+    );
   });
 
   it('shows the error with a Retry that polls again', async () => {
-    const jobs = jest.fn().mockRejectedValueOnce(new Error('the Danlu jobs service is not reachable')).mockResolvedValue([]);
+    const jobs = jest
+      .fn()
+      .mockRejectedValueOnce(
+        new Error('the Danlu jobs service is not reachable')
+      )
+      .mockResolvedValue([]);
     current = setup({ jobs });
     const { node, queue } = current;
     await queue.refresh();
     const error = await until(() => node.querySelector('.danlu-error'));
     expect(error.getAttribute('role')).toBe('alert');
     expect(error.textContent).toMatch(/not reachable/);
-    const retry = [...error.querySelectorAll('button')].find(b => b.textContent === 'Retry')!;
+    const retry = [...error.querySelectorAll('button')].find(
+      b => b.textContent === 'Retry'
+    )!;
     retry.click();
     await until(() => node.querySelector('.danlu-empty'));
     expect(jobs).toHaveBeenCalledTimes(2);
@@ -184,54 +241,103 @@ describe('DanluSidebar', () => {
 
   it('shows admins the quota bar of every team', async () => {
     current = setup({
-      whoami: jest.fn(async () => ({ user: 'root', admin: true, hub_url: '/hub/', mlflow_url: null })),
+      whoami: jest.fn(async () => ({
+        user: 'root',
+        admin: true,
+        hub_url: '/hub/',
+        mlflow_url: null
+      })),
       queues: jest.fn(async () => [
-        { name: 'team-a', quota: { gpus: { a100: 4 } }, usage: { gpus: { a100: 3 } }, pending: 2, running: 1 },
-        { name: 'team-b', quota: { gpus: { a100: 2, h100: 2 } }, usage: {}, pending: 0, running: 0 }
+        {
+          name: 'team-a',
+          quota: { gpus: { a100: 4 } },
+          usage: { gpus: { a100: 3 } },
+          pending: 2,
+          running: 1
+        },
+        {
+          name: 'team-b',
+          quota: { gpus: { a100: 2, h100: 2 } },
+          usage: {},
+          pending: 0,
+          running: 0
+        }
       ])
     });
     const { node, queue } = current;
     await queue.refresh();
-    const a = await until(() => node.querySelector('.danlu-quota[data-team=team-a]'));
+    const a = await until(() =>
+      node.querySelector('.danlu-quota[data-team=team-a]')
+    );
     const bar = a.querySelector('[role=progressbar]')!;
     expect(bar.getAttribute('aria-valuenow')).toBe('3');
     expect(bar.getAttribute('aria-valuemax')).toBe('4');
-    expect((a.querySelector('.danlu-quota-fill') as HTMLElement).style.width).toBe('75%');
-    expect(node.querySelector('.danlu-quota[data-team=team-b]')!.textContent).toMatch(/0 \/ 4 GPUs/);
+    expect(
+      (a.querySelector('.danlu-quota-fill') as HTMLElement).style.width
+    ).toBe('75%');
+    expect(
+      node.querySelector('.danlu-quota[data-team=team-b]')!.textContent
+    ).toMatch(/0 \/ 4 GPUs/);
   });
 
   it('lists runs, compares the selected ones and opens TensorBoard for them', async () => {
     current = setup();
     const { node, service, actions } = current;
-    const tab = await until(() =>
-      [...node.querySelectorAll('[role=tab]')].find(t => t.textContent === 'Experiments') as HTMLButtonElement
+    const tab = await until(
+      () =>
+        [...node.querySelectorAll('[role=tab]')].find(
+          t => t.textContent === 'Experiments'
+        ) as HTMLButtonElement
     );
     tab.click();
     const table = await until(() => node.querySelector('table.danlu-runs'));
     expect(service.runs).toHaveBeenCalledWith('1');
     const row = table.querySelector('tr[data-run-id=a]')!;
     expect(row.textContent).toMatch(/bright-owl/);
-    const link = [...row.querySelectorAll('a')].find(a => a.textContent === 'Open in MLflow')!;
-    expect(link.getAttribute('href')).toBe('/services/mlflow/#/experiments/1/runs/a');
+    const link = [...row.querySelectorAll('a')].find(
+      a => a.textContent === 'Open in MLflow'
+    )!;
+    expect(link.getAttribute('href')).toBe(
+      '/services/mlflow/#/experiments/1/runs/a'
+    );
     expect(link.getAttribute('target')).toBe('_blank');
     expect(link.getAttribute('rel')).toMatch(/noopener/);
 
-    const compare = [...node.querySelectorAll('button')].find(b => b.textContent === 'Compare')!;
+    const compare = [...node.querySelectorAll('button')].find(
+      b => b.textContent === 'Compare'
+    )!;
     expect(compare.disabled).toBe(true);
-    (node.querySelector('input[aria-label="Select run bright-owl"]') as HTMLInputElement).click();
-    (node.querySelector('input[aria-label="Select run calm-fox"]') as HTMLInputElement).click();
+    (
+      node.querySelector(
+        'input[aria-label="Select run bright-owl"]'
+      ) as HTMLInputElement
+    ).click();
+    (
+      node.querySelector(
+        'input[aria-label="Select run calm-fox"]'
+      ) as HTMLInputElement
+    ).click();
     await until(() => !compare.disabled);
     compare.click();
-    const chart = await until(() => node.querySelector('svg.danlu-compare-chart'));
+    const chart = await until(() =>
+      node.querySelector('svg.danlu-compare-chart')
+    );
     expect(chart.querySelectorAll('path.danlu-series')).toHaveLength(2);
     expect(service.metricHistory).toHaveBeenCalledWith(['a', 'b'], 'loss');
-    const select = node.querySelector('select[aria-label=Metric]') as HTMLSelectElement;
+    const select = node.querySelector(
+      'select[aria-label=Metric]'
+    ) as HTMLSelectElement;
     expect(select.value).toBe('loss');
 
-    const open = [...node.querySelectorAll('button')].find(b => b.textContent === 'Open TensorBoard')!;
+    const open = [...node.querySelectorAll('button')].find(
+      b => b.textContent === 'Open TensorBoard'
+    )!;
     open.click();
     await until(() => actions.openTensorBoard.mock.calls.length > 0);
-    expect(actions.openTensorBoard).toHaveBeenCalledWith({ run_ids: ['a', 'b'] }, 'bright-owl, calm-fox');
+    expect(actions.openTensorBoard).toHaveBeenCalledWith(
+      { run_ids: ['a', 'b'] },
+      'bright-owl, calm-fox'
+    );
   });
 
   it('registers a run as a model and shows the version with a Lineage button', async () => {
@@ -240,7 +346,13 @@ describe('DanluSidebar', () => {
       version: 3,
       run_id: 'a',
       approval: 'pending',
-      evaluation: { state: 'queued', job_id: 'e1', metrics: {}, thresholds: { accuracy: 0.9 }, failures: [] },
+      evaluation: {
+        state: 'queued',
+        job_id: 'e1',
+        metrics: {},
+        thresholds: { accuracy: 0.9 },
+        failures: []
+      },
       decisions: [],
       aliases: []
     };
@@ -251,31 +363,49 @@ describe('DanluSidebar', () => {
       .mockResolvedValue(version);
     current = setup({ actions: { registerModel } });
     const { node, actions } = current;
-    const tab = await until(() =>
-      [...node.querySelectorAll('[role=tab]')].find(t => t.textContent === 'Experiments') as HTMLButtonElement
+    const tab = await until(
+      () =>
+        [...node.querySelectorAll('[role=tab]')].find(
+          t => t.textContent === 'Experiments'
+        ) as HTMLButtonElement
     );
     tab.click();
     const row = await until(() => node.querySelector('tr[data-run-id=a]'));
-    const button = () => row.querySelector('button[aria-label="Register model from run bright-owl"]') as HTMLButtonElement;
+    const button = () =>
+      row.querySelector(
+        'button[aria-label="Register model from run bright-owl"]'
+      ) as HTMLButtonElement;
     expect(button().title).toBe('Register model from run bright-owl');
 
     // disabled while the dialog is open; cancelled (or refused: the action shows why): nothing changes
     button().click();
-    await until(() => registerModel.mock.calls.length === 1 && button().disabled);
+    await until(
+      () => registerModel.mock.calls.length === 1 && button().disabled
+    );
     expect(registerModel.mock.calls[0][0].run_id).toBe('a');
     cancel(null);
     await until(() => !button().disabled);
     expect(row.querySelector('.danlu-registered')).toBeNull();
 
     button().click();
-    const registered = await until(() => row.querySelector('.danlu-registered[data-model=mnist-classifier]'));
+    const registered = await until(() =>
+      row.querySelector('.danlu-registered[data-model=mnist-classifier]')
+    );
     expect(registered.getAttribute('data-version')).toBe('3');
     expect(registered.getAttribute('data-approval')).toBe('pending');
     expect(registered.getAttribute('data-evaluation')).toBe('queued');
-    expect(registered.textContent).toMatch(/mnist-classifier v3.*pending.*evaluation queued/);
-    expect(node.querySelector('tr[data-run-id=b] .danlu-registered')).toBeNull();
+    expect(registered.textContent).toMatch(
+      /mnist-classifier v3.*pending.*evaluation queued/
+    );
+    expect(
+      node.querySelector('tr[data-run-id=b] .danlu-registered')
+    ).toBeNull();
 
-    (registered.querySelector('button[aria-label="Open lineage of mnist-classifier version 3"]') as HTMLButtonElement).click();
+    (
+      registered.querySelector(
+        'button[aria-label="Open lineage of mnist-classifier version 3"]'
+      ) as HTMLButtonElement
+    ).click();
     await until(() => actions.openLineage.mock.calls.length > 0);
     expect(actions.openLineage).toHaveBeenCalledWith('mnist-classifier', 3);
   });
@@ -284,8 +414,14 @@ describe('DanluSidebar', () => {
     current = setup();
     const { node } = current;
     const list = await until(() => node.querySelector('[role=tablist]'));
-    list.dispatchEvent(new KeyboardEvent('keydown', { key: 'ArrowRight', bubbles: true }));
-    await until(() => node.querySelector('#danlu-tab-experiments[aria-selected=true]'));
-    expect(node.querySelector('#danlu-panel-queue')!.hasAttribute('hidden')).toBe(true);
+    list.dispatchEvent(
+      new KeyboardEvent('keydown', { key: 'ArrowRight', bubbles: true })
+    );
+    await until(() =>
+      node.querySelector('#danlu-tab-experiments[aria-selected=true]')
+    );
+    expect(
+      node.querySelector('#danlu-panel-queue')!.hasAttribute('hidden')
+    ).toBe(true);
   });
 });

@@ -42,7 +42,11 @@ export function niceTicks(min: number, max: number, count = 5): number[] {
   const step =
     [1, 2, 2.5, 5, 10].map(m => m * power).find(s => s >= raw) ?? raw;
   const ticks: number[] = [];
-  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) {
+  for (
+    let v = Math.ceil(min / step) * step;
+    v <= max + step * 1e-9;
+    v += step
+  ) {
     ticks.push(Number(v.toPrecision(12)));
   }
   return ticks;
@@ -108,16 +112,32 @@ export function CompareChart(props: {
         width="100%"
       >
         <g className="danlu-axis">
-          <line x1={plot.left} y1={plot.bottom} x2={plot.right} y2={plot.bottom} />
+          <line
+            x1={plot.left}
+            y1={plot.bottom}
+            x2={plot.right}
+            y2={plot.bottom}
+          />
           <line x1={plot.left} y1={plot.top} x2={plot.left} y2={plot.bottom} />
           {layout.xTicks.map(t => (
-            <text key={`x${t.value}`} x={t.x} y={plot.bottom + 14} textAnchor="middle">
+            <text
+              key={`x${t.value}`}
+              x={t.x}
+              y={plot.bottom + 14}
+              textAnchor="middle"
+            >
               {formatNumber(t.value)}
             </text>
           ))}
           {layout.yTicks.map(t => (
             <g key={`y${t.value}`}>
-              <line className="danlu-grid" x1={plot.left} y1={t.y} x2={plot.right} y2={t.y} />
+              <line
+                className="danlu-grid"
+                x1={plot.left}
+                y1={t.y}
+                x2={plot.right}
+                y2={t.y}
+              />
               <text x={plot.left - 4} y={t.y + 3} textAnchor="end">
                 {formatNumber(t.value)}
               </text>
@@ -153,5 +173,7 @@ export function CompareChart(props: {
 
 /** A run as the legend names it: its name and the start of its id (runs of one job name look alike). */
 export function runLabel(run: { run_id: string; run_name: string }): string {
-  return run.run_name ? `${run.run_name} · ${run.run_id.slice(0, 8)}` : run.run_id;
+  return run.run_name
+    ? `${run.run_name} · ${run.run_id.slice(0, 8)}`
+    : run.run_id;
 }

@@ -58,7 +58,9 @@ export function formatTime(value: string | number | null | undefined): string {
 }
 
 /** The total of a `{"gpus": {flavor: n}}` amount. */
-export function gpuTotal(amounts: { gpus?: Record<string, number> } | undefined): number {
+export function gpuTotal(
+  amounts: { gpus?: Record<string, number> } | undefined
+): number {
   const gpus = amounts?.gpus ?? {};
   return Object.values(gpus).reduce((n, v) => n + (Number(v) || 0), 0);
 }

@@ -56,7 +56,9 @@ export const KIND_LABELS: Record<LineageNodeKind, string> = {
 export const OTHER_COLUMN = 'Other';
 
 export function kindLabel(kind: string): string {
-  return (KIND_LABELS as Record<string, string>)[kind] ?? kind.replace(/_/g, ' ');
+  return (
+    (KIND_LABELS as Record<string, string>)[kind] ?? kind.replace(/_/g, ' ')
+  );
 }
 
 export interface ILineageLayoutOptions {
@@ -164,7 +166,8 @@ export function layoutLineage(
         id => !col.some(m => m.id === id)
       );
       return others.length
-        ? others.reduce((sum, id) => sum + (rows.get(id) ?? 0), 0) / others.length
+        ? others.reduce((sum, id) => sum + (rows.get(id) ?? 0), 0) /
+            others.length
         : i;
     };
     columns[c] = col
@@ -201,7 +204,10 @@ export function layoutLineage(
     );
     const index = used[c];
     return {
-      title: index < LINEAGE_COLUMNS.length ? LINEAGE_COLUMNS[index].title : OTHER_COLUMN,
+      title:
+        index < LINEAGE_COLUMNS.length
+          ? LINEAGE_COLUMNS[index].title
+          : OTHER_COLUMN,
       x,
       width: o.nodeWidth
     };
@@ -232,7 +238,9 @@ export function layoutLineage(
 
   const count = columns.length;
   return {
-    width: count ? 2 * o.padding + count * o.nodeWidth + (count - 1) * o.columnGap : 2 * o.padding,
+    width: count
+      ? 2 * o.padding + count * o.nodeWidth + (count - 1) * o.columnGap
+      : 2 * o.padding,
     height: top + inner + o.padding,
     columns: columnBoxes,
     nodes: placed,
@@ -382,11 +390,16 @@ export function LineageGraph(props: {
         </svg>
         {layout.dropped > 0 && (
           <p className="danlu-form-note">
-            {layout.dropped} edge{layout.dropped === 1 ? '' : 's'} left out: an end is not in the graph.
+            {layout.dropped} edge{layout.dropped === 1 ? '' : 's'} left out: an
+            end is not in the graph.
           </p>
         )}
       </div>
-      <aside className="danlu-lineage-detail" aria-label="Node details" aria-live="polite">
+      <aside
+        className="danlu-lineage-detail"
+        aria-label="Node details"
+        aria-live="polite"
+      >
         {current ? (
           <NodeDetail
             node={current.node}
@@ -431,7 +444,9 @@ function NodeDetail(props: {
               >
                 {props.labelOf(l.id)}
               </button>{' '}
-              <span className="danlu-lineage-relation">({l.relation.replace(/_/g, ' ')})</span>
+              <span className="danlu-lineage-relation">
+                ({l.relation.replace(/_/g, ' ')})
+              </span>
             </li>
           ))}
         </ul>
@@ -452,7 +467,12 @@ function NodeDetail(props: {
         </dl>
       )}
       {url && (
-        <a className="danlu-link" href={url} target="_blank" rel="noopener noreferrer">
+        <a
+          className="danlu-link"
+          href={url}
+          target="_blank"
+          rel="noopener noreferrer"
+        >
           Open {kindLabel(node.kind)}
         </a>
       )}
@@ -527,7 +547,11 @@ export function LineageView(props: {
             @{a}
           </span>
         ))}
-        <IconButton icon={refreshIcon} label="Refresh lineage" onClick={() => void load()} />
+        <IconButton
+          icon={refreshIcon}
+          label="Refresh lineage"
+          onClick={() => void load()}
+        />
       </div>
       {state.status === 'loading' && <Loading what="the lineage" />}
       {state.status === 'error' && (
@@ -542,7 +566,10 @@ export function LineageView(props: {
 }
 
 /** The widget id of a lineage tab: one per model version (the version, digits, ends it). */
-export function lineageWidgetId(name: string, version: string | number): string {
+export function lineageWidgetId(
+  name: string,
+  version: string | number
+): string {
   return `danlu-lineage-${name}-v${version}`;
 }
 

@@ -18,13 +18,16 @@ export interface IRegisterFormOptions {
 }
 
 function NameField(props: IRegisterFormOptions): JSX.Element {
-  const [problem, setProblem] = React.useState<string | null>(props.problem ?? null);
+  const [problem, setProblem] = React.useState<string | null>(
+    props.problem ?? null
+  );
   return (
     <form className="danlu-form" onSubmit={e => e.preventDefault()}>
       <p className="danlu-form-intro">
         Registers the model (or the artifacts) that run{' '}
-        <strong>{props.run.run_name || props.run.run_id}</strong> logged as a new
-        version of a model. It waits for approval; an evaluation may run first.
+        <strong>{props.run.run_name || props.run.run_id}</strong> logged as a
+        new version of a model. It waits for approval; an evaluation may run
+        first.
       </p>
       <label>
         <span>Model name</span>
@@ -64,7 +67,11 @@ export class RegisterModelForm extends ReactWidget {
 
   getValue(): string {
     return (
-      (this.node.querySelector('[name="model-name"]') as HTMLInputElement | null)?.value ?? ''
+      (
+        this.node.querySelector(
+          '[name="model-name"]'
+        ) as HTMLInputElement | null
+      )?.value ?? ''
     ).trim();
   }
 
@@ -74,7 +81,9 @@ export class RegisterModelForm extends ReactWidget {
 }
 
 /** Ask for a model name until it is a valid one; null when cancelled. */
-export async function showRegisterModelDialog(run: IRun): Promise<string | null> {
+export async function showRegisterModelDialog(
+  run: IRun
+): Promise<string | null> {
   let previous = '';
   let problem: string | null = null;
   for (;;) {

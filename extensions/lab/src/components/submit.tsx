@@ -34,9 +34,7 @@ export class SubmitForm extends ReactWidget {
     const value = (name: string) =>
       (
         this.node.querySelector(`[name="${name}"]`) as
-          | HTMLInputElement
-          | HTMLSelectElement
-          | null
+          HTMLInputElement | HTMLSelectElement | null
       )?.value ?? '';
     const params: Record<string, string> = {};
     for (const p of this.options.parameters) {
@@ -68,7 +66,11 @@ export class SubmitForm extends ReactWidget {
         <label>
           <span>Profile</span>
           {o.profilesError ? (
-            <input name="profile" type="text" defaultValue={prev.profile ?? ''} />
+            <input
+              name="profile"
+              type="text"
+              defaultValue={prev.profile ?? ''}
+            />
           ) : (
             <select name="profile" defaultValue={profile}>
               <option value="">This server's profile</option>
@@ -87,11 +89,21 @@ export class SubmitForm extends ReactWidget {
         )}
         <label>
           <span>Processes</span>
-          <input name="nproc" type="number" min={1} defaultValue={prev.nproc ?? '1'} />
+          <input
+            name="nproc"
+            type="number"
+            min={1}
+            defaultValue={prev.nproc ?? '1'}
+          />
         </label>
         <label>
           <span>GPUs</span>
-          <input name="gpus" type="number" min={0} defaultValue={prev.gpus ?? '0'} />
+          <input
+            name="gpus"
+            type="number"
+            min={0}
+            defaultValue={prev.gpus ?? '0'}
+          />
         </label>
         <label>
           <span>Queue</span>
@@ -115,7 +127,8 @@ export class SubmitForm extends ReactWidget {
           <legend>Parameters</legend>
           {o.parameters.length === 0 && (
             <p className="danlu-form-note">
-              No cell tagged <code>parameters</code> with <code>name = value</code> lines.
+              No cell tagged <code>parameters</code> with{' '}
+              <code>name = value</code> lines.
             </p>
           )}
           {o.parameters.map(p => (

@@ -81,7 +81,12 @@ export function IconButton(props: {
       aria-pressed={props.pressed}
       onClick={props.onClick}
     >
-      <props.icon.react tag="span" className="danlu-icon" height="16px" width="16px" />
+      <props.icon.react
+        tag="span"
+        className="danlu-icon"
+        height="16px"
+        width="16px"
+      />
     </button>
   );
 }

@@ -161,7 +161,8 @@ function RunsTable(props: {
   const { model, actions } = props;
   const params = model.paramKeys;
   const metrics = model.metricKeys;
-  const all = model.runs.length > 0 && model.selection.size === model.runs.length;
+  const all =
+    model.runs.length > 0 && model.selection.size === model.runs.length;
   return (
     <div className="danlu-table-wrap">
       <table className="danlu-runs">
@@ -179,12 +180,22 @@ function RunsTable(props: {
             <th scope="col">Status</th>
             <th scope="col">Started</th>
             {params.map(k => (
-              <th scope="col" key={`p-${k}`} className="danlu-param" title={`parameter ${k}`}>
+              <th
+                scope="col"
+                key={`p-${k}`}
+                className="danlu-param"
+                title={`parameter ${k}`}
+              >
                 {k}
               </th>
             ))}
             {metrics.map(k => (
-              <th scope="col" key={`m-${k}`} className="danlu-metric" title={`metric ${k} (last value)`}>
+              <th
+                scope="col"
+                key={`m-${k}`}
+                className="danlu-metric"
+                title={`metric ${k} (last value)`}
+              >
                 {k}
               </th>
             ))}
@@ -239,7 +250,10 @@ function RunRow(props: {
     }
   };
   return (
-    <tr data-run-id={run.run_id} className={props.checked ? 'danlu-mod-selected' : ''}>
+    <tr
+      data-run-id={run.run_id}
+      className={props.checked ? 'danlu-mod-selected' : ''}
+    >
       <td>
         <input
           type="checkbox"
@@ -248,10 +262,16 @@ function RunRow(props: {
           onChange={e => props.onToggle(e.currentTarget.checked)}
         />
       </td>
-      <th scope="row" className="danlu-run-name" title={run.job_id ? `job ${run.job_id}` : ''}>
+      <th
+        scope="row"
+        className="danlu-run-name"
+        title={run.job_id ? `job ${run.job_id}` : ''}
+      >
         {name}
       </th>
-      <td className={`danlu-run-status danlu-status-${run.status?.toLowerCase()}`}>
+      <td
+        className={`danlu-run-status danlu-status-${run.status?.toLowerCase()}`}
+      >
         {run.status}
       </td>
       <td>{formatTime(run.start_time)}</td>
@@ -302,9 +322,13 @@ function RunRow(props: {
             <span className="danlu-registered-name">
               {v.name} v{v.version}
             </span>
-            <span className={`danlu-approval danlu-approval-${v.approval}`}>{v.approval}</span>
+            <span className={`danlu-approval danlu-approval-${v.approval}`}>
+              {v.approval}
+            </span>
             {v.evaluation?.state && (
-              <span className="danlu-evaluation">evaluation {v.evaluation.state}</span>
+              <span className="danlu-evaluation">
+                evaluation {v.evaluation.state}
+              </span>
             )}
             <button
               type="button"
@@ -362,7 +386,10 @@ function Comparison(props: { model: ExperimentsModel }): JSX.Element | null {
         <Empty>The selected runs logged no values of {key}.</Empty>
       )}
       {state.status === 'ready' && model.history && (
-        <CompareChart metric={model.history.key} series={model.history.series} />
+        <CompareChart
+          metric={model.history.key}
+          series={model.history.series}
+        />
       )}
     </section>
   );

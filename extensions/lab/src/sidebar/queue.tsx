@@ -17,7 +17,14 @@ import { LogView } from '../components/logview';
 import { QueueModel } from '../model';
 import { FINAL_STATES, IJob, IQueue } from '../tokens';
 import { ISidebarActions } from './actions';
-import { Empty, ErrorState, IconButton, Loading, useNow, useSignal } from './common';
+import {
+  Empty,
+  ErrorState,
+  IconButton,
+  Loading,
+  useNow,
+  useSignal
+} from './common';
 
 export function QueuePanel(props: {
   model: QueueModel;
@@ -62,8 +69,8 @@ export function QueuePanel(props: {
       )}
       {status === 'empty' && (
         <Empty>
-          No jobs yet. Submit one with <strong>Run cell as training job</strong> in a
-          notebook's cell toolbar, or with <code>%%train</code>.
+          No jobs yet. Submit one with <strong>Run cell as training job</strong>{' '}
+          in a notebook's cell toolbar, or with <code>%%train</code>.
         </Empty>
       )}
       {model.jobs.length > 0 && (
@@ -75,7 +82,9 @@ export function QueuePanel(props: {
               model={model}
               actions={actions}
               extraSeconds={
-                job.state === 'running' ? Math.max(0, (now - polledAt) / 1000) : 0
+                job.state === 'running'
+                  ? Math.max(0, (now - polledAt) / 1000)
+                  : 0
               }
               showLog={logs.has(job.id)}
               onToggleLog={() => toggleLog(job.id)}
@@ -207,7 +216,11 @@ function QuotaBars(props: { queues: readonly IQueue[] }): JSX.Element {
       {props.queues.map(q => {
         const quota = gpuTotal(q.quota);
         const used = gpuTotal(q.usage);
-        const pct = quota ? Math.min(100, (used / quota) * 100) : used ? 100 : 0;
+        const pct = quota
+          ? Math.min(100, (used / quota) * 100)
+          : used
+            ? 100
+            : 0;
         const over = used > quota;
         return (
           <div className="danlu-quota" data-team={q.name} key={q.name}>
@@ -217,7 +230,8 @@ function QuotaBars(props: { queues: readonly IQueue[] }): JSX.Element {
                 {q.held ? ' (held)' : ''}
               </span>
               <span>
-                {used} / {quota} GPUs · {q.running} running · {q.pending} pending
+                {used} / {quota} GPUs · {q.running} running · {q.pending}{' '}
+                pending
               </span>
             </div>
             <div

@@ -92,10 +92,17 @@ function SidebarView(props: DanluSidebar.IOptions): JSX.Element {
     <div className="danlu-sidebar-body">
       <header className="danlu-header">
         <h2>Danlu</h2>
-        {queue.whoami && <span className="danlu-user">{queue.whoami.user}</span>}
+        {queue.whoami && (
+          <span className="danlu-user">{queue.whoami.user}</span>
+        )}
         <IconButton icon={refreshIcon} label="Refresh" onClick={refresh} />
       </header>
-      <div className="danlu-tabs" role="tablist" aria-label="Danlu views" onKeyDown={onKeyDown}>
+      <div
+        className="danlu-tabs"
+        role="tablist"
+        aria-label="Danlu views"
+        onKeyDown={onKeyDown}
+      >
         {TABS.map(t => (
           <button
             key={t.id}

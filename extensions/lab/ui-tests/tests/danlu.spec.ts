@@ -11,8 +11,22 @@
  */
 import type { Locator } from '@playwright/test';
 
-import { danluApi, DONE_LINE, expect, FOLDER, NOTEBOOK, shot, test } from './fixtures';
-import { openNotebook, openSidebarTab, runCellAsJob, showRuns, waitSucceeded } from './jobs';
+import {
+  danluApi,
+  DONE_LINE,
+  expect,
+  FOLDER,
+  NOTEBOOK,
+  shot,
+  test
+} from './fixtures';
+import {
+  openNotebook,
+  openSidebarTab,
+  runCellAsJob,
+  showRuns,
+  waitSucceeded
+} from './jobs';
 
 test.describe('Danlu lab extension', () => {
   test('run a cell as a job, follow it, read its log, open TensorBoard, compare two runs', async ({
@@ -32,37 +46,49 @@ test.describe('Danlu lab extension', () => {
     let row: Locator;
     await test.step('follow the job in the Queue to succeeded', async () => {
       row = await waitSucceeded(page, jobs[0]);
-      await expect(page.locator(`.danlu-job-badge[data-job-id="${jobs[0]}"]`)).toHaveAttribute(
-        'data-state',
-        'succeeded',
-        { timeout: 60_000 }
-      );
+      await expect(
+        page.locator(`.danlu-job-badge[data-job-id="${jobs[0]}"]`)
+      ).toHaveAttribute('data-state', 'succeeded', { timeout: 60_000 });
       await shot(page, 'queue');
     });
 
     await test.step('read its log', async () => {
-      await row.getByRole('button', { name: `Show log of job ${jobs[0]}` }).click();
+      await row
+        .getByRole('button', { name: `Show log of job ${jobs[0]}` })
+        .click();
       const log = page.locator('.danlu-log');
       await expect(log.first()).toBeVisible();
       // Soft: a broken view fails the test but the later views still get checked.
       await expect
-        .soft(log.first(), 'the log (GET danlu/api/jobs/ID/logs/stream) shows the printed line')
+        .soft(
+          log.first(),
+          'the log (GET danlu/api/jobs/ID/logs/stream) shows the printed line'
+        )
         .toContainText(`${DONE_LINE}: lr=0.1`, { timeout: 60_000 });
       await shot(page, 'log');
     });
 
     await test.step('open its TensorBoard', async () => {
-      await row.getByRole('button', { name: `Open TensorBoard for job ${jobs[0]}` }).click();
+      await row
+        .getByRole('button', { name: `Open TensorBoard for job ${jobs[0]}` })
+        .click();
       const tab = page.locator('[id^="danlu-tensorboard-"]');
       await expect(tab.first()).toBeVisible({ timeout: 60_000 });
       await expect(tab.first().locator('iframe')).toBeVisible();
-      const frame = page.frameLocator('[id^="danlu-tensorboard-"] iframe').first();
+      const frame = page
+        .frameLocator('[id^="danlu-tensorboard-"] iframe')
+        .first();
       // TensorBoard's web app, then the scalar the job wrote.
-      await expect.soft(frame.locator('tb-webapp'), 'TensorBoard\'s web app in the iframe').toBeAttached({
-        timeout: 120_000
-      });
       await expect
-        .soft(frame.getByText('loss').first(), 'the scalar `loss` in TensorBoard')
+        .soft(frame.locator('tb-webapp'), "TensorBoard's web app in the iframe")
+        .toBeAttached({
+          timeout: 120_000
+        });
+      await expect
+        .soft(
+          frame.getByText('loss').first(),
+          'the scalar `loss` in TensorBoard'
+        )
         .toBeVisible({ timeout: 120_000 });
       await shot(page, 'tensorboard');
     });
@@ -79,26 +105,41 @@ test.describe('Danlu lab extension', () => {
       for (const id of jobs) {
         // The run id is the job's (what the Experiments rows are keyed by).
         await expect
-          .poll(async () => (await danluApi(page, baseURL as string, `jobs/${id}`)).mlflow_run_id, {
-            message: `job ${id} has an mlflow_run_id`,
-            timeout: 60_000
-          })
+          .poll(
+            async () =>
+              (await danluApi(page, baseURL as string, `jobs/${id}`))
+                .mlflow_run_id,
+            {
+              message: `job ${id} has an mlflow_run_id`,
+              timeout: 60_000
+            }
+          )
           .toBeTruthy();
-        runIds.push((await danluApi(page, baseURL as string, `jobs/${id}`)).mlflow_run_id);
+        runIds.push(
+          (await danluApi(page, baseURL as string, `jobs/${id}`)).mlflow_run_id
+        );
       }
       const sidebar = await openSidebarTab(page, 'Experiments');
       const table = await showRuns(page, runIds);
       for (const runId of runIds) {
-        await table.locator(`tr[data-run-id="${runId}"]`).getByRole('checkbox').check();
+        await table
+          .locator(`tr[data-run-id="${runId}"]`)
+          .getByRole('checkbox')
+          .check();
       }
       await sidebar.getByRole('button', { name: 'Compare' }).click();
       const chart = page.locator('svg.danlu-compare-chart');
       await expect(chart).toBeVisible({ timeout: 60_000 });
       const metric = page.getByRole('combobox', { name: 'Metric' });
-      if ((await metric.count()) && (await metric.locator('option[value="loss"]').count())) {
+      if (
+        (await metric.count()) &&
+        (await metric.locator('option[value="loss"]').count())
+      ) {
         await metric.selectOption('loss');
       }
-      await expect(chart.locator('path.danlu-series')).toHaveCount(2, { timeout: 60_000 });
+      await expect(chart.locator('path.danlu-series')).toHaveCount(2, {
+        timeout: 60_000
+      });
       await shot(page, 'compare');
     });
   });

@@ -15,7 +15,11 @@
 import * as fs from 'fs';
 import * as path from 'path';
 
-import { expect, IJupyterLabPageFixture, test as galataTest } from '@jupyterlab/galata';
+import {
+  expect,
+  IJupyterLabPageFixture,
+  test as galataTest
+} from '@jupyterlab/galata';
 import { Page } from '@playwright/test';
 
 export const USER = process.env.DANLU_UI_USER || 'alice';
@@ -25,7 +29,15 @@ export const NOTEBOOK = process.env.DANLU_UI_NOTEBOOK || 'train.ipynb';
 export const DONE_LINE = 'danlu-ui-test finished';
 
 const SCREENSHOTS = path.resolve(__dirname, '..', 'screenshots');
-const DOCS_IMAGES = path.resolve(__dirname, '..', '..', '..', '..', 'docs', 'images');
+const DOCS_IMAGES = path.resolve(
+  __dirname,
+  '..',
+  '..',
+  '..',
+  '..',
+  'docs',
+  'images'
+);
 
 export const test = galataTest.extend({
   tmpPath: async ({}, use) => {
@@ -54,15 +66,27 @@ export async function shot(page: Page, view: string): Promise<void> {
   fs.mkdirSync(SCREENSHOTS, { recursive: true });
   const file = path.join(SCREENSHOTS, `${view}.png`);
   await page.screenshot({ path: file });
-  if (process.env.DANLU_UI_DOCS_IMAGES === '1' && galataTest.info().errors.length === 0) {
+  if (
+    process.env.DANLU_UI_DOCS_IMAGES === '1' &&
+    galataTest.info().errors.length === 0
+  ) {
     fs.mkdirSync(DOCS_IMAGES, { recursive: true });
     fs.copyFileSync(file, path.join(DOCS_IMAGES, `lab-${view}.png`));
   }
 }
 
 /** GET a Danlu REST endpoint of the user's server with the page's cookies. */
-export async function danluApi(page: IJupyterLabPageFixture, baseURL: string, endpoint: string): Promise<any> {
-  const response = await page.request.get(`${baseURL.replace(/\/$/, '')}/danlu/api/${endpoint}`);
-  expect(response.status(), `GET danlu/api/${endpoint}: ${await response.text()}`).toBe(200);
+export async function danluApi(
+  page: IJupyterLabPageFixture,
+  baseURL: string,
+  endpoint: string
+): Promise<any> {
+  const response = await page.request.get(
+    `${baseURL.replace(/\/$/, '')}/danlu/api/${endpoint}`
+  );
+  expect(
+    response.status(),
+    `GET danlu/api/${endpoint}: ${await response.text()}`
+  ).toBe(200);
   return response.json();
 }
