@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from danlu.hub.testing import ROOT, Workbench
+from danlu.hub.testing import Workbench
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout the tests run from
 
 pytestmark = pytest.mark.service
 

@@ -33,9 +33,11 @@ import pytest
 
 from danlu import env
 from danlu.hub import accounts
-from danlu.hub.testing import ROOT, RemoteKernel, Workbench, run_as
+from danlu.hub.testing import RemoteKernel, Workbench, run_as
 
 from ..conftest import CONFIG, PROFILES
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the tests run from
 
 ALICE, BOB = "danlu-alice", "danlu-bob"
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import copy
 from collections import defaultdict
+from typing import Any
 
 from danlu.hub.service.admission import cycle, reasons
 from danlu.hub.service.admission.backlog import Backlog
@@ -67,10 +68,10 @@ class Model:
         self._version = 0
         self._changes: dict[str, int] = defaultdict(int)  # per cohort (or lone team): its admissions, releases, victims
         self._running_changes: dict[str, int] = defaultdict(int)  # per team: its running jobs came or went
-        self._cache: dict[tuple, tuple[int, object]] = {}
+        self._cache: dict[tuple, Any] = {}  # key -> (the version it holds for, the value)
         self._rooms_of: dict[str, tuple[int, Rooms]] = {}  # team -> its cohort's changes, and its Rooms then
         self._never: dict[int, str | None] = {}  # ask -> why it can never start (None: it can)
-        self._static: dict[tuple, object] = {}  # what depends on the configuration only (ceilings, needs)
+        self._static: dict[tuple, Any] = {}  # what depends on the configuration only (ceilings, needs)
         self._worded: dict[tuple, str] = {}  # where a team stands, in words, by the figures they show
         self._asks: dict[int, cycle.Ask] = {}  # ask -> what is worked out once about it (in a pass)
         self.admitted: dict[str, Workload] = {}

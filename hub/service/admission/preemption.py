@@ -15,6 +15,7 @@ total, as the capacity arithmetic takes it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from danlu.hub.service.admission.workloads import Team, Workload
@@ -59,7 +60,7 @@ class Freed:
 
 
 def victims(m: Model, wl: Workload, reserved: dict[str, float] | None = None,
-                admitted_now: set[str] = frozenset()) -> list[Workload]:
+            admitted_now: AbstractSet[str] = frozenset()) -> list[Workload]:
     """The fewest workloads to stop so that ``wl`` fits, per its team's policies; [] if none.
 
     Only the victims chosen here count as freed (not those stopping for another workload), what

@@ -25,7 +25,7 @@ _by_age = attrgetter("created", "id")
 _EDITS = [0]  # bumped when a workload's priority changes: a backlog sorted by it must be sorted again
 
 
-def gpu_key(flavor: str) -> str:
+def gpu_key(flavor: str | None) -> str:
     return f"gpu/{flavor}"
 
 
@@ -126,7 +126,7 @@ class Waiting(MutableMapping):
                  own: dict[str, str] | None = None):
         self._groups = groups or {}  # id -> group, a copy the pass owns
         self._reasons = reasons or {}  # group -> reason, or its two parts
-        self._own = {}
+        self._own: dict[str, str | tuple[str, str]] = {}
         for wid, reason in (own or {}).items():
             self[wid] = reason
 
@@ -168,6 +168,8 @@ class Waiting(MutableMapping):
 
 
 class _WaitingItems(ItemsView):
+    _mapping: Waiting
+
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return self._mapping._pairs()
 
@@ -184,7 +186,8 @@ class Decision:
     def positions(self) -> dict[str, int]:
         """id -> place in its team's queue (1 = next), by priority then age; computed when first asked."""
         if self._positions is None:
-            self._positions, counts = {}, defaultdict(int)
+            self._positions = {}
+            counts: dict[str, int] = defaultdict(int)
             for wl in sorted(self.pending, key=lambda w: (-w.priority, w.created, w.id)):
                 if wl.id in self.waiting:
                     counts[wl.team] += 1
