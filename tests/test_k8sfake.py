@@ -374,7 +374,8 @@ def test_borrowing_then_reclaim_preempts_the_borrower(cluster, api, kueue_loaded
     reclaimer = workload_of(cluster, "owner")
     assert evicted["status"] == "True" and evicted["reason"] == "Preempted"
     assert evicted["message"] == (f"Preempted to accommodate a workload (UID: {reclaimer['metadata']['uid']}, "
-                                  f"JobUID: {owner['metadata']['uid']}) due to reclamation within the cohort")
+                                  f"JobUID: {owner['metadata']['uid']}) due to reclamation within the cohort; "
+                                  "preemptor path: /lab/nlp; preemptee path: /lab/vision")
     borrower = workload_of(cluster, "borrower")
     assert not is_true(borrower, "QuotaReserved") and not is_true(borrower, "Admitted")
     assert "admission" not in borrower["status"]
@@ -390,11 +391,13 @@ def test_borrowing_then_reclaim_preempts_the_borrower(cluster, api, kueue_loaded
 
 
 def test_priority_preempts_within_the_cluster_queue(cluster, api, kueue_loaded):
-    submit(kueue_loaded, trainjob("low", queue="nlp", gpus=4, priority="low"))
+    submit(kueue_loaded, trainjob("low", queue="nlp", gpus=4, priority="low"))  # 2 of them borrowed
     wait_for(lambda: is_true(workload_of(cluster, "low"), "Admitted"), what="admission")
-    submit(kueue_loaded, trainjob("high", queue="nlp", gpus=4, priority="high"))
+    # within nlp's nominal quota (2): asking more, it could preempt only with borrowWithinCohort, which Danlu never sets
+    submit(kueue_loaded, trainjob("high", queue="nlp", gpus=2, priority="high"))
     evicted = wait_for(lambda: condition(workload_of(cluster, "low"), "Evicted"), what="eviction")
-    assert evicted["message"].endswith("due to prioritization in the ClusterQueue")
+    assert evicted["message"].endswith("due to prioritization in the ClusterQueue; "
+                                       "preemptor path: /lab/nlp; preemptee path: /lab/nlp")
     wait_for(lambda: is_true(workload_of(cluster, "high"), "Admitted"), what="the high one's admission")
 
 
