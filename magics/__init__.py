@@ -31,12 +31,6 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(TrainMagics)
 
 
-def in_job() -> bool:
-    from danlu import env
-
-    return bool(env.JOB_ID.get())
-
-
 def checkpoint_dir() -> Path:
     """Where a job saves checkpoints (``$DANLU_CHECKPOINT_DIR``); kept across its attempts."""
     from danlu import env

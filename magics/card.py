@@ -59,7 +59,6 @@ class JobCard:
         self.job = job
         self.interval = interval
         self.log_lines = log_lines
-        self._stop = threading.Event()
 
     def _widgets(self):
         import ipywidgets as w
@@ -90,7 +89,7 @@ class JobCard:
             self.cancel_button.layout.display = "none"
 
     def _loop(self):
-        while not self._stop.is_set():
+        while True:
             try:
                 self.job = self.client.job(self.job["id"])
                 tail = "".join(self.client.logs(self.job["id"], tail=self.log_lines))
@@ -107,6 +106,3 @@ class JobCard:
         display(self._widgets())
         threading.Thread(target=self._loop, name=f"danlu-card-{self.job['id']}", daemon=True).start()
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
