@@ -45,9 +45,9 @@ def log_dataset(path, name: str | None = None, context: str = "training"):
 
     Outside a job (or on a rank other than 0) the digest is computed and returned but nothing is logged.
     """
-    from danlu import autolog, datasets
+    from danlu import autolog, datasets, digests
 
-    digest = datasets.digest(path, name=name, cache_file=datasets.default_cache())
+    digest = digests.digest(path, name=name, cache_file=digests.default_cache())
     run = autolog.mlflow_run()
     if run is not None:
         from mlflow import MlflowClient
@@ -62,7 +62,7 @@ def dataset(ref: str, context: str = "training") -> Path:
     Inside a job it is resolved by the jobs service as the job's owner, who must be in the dataset's read
     groups (else :class:`~danlu.errors.NotFound`), and the use is recorded (``GET /jobs/{id}``'s ``inputs``);
     outside one, with your hub token. Either way the files are verified against the version's digest
-    (:class:`~danlu.datasets.DatasetChanged` names the files that changed) and the version is logged as an
+    (:class:`~danlu.digests.DatasetChanged` names the files that changed) and the version is logged as an
     input of the MLflow run (the job's; outside a job, the active run if any) with ``context``
     (``"training"`` or ``"evaluation"``).
     """

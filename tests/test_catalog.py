@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from danlu import cli
-from danlu.datasets import DatasetChanged, changes, digest, scan, verify
+from danlu.digests import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
 from danlu.hub.service import catalog
 from danlu.runner.base import describe_error
@@ -200,7 +200,7 @@ async def test_a_folder_over_the_file_bound_is_refused_before_it_is_hashed(tmp_p
     write(home(tmp_path) / "many", {f"f{i}.txt": str(i) for i in range(4)})
     monkeypatch.setattr(catalog, "MAX_FILES", 3)
     hashed = []
-    monkeypatch.setattr("danlu.datasets._file_sha256", lambda p: hashed.append(p) or "0" * 64)
+    monkeypatch.setattr("danlu.digests._file_sha256", lambda p: hashed.append(p) or "0" * 64)
     async with service(tmp_path) as manager:
         with pytest.raises(ValidationError) as refused:
             await register(manager, name="many", path="many")
