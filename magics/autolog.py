@@ -7,7 +7,7 @@ It costs nothing in the training loop:
   job's folder (``tensorboard/rank-N``) and a short flush interval; rank 0
   records each writer's log dir, and the job runner (a separate process) tails
   those event files into the job's MLflow run in batches.
-* Its event files are written by :mod:`danlu.eventwriter`: the same files,
+* Its event files are written by :mod:`danlu.tensorboard.writer`: the same files,
   record for record, for about a microsecond of the training thread per
   ``add_scalar`` where TensorBoard's own writer takes tens (at 100 scalars a
   step, 8 ms a step on two cores).
@@ -144,9 +144,9 @@ def _patch_summary_writer(module) -> None:
     __init__.__wrapped__ = original
     cls.__init__ = __init__
     cls._danlu_patched = True
-    from danlu import eventwriter
+    from danlu.tensorboard import writer
 
-    eventwriter.activate(module)
+    writer.activate(module)
 
 
 def flush_writers(*_args) -> None:

@@ -54,7 +54,7 @@ def _warm_up(kernel_name: str):
     import mlflow  # noqa: F401 - imported now so a job does not wait for it
     import papermill  # noqa: F401
 
-    from danlu import events  # noqa: F401
+    from danlu.tensorboard import forwarder  # noqa: F401
 
     try:
         km = start_kernel(kernel_name, cwd=os.getcwd())

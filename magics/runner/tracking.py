@@ -3,7 +3,7 @@
 One run per job, created by the runner before the notebook starts, with the
 job's parameters, tags (:mod:`danlu.tags`) and dataset inputs; a later
 attempt resumes the run the service tells it about. Metrics reach it through
-the :class:`~danlu.events.MetricForwarder`, which buffers while MLflow is
+the :class:`~danlu.tensorboard.forwarder.MetricForwarder`, which buffers while MLflow is
 away. If MLflow does not answer at the start, the job runs anyway: the run is
 created in the background as soon as MLflow answers, and the forwarder sends
 what it buffered. Whatever could not be done is a note in :meth:`health`,
@@ -30,7 +30,7 @@ MAX_NOTES = 20
 class Tracking:
     def __init__(self, spec: dict, jd: JobDir, attempt: int, digests: list, final_timeout: float = 60.0):
         """``digests``: ``(DatasetDigest, context)`` of the job's datasets, logged as the run's inputs."""
-        from danlu.events import MetricForwarder
+        from danlu.tensorboard.forwarder import MetricForwarder
 
         self.spec = spec
         self.jd = jd
