@@ -47,43 +47,22 @@ def _pairs(values: list[str], option: str) -> dict:
 
 
 def cmd_submit(args) -> int:
-    import nbformat
+    from danlu import submit
 
-    from danlu.train import parse_param
-
-    path = Path(args.notebook)
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such notebook") from None
-    except Exception as e:
-        raise UsageError(f"{path}: not a notebook ({e})") from None
-    params = dict(parse_param(f"{k}={v}") for k, v in args.param)
-    resources = {"nproc": args.nproc, "gpus": args.gpus}
-    if args.nnodes != 1:
-        resources["nodes"] = args.nnodes
-    resources.update({k: v for k, v in (("gpu_type", args.gpu_type), ("cpu", args.cpu), ("memory", args.memory))
-                      if v is not None})
-    body = {"notebook": json.loads(nbformat.writes(nb)), "parameters": params, "resources": resources,
-            "name": args.name or None, "profile": args.profile, "queue": args.queue, "priority": args.priority,
-            "retries": args.retries, "timeout_seconds": args.timeout, "experiment": args.experiment,
-            "datasets": (args.dataset + [{"ref": r, "context": "evaluation"} for r in args.eval_dataset]) or None,
-            "cwd": args.cwd,
-            "source": {"notebook_path": str(path) if not path.is_absolute() else path.name}}
-    body = {k: v for k, v in body.items() if v is not None}
-    if args.dry_run:
-        body["dry_run"] = True
+    options = submit.JobOptions(
+        nproc=args.nproc, nodes=args.nnodes, gpus=args.gpus, gpu_type=args.gpu_type, cpu=args.cpu,
+        memory=args.memory, profile=args.profile, queue=args.queue, priority=args.priority, name=args.name or None,
+        experiment=args.experiment, params=dict(submit.parse_param(f"{k}={v}") for k, v in args.param),
+        datasets=args.dataset, eval_datasets=args.eval_dataset, retries=args.retries, timeout=args.timeout,
+        dry_run=args.dry_run)
     client = _client(args)
-    job = client.submit(body)
+    job = submit.submit_notebook(Path(args.notebook), options, client=client, cwd=args.cwd)
     if args.dry_run:
         print("would start now" if job["admitted"] else f"would wait: {job['reason']}")
         return 0
     print(f"submitted {job['id']} ({job['state']})")
     if args.wait:
-        for chunk in client.logs(job["id"], follow=True):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
-        job = client.job(job["id"])
+        job = submit.follow(client, job)
         print(f"{job['id']} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
         return 0 if job["state"] == "succeeded" else 1
     return 0

@@ -38,7 +38,7 @@ from danlu.hub.service.mlflow_access import MlflowAccess
 from danlu.hub.service.models import DatasetVersion, Job, JobInput
 from danlu.hub.service.validation import check_schema
 from danlu.hub.testing import free_port
-from danlu.train import build_job_notebook
+from danlu.submit import build_job_notebook
 
 from .fakes import (
     InstantBackend,
