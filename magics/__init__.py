@@ -12,7 +12,8 @@ In a notebook of a Danlu server::
 
 :func:`dataset` hands code a catalog version's path, verified and recorded as
 an input of the run. Inside a job, :func:`log_dataset` records a dataset as an input of the job's
-MLflow run and :func:`checkpoint_dir` is where to save checkpoints. This
+MLflow run and :func:`checkpoint_dir` is where to save checkpoints. :func:`last_job_id` is the job
+the last ``%%train`` of this kernel submitted. This
 package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
 (folder ``hub/``) runs beside JupyterHub.
 """
@@ -23,12 +24,22 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
+_last_job_id: str | None = None  # set by %%train (danlu.train)
+
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext danlu``: register ``%%train`` and ``%%train_setup``."""
     from danlu.train import TrainMagics
 
     ipython.register_magics(TrainMagics)
+
+
+def last_job_id() -> str | None:
+    """The id of the last job ``%%train`` submitted in this kernel (None if none yet).
+
+    The lab extension's "Run cell as training job" submits with ``%%train --quiet`` and then asks this.
+    """
+    return _last_job_id
 
 
 def checkpoint_dir() -> Path:

@@ -8,7 +8,7 @@ its cell here and records it for every later job of this kernel. After a
 submission the magic shows a live job card (:mod:`danlu.card`), follows the
 log (``--wait``), or prints only the job's id (``--quiet``, for the lab
 extension's "Run cell as training job", which then asks
-:func:`last_job_id`).
+:func:`danlu.last_job_id`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+import danlu
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell
 
-_last_job_id: str | None = None
-
-
-def last_job_id() -> str | None:
-    """The id of the last job ``%%train`` submitted in this kernel (None if none yet)."""
-    return _last_job_id
+# The lab extension's TypeScript still asks danlu.train.last_job_id() (extensions/lab/src/model.ts:508);
+# remove this line once it asks danlu.last_job_id().
+last_job_id = danlu.last_job_id
 
 
 def _cell_id(shell) -> str | None:
@@ -113,7 +111,8 @@ class TrainMagics(Magics):
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
     @argument("--quiet", action="store_true",
-              help="Print only the job's id, with no job card, and return at once (for tools; see last_job_id()).")
+              help="Print only the job's id, with no job card, and return at once (for tools: see "
+                   "danlu.last_job_id()).")
     @argument("--dry-run", action="store_true", help="Show the notebook that would run and whether it would start now.")
     @cell_magic
     def train(self, line, cell):
@@ -125,7 +124,7 @@ class TrainMagics(Magics):
         the cell's sha256, the notebook and the log go to one MLflow run, with no
         MLflow code in the cell.
 
-        With --quiet it prints only the job's id; ``danlu.train.last_job_id()`` returns
+        With --quiet it prints only the job's id; ``danlu.last_job_id()`` returns
         the id of the last job submitted in this kernel either way.
 
         Examples::
@@ -135,7 +134,6 @@ class TrainMagics(Magics):
             %%train --dataset mnist@3 --eval-dataset mnist-test@1
             %%train --quiet --param lr=0.1
         """
-        global _last_job_id
         try:
             args = parse_argstring(self.train, line)
             if args.quiet and args.wait:
@@ -153,7 +151,7 @@ class TrainMagics(Magics):
             if args.dry_run:
                 show_dry_run(result)
                 return None
-            _last_job_id = result["id"]
+            danlu._last_job_id = result["id"]
             if args.quiet:
                 print(result["id"])
                 return None
