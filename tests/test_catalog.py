@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from danlu import cli
+from danlu import cli, cliclient
 from danlu.digests import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
 from danlu.hub.service import catalog
@@ -394,7 +394,7 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
                     "version": await manager.catalog.version(ALICE, "tab", 1)}
 
     client = AnsweringClient(asyncio.run(answers()))
-    monkeypatch.setattr(cli, "_client", lambda args: client)
+    monkeypatch.setattr(cliclient, "client", lambda args: client)
     for argv, key in ((["register", "tab", "tab"], "register"), (["list"], "list"), (["show", "tab"], "show"),
                       (["show", "tab@1"], "version")):
         assert cli.main(["datasets", *argv, "--json"]) == 0
@@ -428,7 +428,7 @@ def test_cli_shows_who_used_a_version_and_what_a_job_used(monkeypatch, capsys):
         def job(self, job_id):
             return job
 
-    monkeypatch.setattr(cli, "_client", lambda args: Client())
+    monkeypatch.setattr(cliclient, "client", lambda args: Client())
     assert cli.main(["datasets", "show", "faces@1"]) == 0
     text = capsys.readouterr().out
     assert "used by" in text and "0123456789ab" in text and "evaluation" in text and "r1" in text
