@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from danlu import env
+
 __version__ = "0.1.0"
 
 _last_job_id: str | None = None  # set by %%train (danlu.train)
@@ -29,7 +31,7 @@ _last_job_id: str | None = None  # set by %%train (danlu.train)
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext danlu``: register ``%%train`` and ``%%train_setup``."""
-    from danlu.train import TrainMagics
+    from danlu.train import TrainMagics  # deferred: IPython's magics and nbformat take ~1.5 s; jobs import danlu too
 
     ipython.register_magics(TrainMagics)
 
@@ -44,8 +46,6 @@ def last_job_id() -> str | None:
 
 def checkpoint_dir() -> Path:
     """Where a job saves checkpoints (``$DANLU_CHECKPOINT_DIR``); kept across its attempts."""
-    from danlu import env
-
     path = Path(env.CHECKPOINT_DIR.get("checkpoints"))
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -56,12 +56,13 @@ def log_dataset(path, name: str | None = None, context: str = "training"):
 
     Outside a job (or on a rank other than 0) the digest is computed and returned but nothing is logged.
     """
+    # deferred: hashlib and the API client (requests) come with them, and import danlu stays light
     from danlu import autolog, datasets, digests
 
     digest = digests.digest(path, name=name, cache_file=digests.default_cache())
     run = autolog.mlflow_run()
     if run is not None:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # deferred: mlflow takes ~2 s to import; only a run that logs needs it
 
         datasets.log_to_mlflow(MlflowClient(), run.info.run_id, digest, context=context)
     return digest
@@ -77,6 +78,6 @@ def dataset(ref: str, context: str = "training") -> Path:
     input of the MLflow run (the job's; outside a job, the active run if any) with ``context``
     (``"training"`` or ``"evaluation"``).
     """
-    from danlu import datasets
+    from danlu import datasets  # deferred: hashlib and the API client (requests) come with it; import danlu stays light
 
     return datasets.use(ref, context)

@@ -14,6 +14,8 @@ import html
 import threading
 import time
 
+from IPython.display import display
+
 from danlu.client import FINAL_STATES as FINAL
 
 COLORS = {"queued": "#8a6d00", "running": "#1565c0", "succeeded": "#2e7d32", "failed": "#c62828",
@@ -61,7 +63,7 @@ class JobCard:
         self.log_lines = log_lines
 
     def _widgets(self):
-        import ipywidgets as w
+        import ipywidgets as w  # deferred: ipywidgets takes ~65 ms; %load_ext danlu imports this module
 
         self.header = w.HTML(summary_html(self.job))
         self.log = w.HTML("")
@@ -101,8 +103,6 @@ class JobCard:
             time.sleep(self.interval)
 
     def show(self) -> "JobCard":
-        from IPython.display import display
-
         display(self._widgets())
         threading.Thread(target=self._loop, name=f"danlu-card-{self.job['id']}", daemon=True).start()
         return self

@@ -17,6 +17,6 @@ def add_client_args(parser) -> None:
 
 def client(args):
     """The jobs-API client for a command's ``--url`` and ``--token``."""
-    from danlu.client import DanluClient
+    from danlu.client import DanluClient  # deferred: requests takes ~75 ms; danlu up, render and --help need none
 
     return DanluClient(url=args.url, token=args.token)

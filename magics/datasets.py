@@ -14,8 +14,10 @@ import re
 import sys
 from pathlib import Path
 
-from danlu import digests
+from danlu import autolog, digests, env, tags
+from danlu.client import DanluClient
 from danlu.digests import CONTEXTS, EVALUATION, TRAINING, DatasetDigest, default_cache, verify
+from danlu.errors import Unreachable, UsageError
 
 # The jobs service imports these four from here until it imports them from danlu.digests
 # (hub/service/catalog.py:38); remove this line then.
@@ -27,9 +29,7 @@ REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)(?:@([1-9][0-9]{0,8}
 
 def log_to_mlflow(client, run_id: str, ds: DatasetDigest, context: str = TRAINING) -> None:
     """Record a dataset as an input of an MLflow run, with its context (``mlflow.data.context``)."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    from danlu import tags
+    from mlflow.entities import Dataset, DatasetInput, InputTag  # deferred: mlflow takes ~2 s to import
 
     dataset = Dataset(
         name=ds.name,
@@ -48,11 +48,9 @@ def use(ref: str, context: str = TRAINING) -> Path:
     Inside a job the jobs service resolves ``ref`` as the job's owner (runner API, with the attempt's
     token) and records the use; outside one, the catalog is asked with the user's hub token. The files
     are verified against the version's digest here (:class:`~danlu.digests.DatasetChanged` names what
-    changed), then
-    logged on the job's MLflow run (rank 0) or, outside a job, on the active MLflow run if there is one.
+    changed), then logged on the job's MLflow run (rank 0) or, outside a job, on the active MLflow run if
+    there is one.
     """
-    from danlu.errors import UsageError
-
     match = REF.match(ref) if isinstance(ref, str) else None
     if match is None:
         raise UsageError(f"danlu.dataset({str(ref)[:80]!r}): not a catalog version; write NAME@VERSION (e.g. "
@@ -70,16 +68,10 @@ def use(ref: str, context: str = TRAINING) -> Path:
 
 
 def _in_job() -> bool:
-    from danlu import env
-
     return bool(env.JOB_ID.get())
 
 
 def _resolve_in_job(ref: str, context: str) -> dict:
-    from danlu import env
-    from danlu.client import DanluClient
-    from danlu.errors import Unreachable
-
     api, token, attempt, job = env.RUNNER_API.get(), env.JOB_TOKEN.get(), env.ATTEMPT.get(), env.JOB_ID.get()
     if not (api and token and attempt):
         raise Unreachable("danlu.dataset: this job's kernel was not told where the jobs service's runner API is",
@@ -90,8 +82,6 @@ def _resolve_in_job(ref: str, context: str) -> dict:
 
 
 def _resolve_outside(name: str, version: str) -> dict:
-    from danlu.client import DanluClient
-
     client = DanluClient()
     number = client.dataset(name)["latest"]["version"] if version == "latest" else int(version)
     return client.dataset_version(name, number)
@@ -101,15 +91,13 @@ def _log_input(found: DatasetDigest, context: str) -> None:
     """On the job's run (rank 0), or outside a job on the active MLflow run; a failure is a warning."""
     try:
         if _in_job():
-            from danlu import autolog
-
             run = autolog.mlflow_run()
         else:  # no mlflow imported: no active run
             mlflow = sys.modules.get("mlflow")
             run = mlflow.active_run() if mlflow is not None and hasattr(mlflow, "active_run") else None
         if run is None:
             return
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # deferred: mlflow takes ~2 s to import; only a run that logs needs it
 
         log_to_mlflow(MlflowClient(), run.info.run_id, found, context=context)
     except Exception as e:  # noqa: BLE001 - the data is verified; only its record in MLflow is missing

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from danlu import cliclient
@@ -28,7 +29,7 @@ def _row(job: dict) -> str:
 
 
 def cmd_submit(args) -> int:
-    from danlu import submit
+    from danlu import submit  # deferred: nbformat (and jsonschema) take ~1.4 s; only submit needs them
 
     options = submit.JobOptions(
         nproc=args.nproc, nodes=args.nnodes, gpus=args.gpus, gpu_type=args.gpu_type, cpu=args.cpu,
@@ -149,9 +150,7 @@ def print_comparison(data: dict) -> None:
 
 
 def cmd_reproduce(args) -> int:
-    import time
-
-    from danlu.client import FINAL_STATES
+    from danlu.client import FINAL_STATES  # deferred: requests takes ~75 ms; danlu up and --help need none
 
     client = cliclient.client(args)
     job = client.reproduce(args.id)

@@ -18,6 +18,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 import danlu
+from danlu.card import JobCard
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell
@@ -164,8 +165,6 @@ class TrainMagics(Magics):
                 if job["state"] in ("failed", "cancelled", "timed_out"):
                     raise UsageError(f"job {job['id']} {job['state']}: {job.get('reason') or 'see its log'}")
                 return None
-            from danlu.card import JobCard
-
             JobCard(client, result).show()
             return None
         except DanluError as e:

@@ -166,7 +166,7 @@ def outside_a_job(monkeypatch, tmp_path):
 
 def catalog_answering(monkeypatch, folder, name="faces", version=1):
     """DanluClient answering GET /datasets/{name}(/versions/{n}) for a version registered from ``folder``."""
-    from danlu import client
+    from danlu import datasets
 
     found, manifest = digests.scan(folder)
     answer = {"ref": f"{name}@{version}", "dataset": name, "version": version, "digest": found.digest,
@@ -185,7 +185,7 @@ def catalog_answering(monkeypatch, folder, name="faces", version=1):
             asked.append(("version", n, v))
             return answer
 
-    monkeypatch.setattr(client, "DanluClient", Client)
+    monkeypatch.setattr(datasets, "DanluClient", Client)
     return asked
 
 

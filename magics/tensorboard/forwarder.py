@@ -75,7 +75,7 @@ class RunNotActive(Conflict):
 
 def _refused(error: BaseException) -> bool:
     """MLflow understood the request and refused its content (HTTP 400): sending it again cannot succeed."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # deferred: mlflow takes ~2 s; needed once a run is attached
 
     return isinstance(error, MlflowException) and error.get_http_status_code() == 400
 
@@ -380,7 +380,7 @@ class MetricForwarder:
 
         In the final flush each accepted batch moves the deadline to ``final_timeout`` from now.
         """
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # deferred: mlflow takes ~2 s; needed once a run is attached
 
         sent, run_checked, batches = 0, False, 0
         while True:

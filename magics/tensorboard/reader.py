@@ -24,6 +24,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from danlu.tensorboard.format import DEPTH, header_crc, masked_crc32c, span_crcs
 
@@ -184,7 +185,7 @@ class EventFile:
         return pos, events, need
 
     def _decode(self, payload: bytes) -> tuple[float, int, list] | None:
-        from google.protobuf.message import DecodeError
+        # deferred: TensorBoard's protos take ~30 ms to import; a job that writes no event file needs none
         from tensorboard.compat.proto.event_pb2 import Event
 
         try:

@@ -49,6 +49,8 @@ import threading
 import time
 
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer import event_file_writer as tensorboard_writer
 
 from danlu.tensorboard.encoder import ScalarEncoder
 from danlu.tensorboard.format import frame
@@ -77,10 +79,8 @@ class _Counter:
 def _uid_counter():
     """TensorBoard's own counter of writers, so file names never collide with its writers' in this process."""
     try:
-        from tensorboard.summary.writer import event_file_writer
-
-        return event_file_writer._global_uid
-    except (ImportError, AttributeError):
+        return tensorboard_writer._global_uid
+    except AttributeError:
         return _Counter()
 
 
@@ -92,8 +92,6 @@ class EventFileWriter:
     """
 
     def __init__(self, logdir, max_queue_size=10, flush_secs=120, filename_suffix=""):
-        from tensorboard.compat.proto import event_pb2
-
         self._logdir = str(logdir)
         os.makedirs(self._logdir, exist_ok=True)
         self._file_name = os.path.join(self._logdir, "events.out.tfevents.%010d.%s.%s.%s" % (
@@ -126,8 +124,6 @@ class EventFileWriter:
 
     def add_event(self, event) -> None:
         """Queue any ``Event`` proto, serialized now (as TensorBoard does)."""
-        from tensorboard.compat.proto import event_pb2
-
         if not isinstance(event, event_pb2.Event):
             raise TypeError(f"Expected an event_pb2.Event proto,  but got {type(event)}")
         self._check_open()
@@ -271,9 +267,7 @@ def _number(value) -> float | None:
 def event_file_writer(logdir, max_queue_size=10, flush_secs=120, filename_suffix=""):
     """An :class:`EventFileWriter` for a local log dir; TensorBoard's own for a remote one (``s3://``, ``gs://``)."""
     if "://" in str(logdir):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter as TensorBoardWriter
-
-        return TensorBoardWriter(logdir, max_queue_size, flush_secs, filename_suffix)
+        return tensorboard_writer.EventFileWriter(logdir, max_queue_size, flush_secs, filename_suffix)
     return EventFileWriter(logdir, max_queue_size, flush_secs, filename_suffix)
 
 
