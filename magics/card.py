@@ -16,7 +16,7 @@ import time
 
 from IPython.display import display
 
-from danlu.client import FINAL_STATES as FINAL
+from danlu.states import FINAL_STATES as FINAL
 
 COLORS = {"queued": "#8a6d00", "running": "#1565c0", "succeeded": "#2e7d32", "failed": "#c62828",
           "cancelled": "#616161", "preempted": "#6a1b9a", "timed_out": "#c62828"}

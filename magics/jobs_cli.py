@@ -18,6 +18,7 @@ from pathlib import Path
 from danlu import cliclient
 from danlu.cliclient import add_client_args
 from danlu.errors import UsageError
+from danlu.states import FINAL_STATES
 
 
 def _row(job: dict) -> str:
@@ -46,6 +47,8 @@ def cmd_submit(args) -> int:
     if args.wait:
         job = submit.follow(client, job)
         print(f"{job['id']} {job['state']}" + (f": {job['reason']}" if job.get("reason") else ""))
+        if job["state"] not in FINAL_STATES:  # Ctrl-C stopped following: exit as main() does for an interrupt
+            return 130
         return 0 if job["state"] == "succeeded" else 1
     return 0
 
@@ -150,7 +153,6 @@ def print_comparison(data: dict) -> None:
 
 
 def cmd_reproduce(args) -> int:
-    from danlu.client import FINAL_STATES  # deferred: requests takes ~75 ms; danlu up and --help need none
 
     client = cliclient.client(args)
     job = client.reproduce(args.id)
