@@ -29,8 +29,8 @@ Each case runs three variants of the same loop:
   ``add_histogram`` calls included).
 * **danlu**: auto-logging as a job's kernel has it: ``danlu.autolog.activate()``
   with ``DANLU_JOB_DIR`` and ``RANK=0`` before TensorBoard is imported (so
-  ``SummaryWriter()`` writes into the job dir through :mod:`danlu.eventwriter`
-  with a 2 s flush interval), while a :class:`danlu.events.MetricForwarder`
+  ``SummaryWriter()`` writes into the job dir through :mod:`danlu.tensorboard.writer`
+  with a 2 s flush interval), while a :class:`danlu.tensorboard.forwarder.MetricForwarder`
   (the job runner's part, here in this parent process) tails that dir and sends
   the scalars to a real MLflow run on a local ``mlflow server`` (SQLite), as it
   does for a job.
@@ -349,8 +349,8 @@ class Harness:
 
     def run_danlu(self, case: Case, steps: int, folder: Path) -> tuple[dict, dict]:
         """The loop's times, and what forwarding it took: run id, points sent during the loop, drain seconds."""
-        from danlu.events import MetricForwarder
         from danlu.jobdir import JobDir
+        from danlu.tensorboard.forwarder import MetricForwarder
 
         jd = JobDir(folder)
         jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ In a notebook of a Danlu server::
 
 :func:`dataset` hands code a catalog version's path, verified and recorded as
 an input of the run. Inside a job, :func:`log_dataset` records a dataset as an input of the job's
-MLflow run and :func:`checkpoint_dir` is where to save checkpoints. This
+MLflow run and :func:`checkpoint_dir` is where to save checkpoints. :func:`last_job_id` is the job
+the last ``%%train`` of this kernel submitted. This
 package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
 (folder ``hub/``) runs beside JupyterHub.
 """
@@ -21,26 +22,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from danlu import env
+
 __version__ = "0.1.0"
+
+_last_job_id: str | None = None  # set by %%train (danlu.train)
 
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext danlu``: register ``%%train`` and ``%%train_setup``."""
-    from danlu.train import TrainMagics
+    from danlu.train import TrainMagics  # deferred: IPython's magics and nbformat take ~1.5 s; jobs import danlu too
 
     ipython.register_magics(TrainMagics)
 
 
-def in_job() -> bool:
-    from danlu import env
+def last_job_id() -> str | None:
+    """The id of the last job ``%%train`` submitted in this kernel (None if none yet).
 
-    return bool(env.JOB_ID.get())
+    The lab extension's "Run cell as training job" submits with ``%%train --quiet`` and then asks this.
+    """
+    return _last_job_id
 
 
 def checkpoint_dir() -> Path:
     """Where a job saves checkpoints (``$DANLU_CHECKPOINT_DIR``); kept across its attempts."""
-    from danlu import env
-
     path = Path(env.CHECKPOINT_DIR.get("checkpoints"))
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -51,12 +56,13 @@ def log_dataset(path, name: str | None = None, context: str = "training"):
 
     Outside a job (or on a rank other than 0) the digest is computed and returned but nothing is logged.
     """
-    from danlu import autolog, datasets
+    # deferred: hashlib and the API client (requests) come with them, and import danlu stays light
+    from danlu import autolog, datasets, digests
 
-    digest = datasets.digest(path, name=name, cache_file=datasets.default_cache())
+    digest = digests.digest(path, name=name, cache_file=digests.default_cache())
     run = autolog.mlflow_run()
     if run is not None:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # deferred: mlflow takes ~2 s to import; only a run that logs needs it
 
         datasets.log_to_mlflow(MlflowClient(), run.info.run_id, digest, context=context)
     return digest
@@ -68,10 +74,10 @@ def dataset(ref: str, context: str = "training") -> Path:
     Inside a job it is resolved by the jobs service as the job's owner, who must be in the dataset's read
     groups (else :class:`~danlu.errors.NotFound`), and the use is recorded (``GET /jobs/{id}``'s ``inputs``);
     outside one, with your hub token. Either way the files are verified against the version's digest
-    (:class:`~danlu.datasets.DatasetChanged` names the files that changed) and the version is logged as an
+    (:class:`~danlu.digests.DatasetChanged` names the files that changed) and the version is logged as an
     input of the MLflow run (the job's; outside a job, the active run if any) with ``context``
     (``"training"`` or ``"evaluation"``).
     """
-    from danlu import datasets
+    from danlu import datasets  # deferred: hashlib and the API client (requests) come with it; import danlu stays light
 
     return datasets.use(ref, context)

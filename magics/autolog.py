@@ -7,7 +7,7 @@ It costs nothing in the training loop:
   job's folder (``tensorboard/rank-N``) and a short flush interval; rank 0
   records each writer's log dir, and the job runner (a separate process) tails
   those event files into the job's MLflow run in batches.
-* Its event files are written by :mod:`danlu.eventwriter`: the same files,
+* Its event files are written by :mod:`danlu.tensorboard.writer`: the same files,
   record for record, for about a microsecond of the training thread per
   ``add_scalar`` where TensorBoard's own writer takes tens (at 100 scalars a
   step, 8 ms a step on two cores).
@@ -27,15 +27,14 @@ series has one point per step.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
 import weakref
 from pathlib import Path
 
-from danlu import env
+from danlu import env, seeds
+from danlu.importhooks import when_imported
 
 #: top-level modules whose import turns on mlflow.autolog (mlflow's LIBRARY_TO_AUTOLOG_MODULE)
 AUTOLOG_FRAMEWORKS = frozenset({
@@ -55,51 +54,6 @@ def rank() -> int:
 def _jobdir() -> Path | None:
     value = env.JOB_DIR.get()
     return Path(value) if value else None
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Calls ``callback(module)`` right after one of ``names`` finishes importing."""
-
-    def __init__(self, names, callback):
-        self.names = set(names)
-        self.callback = callback
-        self._busy: set[str] = set()
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names or fullname in self._busy:
-            return None
-        self._busy.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy.discard(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, callback = spec.loader, self.callback
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec_):
-                return loader.create_module(spec_)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                callback(module)
-
-        spec.loader = _Loader()
-        return spec
-
-
-def when_imported(names, callback) -> None:
-    """Run ``callback(module)`` now for modules already imported, else right after their import."""
-    pending = []
-    for name in names:
-        module = sys.modules.get(name)
-        if module is not None:
-            callback(module)
-        else:
-            pending.append(name)
-    if pending:
-        sys.meta_path.insert(0, _PostImportHook(pending, callback))
 
 
 # TensorBoard -------------------------------------------------------------------
@@ -144,9 +98,10 @@ def _patch_summary_writer(module) -> None:
     __init__.__wrapped__ = original
     cls.__init__ = __init__
     cls._danlu_patched = True
-    from danlu import eventwriter
+    # deferred: it imports numpy and TensorBoard's protos, which only a kernel whose code uses TensorBoard needs
+    from danlu.tensorboard import writer
 
-    eventwriter.activate(module)
+    writer.activate(module)
 
 
 def flush_writers(*_args) -> None:
@@ -162,7 +117,7 @@ def mlflow_run():
     """The job's MLflow run, resumed in this process (rank 0 only); None elsewhere."""
     if rank() != 0 or not os.environ.get("MLFLOW_RUN_ID"):
         return None
-    import mlflow
+    import mlflow  # deferred: mlflow takes ~2 s to import; only a job's rank 0 with a run needs it
 
     with _lock:
         active = mlflow.active_run()
@@ -177,7 +132,7 @@ def _enable_mlflow_autolog(_module) -> None:
         return
     _state["autolog"] = True
     try:
-        import mlflow
+        import mlflow  # deferred: mlflow takes ~2 s to import; needed once the code imports a framework it covers
 
         if mlflow_run() is not None:
             mlflow.autolog(silent=True)
@@ -206,11 +161,9 @@ def activate() -> None:
         when_imported(sorted(AUTOLOG_FRAMEWORKS), _enable_mlflow_autolog)
     atexit.register(flush_writers)
     if _jobdir() is not None:
-        from danlu import seeds
-
         seeds.activate()
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # deferred: optional (only a kernel has IPython); ~0.3 s elsewhere
 
         shell = get_ipython()
         if shell is not None:

@@ -30,10 +30,6 @@ from danlu.errors import (
     UsageError,
     ValidationError,
 )
-from danlu.states import FINAL
-
-#: job states after which nothing changes (for clients; the service's vocabulary, danlu.states)
-FINAL_STATES = frozenset(state.value for state in FINAL)
 
 _BY_STATUS = {400: UsageError, 403: Forbidden, 404: NotFound, 409: Conflict, 413: UsageError, 422: ValidationError}
 

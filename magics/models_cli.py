@@ -1,21 +1,18 @@
-"""``danlu models``: register a run's model, list and show versions, approve or reject, move aliases.
+"""``danlu models`` and ``danlu lineage``: register a run's model, list and show versions, approve or reject,
+move aliases, and show what made a version.
 
-Each command is one call of the jobs service's models API (through :func:`danlu.cli._client`); it
+Each command is one call of the jobs service's models API (through :func:`danlu.cliclient.client`); it
 prints a table for people, or with ``--json`` exactly what the API answered. :func:`add_parser`
-hangs the commands under ``danlu models`` (called by :func:`danlu.cli.build_parser`).
+hangs the commands under ``danlu models`` and ``danlu lineage`` (called by :func:`danlu.cli.build_parser`).
 """
 
 from __future__ import annotations
 
 import json
 
+from danlu import cliclient
+from danlu.cliclient import add_client_args
 from danlu.errors import UsageError
-
-
-def _client(args):
-    from danlu import cli
-
-    return cli._client(args)
 
 
 def _print_json(data) -> int:
@@ -60,7 +57,7 @@ def cmd_register(args) -> int:
         body["artifact_path"] = args.artifact_path
     if args.description is not None:
         body["description"] = args.description
-    v = _client(args).register_model(body)
+    v = cliclient.client(args).register_model(body)
     if args.json:
         return _print_json(v)
     print(f"registered {v['name']} version {v['version']} from {v['source']}; approval {v['approval']}, "
@@ -69,7 +66,7 @@ def cmd_register(args) -> int:
 
 
 def cmd_list(args) -> int:
-    models = _client(args).models()
+    models = cliclient.client(args).models()
     if args.json:
         return _print_json(models)
     if not models:
@@ -85,7 +82,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    client = _client(args)
+    client = cliclient.client(args)
     data = client.model_version(args.name, args.version) if args.version else client.model(args.name)
     if args.json:
         return _print_json(data)
@@ -104,7 +101,7 @@ def cmd_show(args) -> int:
 def cmd_decide(args) -> int:
     if not args.comment.strip():
         raise UsageError("--comment must say something: it goes into the audit log")
-    v = _client(args).decide_model(args.name, args.version, args.decision, args.comment)
+    v = cliclient.client(args).decide_model(args.name, args.version, args.decision, args.comment)
     if args.json:
         return _print_json(v)
     print(f"{v['name']} version {v['version']}: {v['approval']}")
@@ -112,7 +109,7 @@ def cmd_decide(args) -> int:
 
 
 def cmd_alias(args) -> int:
-    client = _client(args)
+    client = cliclient.client(args)
     if args.delete:
         if args.version is not None:
             raise UsageError("--delete takes no VERSION: danlu models alias NAME ALIAS --delete")
@@ -129,8 +126,34 @@ def cmd_alias(args) -> int:
     return 0
 
 
-def add_parser(sub, client_args) -> None:
-    """``danlu models ...`` under the ``danlu`` command's subparsers."""
+LINEAGE_ORDER = ("model_version", "approval", "evaluation", "run", "job", "notebook", "cell", "dataset_version",
+                 "environment")
+
+
+def cmd_lineage(args) -> int:
+    name, sep, number = args.ref.partition("@")
+    version = args.version if args.version is not None else (number if sep else None)
+    if not version or not str(version).isdigit():
+        raise UsageError(f"{args.ref!r}: name a model version, e.g. 'danlu lineage {name} 1' or {name}@1")
+    data = cliclient.client(args).lineage(name, int(version))
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    by_kind: dict[str, list[dict]] = {}
+    for node in data["nodes"]:
+        by_kind.setdefault(node["kind"], []).append(node)
+    for kind in LINEAGE_ORDER + tuple(k for k in by_kind if k not in LINEAGE_ORDER):
+        for node in by_kind.get(kind, []):
+            print(f"{kind.replace('_', ' '):>15}: {node['label']}")
+            for key, value in node["detail"].items():
+                print(f"{'':>15}  {key}: {value}")
+            if node.get("url"):
+                print(f"{'':>15}  {node['url']}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """``danlu models ...`` and ``danlu lineage`` under the ``danlu`` command's subparsers."""
     models = sub.add_parser("models", help="registered models: register, list, show, approve, reject, alias")
     msub = models.add_subparsers(dest="action", metavar="ACTION")
     rg = msub.add_parser("register", help="register a model version from an MLflow run of yours")
@@ -163,4 +186,11 @@ def add_parser(sub, client_args) -> None:
     parsers.append(al)
     for p in parsers:
         p.add_argument("--json", action="store_true")
-        client_args(p)
+        add_client_args(p)
+    li = sub.add_parser("lineage", help="what made a model version: run, job, notebook and cell, datasets, "
+                                        "environment, evaluation, approvals")
+    li.add_argument("ref", metavar="NAME", help="the model (or NAME@VERSION)")
+    li.add_argument("version", nargs="?", help="the version number")
+    li.add_argument("--json", action="store_true", help="the API's answer: {model, nodes, edges}")
+    li.set_defaults(func=cmd_lineage)
+    add_client_args(li)

@@ -13,6 +13,7 @@ so processes forked during the shutdown are caught too.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -129,8 +130,6 @@ def kill_matching(root_pid: int | None = None, root_create_time: float | None = 
 def set_child_subreaper() -> None:
     """Make orphaned descendants re-parent to this process (Linux), so they stay in our tree."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_CHILD_SUBREAPER = 36
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

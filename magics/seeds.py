@@ -3,7 +3,7 @@
 :func:`activate` runs in rank 0's kernel of a job (from :func:`danlu.autolog.activate`) and wraps the
 usual ways to seed: ``random.seed``, ``numpy.random.seed`` and ``numpy.random.default_rng(seed)``,
 ``torch.manual_seed``, and Lightning's ``seed_everything`` -- each wrapped once, when its module is
-imported (:func:`danlu.autolog.when_imported`), calling the original unchanged. The first whole-number
+imported (:func:`danlu.importhooks.when_imported`), calling the original unchanged. The first whole-number
 seed is written to the job folder's ``seed.json``; the runner reads it at the end, tags the MLflow run
 and reports it to the service, which keeps only an int. A seed derived otherwise (a ``SeedSequence``,
 an array, an environment variable read by a library) is not seen, and the record says none was set.
@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 from danlu import env
+from danlu.importhooks import when_imported
+from danlu.jobdir import JobDir, write_json_atomic
 
 #: module -> the functions of it that take a seed first
 SEEDERS = {
@@ -43,10 +46,6 @@ def _record(seed) -> None:
     if not folder:
         return
     try:
-        from pathlib import Path
-
-        from danlu.jobdir import JobDir, write_json_atomic
-
         write_json_atomic(JobDir(Path(folder)).seed_file, {"seed": value})
     except OSError:
         pass  # the record says no seed; the job goes on
@@ -73,8 +72,6 @@ def _wrap(module, name: str) -> None:
 
 def activate() -> None:
     """Watch for seeds in this kernel (rank 0 only; idempotent)."""
-    from danlu.autolog import when_imported
-
     if _state["active"] or int(os.environ.get("RANK", "0") or 0) != 0:
         return
     _state.update(active=True, pid=os.getpid())

@@ -53,6 +53,8 @@ class JobState(str, enum.Enum):
 
 #: states after which nothing changes
 FINAL = frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out})
+#: their names, for clients that read a job's state from the API
+FINAL_STATES = frozenset(state.value for state in FINAL)
 #: states in which a job holds resources and has processes (or had, until they are gone)
 ACTIVE = frozenset({JobState.running, JobState.preempted})
 #: how an attempt can end, as its runner reports it

@@ -37,5 +37,5 @@ MLFLOW_USER = "mlflow.user"
 SOURCE_TYPE = "mlflow.source.type"
 SOURCE_NAME = "mlflow.source.name"
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
-# on a run's dataset inputs: why the run used it (danlu.datasets.CONTEXTS)
+# on a run's dataset inputs: why the run used it (danlu.digests.CONTEXTS)
 DATA_CONTEXT = "mlflow.data.context"

@@ -1,198 +1,31 @@
-"""``%%train``: promote a notebook cell into a job.
+"""``%%train`` and ``%%train_setup``: promote a notebook cell into a job.
 
-The job's notebook is built by :func:`build_job_notebook`, with one rule for
-what it contains, in this order:
-
-1. a ``parameters`` cell (papermill's tag) assigning every ``--param``;
-2. the *setup cells*: every cell run in this kernel with ``%%train_setup``
-   (imports, data loading, model definitions), the latest run of each cell, in
-   the order they were first run -- so what the job runs is exactly what you
-   ran here, saved or not;
-3. the ``%%train`` cell's own code.
-
-The job records which setup cells it included (``source.included_cells``). The
-magic parses its arguments (``magic_arguments``), then calls one plain
-function, :func:`submit_cell`, which makes one API call; nothing in it evaluates
-user text (``--param`` values are read as JSON or Python literals, else kept
-as strings). :func:`last_job_id` tells a caller -- the lab extension's "Run
-cell as training job", which submits with ``--quiet`` -- which job the last
-``%%train`` of this kernel submitted.
+The magic parses its arguments (``magic_arguments``) into
+:class:`~danlu.submit.JobOptions`, then calls one plain function,
+:func:`~danlu.submit.submit_cell`, which makes one API call (what the job's
+notebook holds is the rule in :mod:`danlu.submit`). ``%%train_setup`` runs
+its cell here and records it for every later job of this kernel. After a
+submission the magic shows a live job card (:mod:`danlu.card`), follows the
+log (``--wait``), or prints only the job's id (``--quiet``, for the lab
+extension's "Run cell as training job", which then asks
+:func:`danlu.last_job_id`).
 """
 
 from __future__ import annotations
 
-import ast
-import json
-import keyword
-import math
-import os
-import re
-import subprocess
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import nbformat
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from danlu import env
+import danlu
+from danlu.card import JobCard
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
+from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell
 
-_last_job_id: str | None = None
-
-
-def last_job_id() -> str | None:
-    """The id of the last job ``%%train`` submitted in this kernel (None if none yet)."""
-    return _last_job_id
-
-
-def parse_param(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` -> (key, value); the value is a JSON/Python literal when it parses as one."""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]  # IPython keeps the quotes of --param 'name=a b'
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise UsageError(f"--param {text!r}: write KEY=VALUE, e.g. --param lr=0.01")
-    if not key.isidentifier() or keyword.iskeyword(key):
-        raise UsageError(f"--param {text!r}: {key!r} is not a usable Python name (letters, digits, _; not a keyword)")
-    raw = raw.strip()
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return key, parse(raw)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    return key, raw
-
-
-def python_literal(value) -> str:
-    """Python source for a JSON-like value (``repr`` writes ``inf``/``nan``, which are not literals)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"float({str(value)!r})"
-    if isinstance(value, list):
-        return "[" + ", ".join(python_literal(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        return "(" + "".join(python_literal(v) + ", " for v in value) + ")"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{python_literal(k)}: {python_literal(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-@dataclass
-class SetupCells:
-    """Cells run with ``%%train_setup`` in this kernel: latest source per cell, first-run order."""
-
-    cells: dict[str, str] = field(default_factory=dict)
-
-    def record(self, cell_id: str, source: str) -> None:
-        self.cells[cell_id] = source  # dicts keep first-insertion order; a re-run updates in place
-
-    def forget(self, cell_ids) -> None:
-        for cell_id in cell_ids or ():
-            self.cells.pop(cell_id, None)
-
-
-def build_job_notebook(cell: str, params: dict, setup: dict[str, str], *, kernel_name: str,
-                       display_name: str = "Python 3", cell_id: str | None = None) -> nbformat.NotebookNode:
-    """The notebook a ``%%train`` cell runs as (see the module docstring for the rule)."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": display_name, "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    lines = [f"{key} = {python_literal(value)}" for key, value in params.items()]
-    parameters = nbformat.v4.new_code_cell("\n".join(lines) or "# no parameters",
-                                           metadata={"tags": ["parameters"]})
-    nb.cells.append(parameters)
-    for setup_id, source in setup.items():
-        nb.cells.append(nbformat.v4.new_code_cell(source, metadata={"tags": ["danlu-setup"],
-                                                                    "danlu": {"cell_id": setup_id}}))
-    job_cell = nbformat.v4.new_code_cell(cell, metadata={"tags": ["danlu-cell"]})
-    if cell_id and re.match(r"^[a-zA-Z0-9-_]{1,64}$", cell_id):
-        job_cell["id"] = cell_id
-    nb.cells.append(job_cell)
-    return nb
-
-
-def _git_commit(folder: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and re.match(r"^[0-9a-f]{7,64}$", commit) else None
-
-
-def _git_dirty(folder: Path) -> bool | None:
-    """Whether tracked files have uncommitted changes (None: not a git tree, or git did not answer)."""
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
-
-
-def where_am_i() -> dict:
-    """Notebook path and working directory relative to $HOME, and the git commit and state, as far as known."""
-    home = Path(os.environ.get("HOME", os.getcwd())).resolve()
-    cwd = Path.cwd().resolve()
-    rel_cwd = os.path.relpath(cwd, home) if cwd.is_relative_to(home) else "."
-    session = os.environ.get("JPY_SESSION_NAME") or ""
-    notebook = None
-    if session:
-        path = Path(session)
-        path = path if path.is_absolute() else home / path
-        notebook = os.path.relpath(path.resolve(), home) if path.resolve().is_relative_to(home) else None
-    folder = Path(session).parent if session and Path(session).is_absolute() else cwd
-    commit = _git_commit(folder)
-    return {"cwd": rel_cwd, "notebook_path": notebook, "git_commit": commit,
-            "git_dirty": _git_dirty(folder) if commit else None}
-
-
-def submit_cell(cell: str, *, client: DanluClient, setup: SetupCells, cell_id: str | None, nproc: int = 1,
-                gpus: int = 0, profile: str | None = None, queue: str | None = None, name: str | None = None,
-                experiment: str | None = None, params: dict | None = None, datasets: list[str] | None = None,
-                eval_datasets: list[str] | None = None,
-                priority: str | None = None, retries: int | None = None, timeout: int | None = None,
-                gpu_type: str | None = None, cpu: float | None = None, memory: str | None = None,
-                dry_run: bool = False, nodes: int = 1) -> dict:
-    """Build the job notebook for a cell and submit it (or dry-run it); returns the API's answer."""
-    if nproc < 1:
-        raise UsageError(f"--nproc must be at least 1, got {nproc}")
-    if nodes < 1:
-        raise UsageError(f"--nnodes must be at least 1, got {nodes}")
-    if gpus < 0:
-        raise UsageError(f"--gpus must be 0 or more, got {gpus}")
-    params = params or {}
-    place = where_am_i()
-    kernel = f"danlu-{profile or env.PROFILE.get('python')}"  # the service sets the real one
-    nb = build_job_notebook(cell, params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
-    resources = {"nproc": nproc, "gpus": gpus}
-    if nodes != 1:
-        resources["nodes"] = nodes
-    resources.update({k: v for k, v in (("gpu_type", gpu_type), ("cpu", cpu), ("memory", memory)) if v is not None})
-    body = {
-        "notebook": json.loads(nbformat.writes(nb)),
-        "parameters": params,
-        "resources": resources,
-        "cwd": place["cwd"],
-        "source": {k: v for k, v in {
-            "notebook_path": place["notebook_path"], "cell_id": cell_id, "git_commit": place["git_commit"],
-            "git_dirty": place.get("git_dirty"), "included_cells": list(setup.cells)}.items() if v is not None},
-    }
-    for key, value in (("profile", profile or env.PROFILE.get()), ("queue", queue), ("name", name),
-                       ("experiment", experiment), ("priority", priority), ("retries", retries),
-                       ("timeout_seconds", timeout)):
-        if value is not None and value != "":
-            body[key] = value
-    if datasets or eval_datasets:
-        body["datasets"] = list(datasets or []) + [{"ref": ref, "context": "evaluation"} for ref in eval_datasets or []]
-    if dry_run:
-        body["dry_run"] = True
-    return client.submit(body)
+# The lab extension's TypeScript still asks danlu.train.last_job_id() (extensions/lab/src/model.ts:508);
+# remove this line once it asks danlu.last_job_id().
+last_job_id = danlu.last_job_id
 
 
 def _cell_id(shell) -> str | None:
@@ -229,18 +62,6 @@ def show_dry_run(result: dict) -> None:
     verdict = "would start now" if result["admitted"] else f"would wait: {result['reason']}"
     print(f"# profile {result['profile']}, queue {result.get('queue', 'default')}, "
           f"{result['resources']['nproc']} process(es), {result['resources']['gpus']} GPU(s): {verdict}")
-
-
-def follow(client: DanluClient, job: dict) -> dict:
-    """Stream a job's log until it ends; Ctrl-C stops following, not the job."""
-    try:
-        for chunk in client.logs(job["id"], follow=True):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        print(f"\nStopped following. Job {job['id']} keeps running; cancel it with: danlu jobs cancel {job['id']}")
-        return client.job(job["id"])
-    return client.job(job["id"])
 
 
 @magics_class
@@ -291,7 +112,8 @@ class TrainMagics(Magics):
               help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
     @argument("--quiet", action="store_true",
-              help="Print only the job's id, with no job card, and return at once (for tools; see last_job_id()).")
+              help="Print only the job's id, with no job card, and return at once (for tools: see "
+                   "danlu.last_job_id()).")
     @argument("--dry-run", action="store_true", help="Show the notebook that would run and whether it would start now.")
     @cell_magic
     def train(self, line, cell):
@@ -303,7 +125,7 @@ class TrainMagics(Magics):
         the cell's sha256, the notebook and the log go to one MLflow run, with no
         MLflow code in the cell.
 
-        With --quiet it prints only the job's id; ``danlu.train.last_job_id()`` returns
+        With --quiet it prints only the job's id; ``danlu.last_job_id()`` returns
         the id of the last job submitted in this kernel either way.
 
         Examples::
@@ -313,25 +135,24 @@ class TrainMagics(Magics):
             %%train --dataset mnist@3 --eval-dataset mnist-test@1
             %%train --quiet --param lr=0.1
         """
-        global _last_job_id
         try:
             args = parse_argstring(self.train, line)
             if args.quiet and args.wait:
                 raise UsageError("--quiet returns at once with the job's id; it does not go with --wait")
-            params = dict(parse_param(p) for p in args.param)
+            options = JobOptions(
+                nproc=args.nproc, nodes=args.nnodes, gpus=args.gpus, gpu_type=args.gpu_type, cpu=args.cpu,
+                memory=args.memory, params=dict(parse_param(p) for p in args.param), datasets=args.dataset,
+                eval_datasets=args.eval_dataset, retries=args.retries, timeout=args.timeout, dry_run=args.dry_run,
+                # an empty one of these is its default, as %%train has always read them
+                profile=args.profile or None, queue=args.queue or None, priority=args.priority or None,
+                name=args.name or None, experiment=args.experiment or None)
             client = self.client_factory()
             self.setup.forget(_deleted_cells(self.shell))
-            result = submit_cell(cell, client=client, setup=self.setup, cell_id=_cell_id(self.shell),
-                                 nproc=args.nproc, gpus=args.gpus, profile=args.profile, queue=args.queue,
-                                 name=args.name, experiment=args.experiment, params=params, datasets=args.dataset,
-                                 eval_datasets=args.eval_dataset,
-                                 priority=args.priority, retries=args.retries, timeout=args.timeout,
-                                 gpu_type=args.gpu_type, cpu=args.cpu, memory=args.memory, dry_run=args.dry_run,
-                                 nodes=args.nnodes)
+            result = submit_cell(cell, options, client=client, setup=self.setup, cell_id=_cell_id(self.shell))
             if args.dry_run:
                 show_dry_run(result)
                 return None
-            _last_job_id = result["id"]
+            danlu._last_job_id = result["id"]
             if args.quiet:
                 print(result["id"])
                 return None
@@ -344,8 +165,6 @@ class TrainMagics(Magics):
                 if job["state"] in ("failed", "cancelled", "timed_out"):
                     raise UsageError(f"job {job['id']} {job['state']}: {job.get('reason') or 'see its log'}")
                 return None
-            from danlu.card import JobCard
-
             JobCard(client, result).show()
             return None
         except DanluError as e:

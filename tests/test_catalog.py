@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from danlu import cli
-from danlu.datasets import DatasetChanged, changes, digest, scan, verify
+from danlu import cli, cliclient
+from danlu.digests import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
 from danlu.hub.service.datasets import catalog
 from danlu.runner.base import describe_error
@@ -200,7 +200,7 @@ async def test_a_folder_over_the_file_bound_is_refused_before_it_is_hashed(tmp_p
     write(home(tmp_path) / "many", {f"f{i}.txt": str(i) for i in range(4)})
     monkeypatch.setattr(catalog, "MAX_FILES", 3)
     hashed = []
-    monkeypatch.setattr("danlu.datasets._file_sha256", lambda p: hashed.append(p) or "0" * 64)
+    monkeypatch.setattr("danlu.digests._file_sha256", lambda p: hashed.append(p) or "0" * 64)
     async with service(tmp_path) as manager:
         with pytest.raises(ValidationError) as refused:
             await register(manager, name="many", path="many")
@@ -394,7 +394,7 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
                     "version": await manager.datasets.version(ALICE, "tab", 1)}
 
     client = AnsweringClient(asyncio.run(answers()))
-    monkeypatch.setattr(cli, "_client", lambda args: client)
+    monkeypatch.setattr(cliclient, "client", lambda args: client)
     for argv, key in ((["register", "tab", "tab"], "register"), (["list"], "list"), (["show", "tab"], "show"),
                       (["show", "tab@1"], "version")):
         assert cli.main(["datasets", *argv, "--json"]) == 0
@@ -428,7 +428,7 @@ def test_cli_shows_who_used_a_version_and_what_a_job_used(monkeypatch, capsys):
         def job(self, job_id):
             return job
 
-    monkeypatch.setattr(cli, "_client", lambda args: Client())
+    monkeypatch.setattr(cliclient, "client", lambda args: Client())
     assert cli.main(["datasets", "show", "faces@1"]) == 0
     text = capsys.readouterr().out
     assert "used by" in text and "0123456789ab" in text and "evaluation" in text and "r1" in text

@@ -1,4 +1,4 @@
-"""Pure tests of dataset digests: :func:`danlu.datasets.digest`.
+"""Pure tests of dataset digests: :func:`danlu.digests.digest`, and ``danlu.dataset`` which verifies with them.
 
 The digest identifies content: the same bytes give the same digest wherever
 they live, any change gives another, and a cache file spares re-hashing files
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from danlu import datasets
+from danlu import digests
 
 
 def make_dataset(folder, files: dict[str, bytes]):
@@ -30,19 +30,19 @@ FILES = {"train.csv": b"x,y\n1,2\n", "images/a.png": b"\x89PNG a", "images/b.png
 def hash_calls(monkeypatch):
     """Counts the files whose content is actually hashed."""
     calls = []
-    real = datasets._file_sha256
+    real = digests._file_sha256
 
     def counting(path):
         calls.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(datasets, "_file_sha256", counting)
+    monkeypatch.setattr(digests, "_file_sha256", counting)
     return calls
 
 
 def test_same_content_in_different_folders_has_the_same_digest(tmp_path):
-    first = datasets.digest(make_dataset(tmp_path / "one" / "mnist", FILES))
-    second = datasets.digest(make_dataset(tmp_path / "two" / "copy", FILES))
+    first = digests.digest(make_dataset(tmp_path / "one" / "mnist", FILES))
+    second = digests.digest(make_dataset(tmp_path / "two" / "copy", FILES))
 
     assert first.digest == second.digest
     assert (first.files, first.bytes) == (3, sum(len(c) for c in FILES.values()))
@@ -53,7 +53,7 @@ def test_same_content_in_different_folders_has_the_same_digest(tmp_path):
 def test_digest_is_stable_across_calls(tmp_path):
     folder = make_dataset(tmp_path / "ds", FILES)
 
-    assert datasets.digest(folder).digest == datasets.digest(folder).digest
+    assert digests.digest(folder).digest == digests.digest(folder).digest
 
 
 @pytest.mark.parametrize("change", [
@@ -65,18 +65,18 @@ def test_digest_is_stable_across_calls(tmp_path):
 ], ids=["byte", "append", "rename", "new-empty-file", "remove"])
 def test_any_change_changes_the_digest(tmp_path, change):
     folder = make_dataset(tmp_path / "ds", FILES)
-    before = datasets.digest(folder).digest
+    before = digests.digest(folder).digest
 
     change(folder)
 
-    assert datasets.digest(folder).digest != before
+    assert digests.digest(folder).digest != before
 
 
 def test_single_file_dataset(tmp_path):
     path = tmp_path / "train.csv"
     path.write_bytes(b"x,y\n1,2\n")
 
-    result = datasets.digest(path, name="train")
+    result = digests.digest(path, name="train")
 
     assert (result.name, result.files, result.bytes) == ("train", 1, 8)
     sha = hashlib.sha256(b"x,y\n1,2\n").hexdigest()
@@ -86,32 +86,32 @@ def test_single_file_dataset(tmp_path):
 def test_file_and_folder_holding_more_differ(tmp_path):
     folder = make_dataset(tmp_path / "ds", FILES)
 
-    assert datasets.digest(folder / "train.csv").digest != datasets.digest(folder).digest
+    assert digests.digest(folder / "train.csv").digest != digests.digest(folder).digest
 
 
 def test_empty_folder_has_a_digest(tmp_path):
     (tmp_path / "empty").mkdir()
 
-    result = datasets.digest(tmp_path / "empty")
+    result = digests.digest(tmp_path / "empty")
 
     assert (result.files, result.bytes, result.digest) == (0, 0, hashlib.sha256(b"").hexdigest())
 
 
 def test_missing_dataset_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="absent does not exist"):
-        datasets.digest(tmp_path / "absent")
+        digests.digest(tmp_path / "absent")
 
 
 def test_cache_file_spares_rehashing(tmp_path, hash_calls):
     folder = make_dataset(tmp_path / "ds", FILES)
     cache = tmp_path / "state" / "dataset-digests.json"
 
-    first = datasets.digest(folder, cache_file=cache)
+    first = digests.digest(folder, cache_file=cache)
     assert sorted(hash_calls) == ["a.png", "b.png", "train.csv"]
     assert len(json.loads(cache.read_text())) == 3
 
     hash_calls.clear()
-    second = datasets.digest(folder, cache_file=cache)
+    second = digests.digest(folder, cache_file=cache)
 
     assert hash_calls == []
     assert second.digest == first.digest
@@ -120,15 +120,15 @@ def test_cache_file_spares_rehashing(tmp_path, hash_calls):
 def test_cache_rehashes_only_changed_files(tmp_path, hash_calls):
     folder = make_dataset(tmp_path / "ds", FILES)
     cache = tmp_path / "dataset-digests.json"
-    before = datasets.digest(folder, cache_file=cache)
+    before = digests.digest(folder, cache_file=cache)
     hash_calls.clear()
 
     (folder / "train.csv").write_bytes(b"x,y\n1,2\n3,4\n")
-    after = datasets.digest(folder, cache_file=cache)
+    after = digests.digest(folder, cache_file=cache)
 
     assert hash_calls == ["train.csv"]
     assert after.digest != before.digest
-    assert after.digest == datasets.digest(folder).digest  # same answer as with no cache
+    assert after.digest == digests.digest(folder).digest  # same answer as with no cache
 
 
 def test_corrupt_cache_file_is_ignored(tmp_path, hash_calls):
@@ -136,17 +136,17 @@ def test_corrupt_cache_file_is_ignored(tmp_path, hash_calls):
     cache = tmp_path / "dataset-digests.json"
     cache.write_text("{not json")
 
-    result = datasets.digest(folder, cache_file=cache)
+    result = digests.digest(folder, cache_file=cache)
 
     assert len(hash_calls) == 3
-    assert result.digest == datasets.digest(folder).digest
+    assert result.digest == digests.digest(folder).digest
     assert len(json.loads(cache.read_text())) == 3
 
 
 def test_a_fifo_swapped_in_for_a_file_is_refused_without_blocking(tmp_path):
     import os
 
-    from danlu.datasets import open_regular
+    from danlu.digests import open_regular
 
     fifo = tmp_path / "data.csv"
     os.mkfifo(fifo)
@@ -166,9 +166,9 @@ def outside_a_job(monkeypatch, tmp_path):
 
 def catalog_answering(monkeypatch, folder, name="faces", version=1):
     """DanluClient answering GET /datasets/{name}(/versions/{n}) for a version registered from ``folder``."""
-    from danlu import client
+    from danlu import datasets
 
-    found, manifest = datasets.scan(folder)
+    found, manifest = digests.scan(folder)
     answer = {"ref": f"{name}@{version}", "dataset": name, "version": version, "digest": found.digest,
               "path": str(folder), "manifest": manifest, "used_by": []}
     asked = []
@@ -185,7 +185,7 @@ def catalog_answering(monkeypatch, folder, name="faces", version=1):
             asked.append(("version", n, v))
             return answer
 
-    monkeypatch.setattr(client, "DanluClient", Client)
+    monkeypatch.setattr(datasets, "DanluClient", Client)
     return asked
 
 
@@ -198,7 +198,7 @@ def test_danlu_dataset_resolves_verifies_and_returns_the_path(tmp_path, monkeypa
     assert danlu.dataset("faces", context="evaluation") == folder  # bare: the latest
     assert asked == [("version", "faces", 1), ("dataset", "faces"), ("version", "faces", 1)]
     (folder / "train.csv").write_bytes(b"x,y\n9,9\n")
-    with pytest.raises(datasets.DatasetChanged, match="dataset faces@1 changed since it was registered: train.csv"):
+    with pytest.raises(digests.DatasetChanged, match="dataset faces@1 changed since it was registered: train.csv"):
         danlu.dataset("faces@1")
 
 
@@ -244,4 +244,4 @@ def test_danlu_dataset_logs_on_the_active_mlflow_run_outside_a_job(tmp_path, mon
     inputs = mlflow.MlflowClient().get_run(run.info.run_id).inputs.dataset_inputs
     assert [(i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in inputs] == [
         ("faces@1", "evaluation")]
-    assert json.loads(inputs[0].dataset.profile)["sha256"] == datasets.digest(folder).digest
+    assert json.loads(inputs[0].dataset.profile)["sha256"] == digests.digest(folder).digest

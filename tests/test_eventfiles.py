@@ -1,9 +1,9 @@
 """Pure tests of the TensorBoard event-file format as Danlu writes and reads it.
 
-:mod:`danlu.eventwriter` must write the bytes TensorBoard writes: each
+:mod:`danlu.tensorboard.writer` must write the bytes TensorBoard writes: each
 property below builds the expected record with torch's own ``scalar()``,
 protobuf and TensorBoard's ``RecordWriter`` (its pure-Python CRC), and
-compares bytes. :mod:`danlu.eventfiles` must read what protobuf reads, and
+compares bytes. :mod:`danlu.tensorboard.reader` must read what protobuf reads, and
 check the same CRC-32C as TensorBoard's reader.
 """
 
@@ -29,9 +29,12 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard import writer as tensorboard_writer
 from torch.utils.tensorboard.summary import histogram, scalar
 
-from danlu import eventfiles, eventwriter
-from danlu.eventfiles import EventFile, header_crc, masked_crc32c, simple_scalar, span_crcs
-from danlu.eventwriter import ScalarEncoder, encode
+from danlu.tensorboard import reader
+from danlu.tensorboard import writer as eventwriter
+from danlu.tensorboard.encoder import ScalarEncoder
+from danlu.tensorboard.format import DEPTH, header_crc, masked_crc32c, span_crcs
+from danlu.tensorboard.reader import EventFile, simple_scalar
+from danlu.tensorboard.writer import encode
 
 PROPERTIES = settings(max_examples=200, deadline=None)
 TAGS = st.one_of(st.sampled_from(["loss", "", "a/b", "é/ü", "x" * 127, "y" * 128, "z" * 900]),
@@ -79,8 +82,8 @@ def records(path) -> list[bytes]:
 @PROPERTIES
 @given(st.binary(max_size=3000))
 @example(b"")
-@example(bytes(eventfiles.DEPTH))
-@example(os.urandom(eventfiles.DEPTH + 1))
+@example(bytes(DEPTH))
+@example(os.urandom(DEPTH + 1))
 def test_the_crc_is_tensorboards(data):
     assert masked_crc32c(data) == tensorboard_crc(data)
 
@@ -89,7 +92,7 @@ def test_long_messages_and_many_spans_get_tensorboards_crc():
     data = os.urandom(100_000)
     assert masked_crc32c(data) == tensorboard_crc(data)
     starts = np.arange(0, 90_000, 997)
-    lengths = (starts * 7) % (eventfiles.DEPTH + 1)  # 0 to DEPTH bytes
+    lengths = (starts * 7) % (DEPTH + 1)  # 0 to DEPTH bytes
     crcs = span_crcs(np.frombuffer(data, np.uint8), starts, lengths)
     assert crcs.tolist() == [tensorboard_crc(data[s:s + n]) for s, n in zip(starts, lengths, strict=True)]
     assert [header_crc(n) for n in (0, 40, 2**40)] == [tensorboard_crc(struct.pack("<Q", n)) for n in (0, 40, 2**40)]
@@ -147,7 +150,7 @@ def test_other_events_keep_their_place_between_scalars():
 
 @pytest.fixture
 def fast_writer(monkeypatch):
-    """torch's SummaryWriter writing through danlu.eventwriter, undone afterwards."""
+    """torch's SummaryWriter writing through danlu.tensorboard.writer, undone afterwards."""
     cls = tensorboard_writer.SummaryWriter
     monkeypatch.setattr(cls, "add_scalar", cls.add_scalar)
     monkeypatch.setattr(tensorboard_writer, "EventFileWriter", tensorboard_writer.EventFileWriter)
@@ -369,7 +372,7 @@ def test_a_remote_log_dir_keeps_tensorboards_writer(monkeypatch):
 
 def protobuf_reading(payload: bytes):
     event = event_pb2.Event.FromString(payload)
-    return event.wall_time, event.step, eventfiles._scalars(event)
+    return event.wall_time, event.step, reader._scalars(event)
 
 
 @PROPERTIES

@@ -1,11 +1,11 @@
 """Pure tests of metric forwarding and of the SummaryWriter patch in jobs.
 
-:class:`danlu.events.MetricForwarder` reads real TensorBoard event files (written
+:class:`danlu.tensorboard.forwarder.MetricForwarder` reads real TensorBoard event files (written
 here with ``torch.utils.tensorboard.SummaryWriter``, or record by record where a
 test needs a file TensorBoard would not write) and sends their scalars to fakes
 of the MLflow client named by what MLflow does (accepts, is down, refuses some
 names, lost the run, hangs), and, in two tests, to a real MLflow store on
-SQLite. :func:`danlu.events.metric_key` is property-tested against MLflow's own
+SQLite. :func:`danlu.tensorboard.names.metric_key` is property-tested against MLflow's own
 validator. :mod:`danlu.autolog` is checked for where an unconfigured
 ``SummaryWriter()`` writes inside a job and which log dirs it registers for the
 forwarder.
@@ -42,7 +42,8 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard import writer as tensorboard_writer
 
 from danlu import autolog
-from danlu.events import MAX_BATCH, MAX_NOTES, NICE, MetricForwarder, RunNotActive, metric_key
+from danlu.tensorboard.forwarder import MAX_BATCH, MAX_NOTES, NICE, MetricForwarder, RunNotActive
+from danlu.tensorboard.names import metric_key
 
 RUN = "run-1"
 
@@ -863,7 +864,7 @@ def test_other_ranks_write_their_own_folder_without_registering(job, monkeypatch
 def test_a_job_writes_through_danlus_event_writer_and_tensorboard_reads_every_point(job):
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 
-    from danlu.eventwriter import EventFileWriter
+    from danlu.tensorboard.writer import EventFileWriter
 
     autolog.activate()
     with SummaryWriter() as writer:

@@ -32,7 +32,7 @@ from tornado.httpclient import AsyncHTTPClient
 from traitlets.config import Config
 
 import danlu
-from danlu import train
+from danlu import submit, train
 from danlu.hub.testing import free_port
 from danlu.lab import labextension_dir, link_labextension, server_args
 from danlu.lab.handlers import check_job_id, logdir_name, run_summary
@@ -719,8 +719,8 @@ def shell(tmp_path, monkeypatch):
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "_git_commit", lambda folder: None)
-    monkeypatch.setattr(train, "_last_job_id", None)
+    monkeypatch.setattr(submit, "_git_commit", lambda folder: None)
+    monkeypatch.setattr(danlu, "_last_job_id", None)
     shell = InteractiveShell.instance(config=config)
     danlu.load_ipython_extension(shell)
     shell.magics_manager.registry["TrainMagics"].client_factory = AcceptingClient
@@ -729,16 +729,16 @@ def shell(tmp_path, monkeypatch):
 
 
 def test_quiet_prints_only_the_job_id_and_last_job_id_remembers_it(shell, capsys):
-    assert train.last_job_id() is None
+    assert danlu.last_job_id() is None
     shell.run_cell_magic("train", "--quiet --param lr=0.1", "print(lr)")
     assert capsys.readouterr().out == "000000000001\n"
-    assert train.last_job_id() == "000000000001"
+    assert danlu.last_job_id() == "000000000001"
 
 
 def test_quiet_does_not_go_with_wait(shell):
     with pytest.raises(IPythonUsageError) as info:
         shell.run_cell_magic("train", "--quiet --wait", "pass")
-    assert "--quiet" in str(info.value) and train.last_job_id() is None
+    assert "--quiet" in str(info.value) and danlu.last_job_id() is None
 
 
 def test_quiet_is_in_the_help():
@@ -788,7 +788,7 @@ def check_alices_server(wb, token: str) -> None:
     assert submitted["status"] == "ok", submitted
     job_id = submitted["stdout"].strip()
     assert re.fullmatch(r"[0-9a-f]{12}", job_id), submitted
-    echo = kernel.execute('print(__import__("danlu.train", fromlist=["x"]).last_job_id())')
+    echo = kernel.execute('print(__import__("danlu").last_job_id())')
     assert echo["stdout"].strip() == job_id
     job = wb.wait_job(job_id, token)
     assert job["state"] == "succeeded", job

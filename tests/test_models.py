@@ -30,7 +30,7 @@ import pytest
 import requests
 import yaml
 
-from danlu import cli, tags
+from danlu import cli, cliclient, tags
 from danlu.env import MLFLOW_AUTH_SECRET
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub import mlflow_auth
@@ -498,7 +498,7 @@ def test_cli_models_commands_print_tables_and_the_apis_json(tmp_path, mlflow_ser
                     "version": await manager.models.version_view(ALICE, name, 1), "alias": alias}
 
     client = AnsweringClient(asyncio.run(answers()))
-    monkeypatch.setattr(cli, "_client", lambda args: client)
+    monkeypatch.setattr(cliclient, "client", lambda args: client)
     for argv, key in ((["register", run_id, name], "register"), (["list"], "list"), (["show", name], "show"),
                       (["show", name, "1"], "version"), (["approve", name, "1", "--comment", "ok"], "version"),
                       (["alias", name, "staging", "1"], "alias")):
@@ -616,7 +616,7 @@ def test_cli_lineage_prints_the_chain_and_the_apis_json(monkeypatch, capsys):
             asked.append((name, version))
             return answer
 
-    monkeypatch.setattr(cli, "_client", lambda args: Client())
+    monkeypatch.setattr(cliclient, "client", lambda args: Client())
     assert cli.main(["lineage", "m@2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == answer
     assert cli.main(["lineage", "m", "2"]) == 0

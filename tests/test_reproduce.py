@@ -30,7 +30,7 @@ import pytest
 import requests
 from sqlalchemy import delete
 
-from danlu import cli, tags
+from danlu import cli, cliclient, tags
 from danlu.errors import Conflict, NotFound, ValidationError
 from danlu.hub.backends.local import LocalBackend
 from danlu.hub.profiles import ProfileSet
@@ -38,7 +38,7 @@ from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.service.store.orm import DatasetVersion, Job, JobInput
 from danlu.hub.service.validation import check_schema
 from danlu.hub.testing import free_port
-from danlu.train import build_job_notebook
+from danlu.submit import build_job_notebook
 
 from .fakes import (
     InstantBackend,
@@ -151,7 +151,7 @@ def test_a_changed_setup_cell_shows_in_jobs_diff(tmp_path, monkeypatch, capsys):
 
     answers = {(a["id"], b["id"]): setup_changed}
     client = type("C", (), {"compare": lambda self, x, y: answers[(x, y)]})()
-    monkeypatch.setattr(cli, "_client", lambda args: client)
+    monkeypatch.setattr(cliclient, "client", lambda args: client)
     assert cli.main(["jobs", "diff", a["id"], b["id"]]) == 0
     table = capsys.readouterr().out
     assert "setup cell 1" in table and "+x = 2" in table and "-x = 1" in table
@@ -339,7 +339,7 @@ def test_a_deterministic_job_reproduced_has_identical_metrics_and_its_seed(workb
     first = run_final(svc, job["id"])
     assert first["state"] == "succeeded", first
 
-    monkeypatch.setattr(cli, "_client", lambda args: ManagerClient(svc.run, svc.manager, ALICE))
+    monkeypatch.setattr(cliclient, "client", lambda args: ManagerClient(svc.run, svc.manager, ALICE))
     code = cli.main(["reproduce", job["id"], "--wait", "--json"])
     answer = json.loads(capsys.readouterr().out)
     second, comparison = answer["job"], answer["compare"]

@@ -14,10 +14,10 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 import danlu
-from danlu import train
+from danlu import submit
 from danlu.errors import UsageError
 from danlu.hub.service.validation import check_notebook, check_schema
-from danlu.train import SetupCells, build_job_notebook, parse_param
+from danlu.submit import SetupCells, build_job_notebook, parse_param
 
 # parse_param ------------------------------------------------------------------------
 
@@ -208,7 +208,7 @@ def magics(shell, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("DANLU_PROFILE", "JPY_SESSION_NAME"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(train, "_git_commit", lambda folder: "0123abc")
+    monkeypatch.setattr(submit, "_git_commit", lambda folder: "0123abc")
     danlu.load_ipython_extension(shell)
     return shell.magics_manager.registry["TrainMagics"]
 

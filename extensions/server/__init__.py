@@ -55,7 +55,7 @@ def server_args(labextensions: Path) -> list[str]:
 
 
 def _jupyter_server_extension_points():
-    from danlu.lab.app import DanluLab
+    from danlu.lab.app import DanluLab  # deferred: jupyter_server takes ~2 s; the spawner imports danlu.lab too
 
     return [{"module": "danlu.lab", "app": DanluLab}]
 

@@ -23,6 +23,7 @@ from tornado.iostream import StreamClosedError
 
 from danlu import tags
 from danlu.errors import Conflict, DanluError, NotFound, UsageError
+from danlu.lab.upstream import Stream
 
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 MLFLOW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # run and experiment ids (uuid hex, or numbers)
@@ -217,8 +218,6 @@ class LogStreamHandler(DanluHandler):
 
     @web.authenticated
     async def get(self, job_id):
-        from danlu.lab.upstream import Stream
-
         job_id = check_job_id(job_id)
         await self.lab.jobs.fetch("GET", f"/jobs/{job_id}")  # a missing job is a plain JSON 404
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")

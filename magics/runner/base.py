@@ -21,6 +21,7 @@ import subprocess
 import sys
 import traceback
 
+from danlu import digests
 from danlu.jobdir import JobDir, read_json
 from danlu.runner.kernels import begin_stop, end_stop, job_env, let_kernel_finish, wait_exit_handlers
 from danlu.runner.link import ServiceLink
@@ -116,9 +117,9 @@ class JobRunner:
               flush=True)
         self.jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        digests = self._digest_datasets()  # a missing dataset fails the job, with its name
-        self._report_provenance(digests)
-        self.tracking = Tracking(spec, self.jd, spec["attempt"], digests)
+        inputs = self._digest_datasets()  # a missing dataset fails the job, with its name
+        self._report_provenance(inputs)
+        self.tracking = Tracking(spec, self.jd, spec["attempt"], inputs)
         self.tracking.start(on_run=self._report_tracking)
         # the kernels get the runner API too: danlu.dataset() asks it for catalog versions
         self.env = {**job_env(self.jd, spec, self.tracking.run_id, self.tracking.experiment_id),
@@ -187,51 +188,47 @@ class JobRunner:
 
     def _digest_datasets(self) -> list:
         """``(digest, context)`` of each of the job's datasets, in order; catalog versions verified."""
-        from danlu import datasets
-
-        digests = []
+        found = []
         for ds in self.spec.get("datasets", []):
             try:
                 if ds.get("pinned_from"):  # a reproduction: the path must hold what the job it re-runs read
                     digest = self._verify_pinned(ds)
                 elif ds.get("digest"):  # a catalog version: the files must still be what was registered
-                    digest = datasets.verify(ds["path"], ds["name"], ds["digest"], ds.get("manifest") or [],
-                                             cache_file=datasets.default_cache())
+                    digest = digests.verify(ds["path"], ds["name"], ds["digest"], ds.get("manifest") or [],
+                                             cache_file=digests.default_cache())
                 else:
-                    digest = datasets.digest(ds["path"], name=ds["name"], cache_file=datasets.default_cache())
+                    digest = digests.digest(ds["path"], name=ds["name"], cache_file=digests.default_cache())
             except FileNotFoundError:
                 raise FileNotFoundError(f"dataset {ds['name']} is gone (it was at {ds['path']})") from None
             print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
                   file=sys.stderr, flush=True)
-            digests.append((digest, ds.get("context") or datasets.TRAINING))
-        return digests
+            found.append((digest, ds.get("context") or digests.TRAINING))
+        return found
 
     def _verify_pinned(self, ds: dict):
         """The digest of a plain path pinned by a reproduction, or DatasetChanged naming what changed."""
-        from danlu import datasets
-
-        found, manifest = datasets.scan(ds["path"], ds["name"], cache_file=datasets.default_cache())
+        found, manifest = digests.scan(ds["path"], ds["name"], cache_file=digests.default_cache())
         if found.digest != ds["digest"]:
-            what = datasets.changes(ds.get("manifest") or [], manifest) if ds.get("manifest") else []
-            raise datasets.DatasetChanged(
+            what = digests.changes(ds.get("manifest") or [], manifest) if ds.get("manifest") else []
+            raise digests.DatasetChanged(
                 f"dataset {ds['name']} changed since job {ds['pinned_from']} read it: "
                 f"{', '.join(what) or 'its digest differs'}; restore it, or submit the notebook with the data as "
                 "it is now")
         return found
 
     # provenance: what only the job knows ----------------------------------------------------------
-    def _report_provenance(self, digests: list) -> None:
-        """The digests of the job's plain dataset paths, with small manifests, and git's dirty state if unknown."""
-        from danlu import datasets
+    def _report_provenance(self, inputs: list) -> None:
+        """The digests of the job's plain dataset paths, with small manifests, and git's dirty state if unknown.
 
+        ``inputs``: ``(digest, context)`` of each of the job's datasets (:meth:`_digest_datasets`)."""
         event: dict = {"event": "provenance"}
         plain, budget = [], MAX_MANIFESTS_BYTES
-        for ds, (found, _context) in zip(self.spec.get("datasets", []), digests, strict=True):
+        for ds, (found, _context) in zip(self.spec.get("datasets", []), inputs, strict=True):
             if ds.get("dataset") or ds.get("pinned_from"):
                 continue  # a catalog version, or a pin: the service has its digest
             item = {"name": str(ds["name"])[:4096], "digest": found.digest}
             try:
-                manifest = datasets.scan(ds["path"], ds["name"], cache_file=datasets.default_cache())[1] \
+                manifest = digests.scan(ds["path"], ds["name"], cache_file=digests.default_cache())[1] \
                     if found.files <= MAX_MANIFEST_FILES else []
             except OSError:
                 manifest = []

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from danlu import proctree
 from danlu.jobdir import read_json, write_json_atomic
 from danlu.runner.base import JobRunner, RankError, Signalled
 from danlu.runner.kernels import execute_notebook, job_env, prime, start_kernel
@@ -43,7 +44,7 @@ class TorchrunRunner(JobRunner):
     def execute(self) -> None:
         spec = self.spec
         try:
-            import torch.distributed.run  # noqa: F401
+            import torch.distributed.run  # deferred: optional, and torch takes ~2 s to import  # noqa: F401
         except ImportError:
             raise RuntimeError(f"--nproc {spec['nproc']} needs PyTorch (torchrun) in the workbench environment") \
                 from None
@@ -86,8 +87,6 @@ class TorchrunRunner(JobRunner):
         raise RankError(f"torchrun exited with {code}", infrastructure=True)
 
     def _stop_ranks(self) -> None:
-        from danlu import proctree
-
         if self.proc is not None and self.proc.poll() is None:
             proctree.kill_matching(self.proc.pid, grace=5.0)
 

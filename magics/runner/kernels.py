@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
+import tempfile
+import time
 
 from danlu import env as names
 from danlu.jobdir import JobDir
@@ -28,10 +31,8 @@ def start_kernel(kernel_name: str, cwd: str | None = None, env: dict | None = No
     waits for the kernel to answer and then 0.2 s more for IOPub to fall quiet
     (jupyter_client's ``wait_for_ready``), twice per job.
     """
-    import tempfile
-
+    # deferred: jupyter_client takes ~0.2 s to import; a torchrun job's runner starts no kernel itself
     from jupyter_client.manager import AsyncKernelManager
-    from jupyter_core.utils import run_sync
 
     # IPC sockets: no TCP port to allocate or expose, and no unencrypted-TCP warning
     sockets = tempfile.mkdtemp(prefix="danlu-kernel-")
@@ -49,7 +50,7 @@ def start_kernel(kernel_name: str, cwd: str | None = None, env: dict | None = No
         kc.allow_stdin = False  # as nbclient sets it: a job has nobody to answer input()
         return kc
 
-    km.ready_client = run_sync(start)()
+    km.ready_client = _run_sync(start)
     return km
 
 
@@ -57,9 +58,16 @@ def _ready_client(km):
     return getattr(km, "ready_client", None)
 
 
+def _run_sync(async_fn):
+    """Run a coroutine function to its end from this synchronous code, as jupyter_client's blocking calls do."""
+    from jupyter_core.utils import run_sync  # deferred: asyncio comes with it (~50 ms); only kernels need it
+
+    return run_sync(async_fn)()
+
+
 def execute_notebook(km, input_path: str, output_path: str, **kwargs):
     """``papermill.execute_notebook`` on ``km``, through its connected client (see :func:`start_kernel`)."""
-    import papermill
+    import papermill  # deferred: papermill takes ~2 s to import; a torchrun job's runner executes no notebook
 
     _register_engine()
     return papermill.execute_notebook(input_path, output_path, km=km, kc=_ready_client(km),
@@ -72,9 +80,9 @@ READY_ENGINE = "danlu-ready-client"
 @functools.cache
 def _register_engine() -> None:
     """papermill's nbclient engine, on a kernel client that is already connected (its one difference)."""
-    from papermill.clientwrap import PapermillNotebookClient
-    from papermill.engines import NBClientEngine, papermill_engines
-    from papermill.log import logger
+    from papermill.clientwrap import PapermillNotebookClient  # deferred: papermill takes ~2 s to import
+    from papermill.engines import NBClientEngine, papermill_engines  # deferred: papermill takes ~2 s to import
+    from papermill.log import logger  # deferred: papermill takes ~2 s to import
 
     class ReadyNotebookClient(PapermillNotebookClient):
         def __init__(self, nb_man, kc=None, **kwargs):
@@ -103,10 +111,7 @@ def let_kernel_finish(km, seconds: float) -> None:
     request queues behind the running cell on the shell channel, so its reply
     says the cell is done.
     """
-    import asyncio
-    import time as _time
-
-    from jupyter_core.utils import run_sync
+    import asyncio  # deferred: asyncio takes ~50 ms; it comes with jupyter_client where a kernel runs
 
     async def wait():
         if seconds <= 0 or not await km.is_alive():
@@ -115,8 +120,8 @@ def let_kernel_finish(km, seconds: float) -> None:
         kc.start_channels()
         try:
             msg_id = kc.kernel_info()
-            deadline = _time.monotonic() + seconds
-            while _time.monotonic() < deadline and await km.is_alive():
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and await km.is_alive():
                 try:
                     reply = await kc.get_shell_msg(timeout=0.5)
                 except (asyncio.TimeoutError, TimeoutError, Exception):  # queue.Empty on timeout
@@ -127,7 +132,7 @@ def let_kernel_finish(km, seconds: float) -> None:
             kc.stop_channels()
 
     try:
-        run_sync(wait)()
+        _run_sync(wait)
     except Exception as e:
         print(f"danlu: waiting for the kernel: {e}", file=sys.stderr, flush=True)
 
@@ -145,8 +150,6 @@ def exit_marker(km) -> str | None:
 
 def begin_stop(km, now: bool = False) -> None:
     """Ask the kernel to shut down (or kill it, with ``now``), without waiting for it to be gone."""
-    from jupyter_core.utils import run_sync
-
     async def begin():
         if not await km.is_alive():
             return
@@ -161,7 +164,7 @@ def begin_stop(km, now: bool = False) -> None:
         km.ready_client = None
         client.stop_channels()
     try:
-        run_sync(begin)()
+        _run_sync(begin)
     except Exception as e:
         print(f"danlu: kernel shutdown: {e}", file=sys.stderr, flush=True)
 
@@ -170,8 +173,6 @@ def wait_exit_handlers(km, timeout: float = 10.0) -> None:
     """After :func:`begin_stop`: until the kernel's exit handlers have all run (its writers flushed, MLflow's
     own exit work done) or it is gone, at most ``timeout`` seconds. What is left of its exit -- freeing the
     interpreter, a few hundred milliseconds -- can go on while the runner finishes the run."""
-    import time
-
     marker = exit_marker(km)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -188,17 +189,13 @@ def _running(km) -> bool:
 def end_stop(km) -> None:
     """After :func:`begin_stop`: wait until the kernel is gone (killing it after jupyter_client's shutdown wait),
     then remove its connection file and sockets."""
-    import shutil
-
-    from jupyter_core.utils import run_sync
-
     async def end():
         if km.has_kernel:
             await km.finish_shutdown()
         await km.cleanup_resources()
 
     try:
-        run_sync(end)()
+        _run_sync(end)
     except Exception as e:
         print(f"danlu: kernel shutdown: {e}", file=sys.stderr, flush=True)
     if km.transport == "ipc":
@@ -231,8 +228,6 @@ def prime_code(env: dict, cwd: str, marker: str | None = None) -> str:
 
 
 def prime(km, env: dict, cwd: str) -> None:
-    from jupyter_core.utils import run_sync
-
     async def run():
         kc = _ready_client(km)
         own = kc is None
@@ -252,7 +247,7 @@ def prime(km, env: dict, cwd: str) -> None:
             content = reply["content"]
             raise RuntimeError(f"preparing the kernel failed: {content.get('ename')}: {content.get('evalue')}")
 
-    run_sync(run)()
+    _run_sync(run)
 
 
 def job_env(jd: JobDir, spec: dict, run_id: str | None, experiment_id: str | None = None) -> dict:

@@ -11,6 +11,7 @@ reports how the attempt went. The service believes nothing else a job writes.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,8 +43,6 @@ class LaunchMessage:
 def launch_from_env(environ=None) -> LaunchMessage:
     """A job pod's launch: its attempt and the runner API from the pod's environment, the token from the
     attempt's Secret (mounted as an environment variable by the TrainJob)."""
-    import os
-
     environ = os.environ if environ is None else environ
     missing = [v for v in (env.JOB_ID, env.ATTEMPT, env.RUNNER_API, env.JOB_TOKEN, env.JOB_DIR) if not environ.get(v)]
     if missing:

@@ -3,7 +3,7 @@
 One run per job, created by the runner before the notebook starts, with the
 job's parameters, tags (:mod:`danlu.tags`) and dataset inputs; a later
 attempt resumes the run the service tells it about. Metrics reach it through
-the :class:`~danlu.events.MetricForwarder`, which buffers while MLflow is
+the :class:`~danlu.tensorboard.forwarder.MetricForwarder`, which buffers while MLflow is
 away. If MLflow does not answer at the start, the job runs anyway: the run is
 created in the background as soon as MLflow answers, and the forwarder sends
 what it buffered. Whatever could not be done is a note in :meth:`health`,
@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from danlu import tags
+from danlu import datasets, tags
 from danlu.jobdir import JobDir
 
 RETRY_SECONDS = 5.0
@@ -30,7 +30,8 @@ MAX_NOTES = 20
 class Tracking:
     def __init__(self, spec: dict, jd: JobDir, attempt: int, digests: list, final_timeout: float = 60.0):
         """``digests``: ``(DatasetDigest, context)`` of the job's datasets, logged as the run's inputs."""
-        from danlu.events import MetricForwarder
+        # deferred: numpy (~0.1 s) comes with it; a node runner forwards nothing, a warm one imported it already
+        from danlu.tensorboard.forwarder import MetricForwarder
 
         self.spec = spec
         self.jd = jd
@@ -89,8 +90,8 @@ class Tracking:
             return
 
     def _connect(self) -> None:
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
+        from mlflow import MlflowClient  # deferred: mlflow takes ~2 s to import; a job runs on without it
+        from mlflow.exceptions import MlflowException  # deferred: mlflow takes ~2 s to import
 
         spec = self.spec
         client = MlflowClient(tracking_uri=spec["mlflow_env"]["MLFLOW_TRACKING_URI"])
@@ -114,9 +115,7 @@ class Tracking:
         self.on_run()
 
     def _create_run(self, client, experiment_id: str) -> str:
-        from mlflow.entities import Param
-
-        from danlu import datasets
+        from mlflow.entities import Param  # deferred: mlflow takes ~2 s to import
 
         spec = self.spec
         source = spec.get("source") or {}

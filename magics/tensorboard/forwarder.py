@@ -9,7 +9,8 @@ every ``interval`` seconds and once more, completely, when the job ends.
 
 What reaches MLflow, and what is reported instead:
 
-* Names: every tag goes through :func:`metric_key`; a changed name is noted.
+* Names: every tag goes through :func:`~danlu.tensorboard.names.metric_key`; a
+  changed name is noted.
 * Values: any float, NaN and infinities included (MLflow stores NaN as NaN and
   clamps infinities to the largest double). Steps are int64 in the event
   format, which MLflow accepts as they are, negative ones included.
@@ -37,90 +38,32 @@ priority: the job is over, there is no training left to yield to.
 :meth:`MetricForwarder.health` reports all of this while the job runs. The
 files read are written by the user's code, so they are opened without
 following links or blocking, and must be regular files; the logdirs file is
-read up to 1 MiB and 100 directories.
+read up to 1 MiB and 100 directories (:mod:`danlu.tensorboard.reader`).
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import math
 import os
-import re
 import sys
 import threading
 import time
 from pathlib import Path
 
 from danlu.errors import Conflict
-from danlu.eventfiles import READ_CHUNK, EventFile, read_regular
+from danlu.tensorboard.names import metric_key
+from danlu.tensorboard.reader import READ_CHUNK, EventFile, LogDirs
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch request
-MAX_KEY_LENGTH = 250  # MLflow's limit on a metric name
 MAX_NOTES = 20
-LOGDIRS_MAX_BYTES = 1 << 20
-LOGDIRS_MAX_DIRS = 100
 MAX_BACKOFF = 60.0  # seconds between retries, at most
 JOIN_GRACE = 1.0  # seconds stop() waits beyond final_timeout for the last bookkeeping
 NICE = 10  # added to the forwarding thread's niceness
 _MS_LIMIT = float(2**63)  # wall times in ms must be below this to fit MLflow's int64
-
-# metric names ----------------------------------------------------------------------------------
-
-_NAME_CHARS = re.compile(r"[/\w.\- :]*\Z")
-_BAD_CHAR = re.compile(r"[^/\w.\- :]")
-_SUFFIX_LENGTH = 9  # "_" and 8 hex digits
-
-
-def metric_key(tag: str) -> str:
-    """The MLflow metric name for a TensorBoard tag.
-
-    A tag MLflow accepts as a metric name is used unchanged. A name is accepted
-    when it has at most 250 characters, all of them letters, digits or
-    underscores (any script), ``-``, ``.``, space, ``:`` or ``/``, and it is a
-    plain relative path: not empty, not starting with ``/`` or ``..``, and
-    with no empty, ``.`` or ``..`` part between slashes. One exception:
-    MLflow also lets a single trailing newline through (its pattern ends in
-    ``$``). That name is treated as invalid, because a newline cannot be seen
-    in the MLflow UI.
-
-    Any other tag is changed, always in the same way:
-
-    1. each character not allowed above becomes ``_``;
-    2. empty, ``.`` and ``..`` parts are removed, so leading, trailing and
-       doubled slashes go; a name that then starts with ``..`` gets ``_`` in
-       front;
-    3. the result is cut to 241 characters (step 2 is applied again to the
-       cut end), or is ``metric`` if nothing is left;
-    4. ``_`` and the first 8 hex digits of the SHA-256 of the original tag
-       (UTF-8) are appended, so two different tags do not share a name.
-
-    For example ``a//b`` becomes ``a/b_`` plus 8 hex digits,
-    ``acc@top-1 (val)`` becomes ``acc_top-1 _val_`` plus 8, and a 300-character
-    tag is cut to 250 characters in all. A changed name could only equal
-    another tag's if that tag were exactly the changed name, hash included.
-    """
-    if len(tag) <= MAX_KEY_LENGTH and _NAME_CHARS.match(tag) and _plain_path(tag):
-        return tag
-    body = _clean_path(_BAD_CHAR.sub("_", tag))
-    body = _clean_path(body[:MAX_KEY_LENGTH - _SUFFIX_LENGTH]) or "metric"
-    digest = hashlib.sha256(tag.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{body}_{digest}"
-
-
-def _plain_path(name: str) -> bool:
-    """What MLflow's ``path_not_unique`` lets through: a normalized relative path."""
-    return (bool(name) and not name.startswith(("/", ".."))
-            and all(part not in ("", ".", "..") for part in name.split("/")))
-
-
-def _clean_path(name: str) -> str:
-    name = "/".join(part for part in name.split("/") if part not in ("", ".", ".."))
-    return "_" + name if name.startswith("..") else name
-
 
 # errors --------------------------------------------------------------------------------------------
 
@@ -132,7 +75,7 @@ class RunNotActive(Conflict):
 
 def _refused(error: BaseException) -> bool:
     """MLflow understood the request and refused its content (HTTP 400): sending it again cannot succeed."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # deferred: mlflow takes ~2 s; needed once a run is attached
 
     return isinstance(error, MlflowException) and error.get_http_status_code() == 400
 
@@ -173,14 +116,12 @@ class MetricForwarder:
             raise ValueError("max_pending and interval must be positive, final_timeout not negative")
         self.client = client
         self.run_id = run_id
-        self.logdirs_file = Path(logdirs_file) if logdirs_file is not None else None
-        self.default_dirs = [Path(d) for d in default_dirs]
+        self.logdirs = LogDirs(logdirs_file, default_dirs)
         self.interval = interval
         self.max_pending = max_pending
         self.final_timeout = final_timeout
         # read and written by the thread that holds _work
         self._files: dict[str, EventFile] = {}
-        self._registered: tuple[tuple, list[str]] | None = None  # (logdirs file identity, its dirs)
         self._keys: dict[str, str] = {}
         # shared with health(), attach() and stop(): under _lock
         self._lock = threading.Lock()
@@ -368,7 +309,13 @@ class MetricForwarder:
     def _collect(self) -> bool:
         """Read one chunk of every event file into the buffer; True when a file has more."""
         more = False
-        for path in self._event_files():
+        paths = self.logdirs.event_files()
+        if self.logdirs.problems:
+            with self._lock:
+                for key, text in self.logdirs.problems.items():
+                    self._note(key, text)
+            self.logdirs.problems.clear()
+        for path in paths:
             file = self._files.get(path)
             if file is None:
                 file = self._files[path] = EventFile(path)
@@ -427,66 +374,13 @@ class MetricForwarder:
                 self._note(("full",), f" dropped, the oldest: more than {self.max_pending} points "
                            "waited for MLflow", excess)
 
-    def _event_files(self) -> list[str]:
-        files = []
-        for d in self._dirs():
-            try:
-                names = sorted(entry.name for entry in os.scandir(d) if entry.name.startswith("events.out.tfevents."))
-            except OSError:  # not there (yet), not a directory, not readable
-                continue
-            files += [os.path.join(d, name) for name in names]
-        return files
-
-    def _dirs(self) -> list[str]:
-        seen, out = set(), []
-        for d in [str(d) for d in self.default_dirs] + self._registered_dirs():
-            d = os.path.realpath(d)
-            if d not in seen:
-                seen.add(d)
-                out.append(d)
-        return out
-
-    def _registered_dirs(self) -> list[str]:
-        """The dirs listed in the logdirs file: a regular file, read up to 1 MiB and 100 distinct dirs."""
-        if self.logdirs_file is None:
-            return []
-        ident, data, why = read_regular(self.logdirs_file, LOGDIRS_MAX_BYTES)
-        if why:
-            with self._lock:
-                self._note(("logdirs", why), f"{self.logdirs_file.name} ignored: {why}")
-            return []
-        if data is None:
-            return []
-        if self._registered is not None and self._registered[0] == ident:
-            return self._registered[1]
-        if len(data) > LOGDIRS_MAX_BYTES:
-            data = data[:data.rfind(b"\n", 0, LOGDIRS_MAX_BYTES + 1) + 1]
-            with self._lock:
-                self._note(("logdirs", "size"), f"{self.logdirs_file.name}: only its first 1 MiB is read")
-        dirs, seen = [], set()
-        for line in data.splitlines():
-            if not line.strip() or b"\0" in line:
-                continue
-            path = os.fsdecode(line)
-            if path in seen:
-                continue
-            if len(dirs) == LOGDIRS_MAX_DIRS:
-                with self._lock:
-                    self._note(("logdirs", "count"), f"{self.logdirs_file.name}: only its first "
-                               f"{LOGDIRS_MAX_DIRS} directories are read")
-                break
-            seen.add(path)
-            dirs.append(path)
-        self._registered = (ident, dirs)
-        return dirs
-
     # sending ------------------------------------------------------------------------------------
     def _send_pending(self, final: bool = False) -> int:
         """Send the buffer in batches; refused points are dropped, any other error puts the rest back and raises.
 
         In the final flush each accepted batch moves the deadline to ``final_timeout`` from now.
         """
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # deferred: mlflow takes ~2 s; needed once a run is attached
 
         sent, run_checked, batches = 0, False, 0
         while True:

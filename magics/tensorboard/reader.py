@@ -1,19 +1,17 @@
-"""TensorBoard event files: their CRC-32C framing, and reading the ones a job's own code writes.
+"""Reading the event files a job's own code writes: which files, and their scalars, trusting nothing in them.
 
 The files are the user's, so the reader trusts nothing in them: a file is
 opened without following links and without blocking (a FIFO cannot hang the
 runner), must be a regular file, and is read in bounded chunks. Records are
-TFRecord-framed ``Event`` protos; their CRC32C checksums are verified for the
-records that hold scalars, corrupt or oversized records are skipped, and a
-record cut short at the end of a file being written is read again later.
-Used by :class:`danlu.events.MetricForwarder`.
-
-Checksums are computed many records at a time with numpy (TensorBoard's own
-pure-Python CRC costs about 10 us for one scalar record, numpy a fraction of
-a microsecond), and the common scalar record (one ``simple_value``, as
-``SummaryWriter.add_scalar`` writes it) is decoded without protobuf; any
-other record goes through protobuf. :mod:`danlu.eventwriter` writes with the
-same checksums.
+TFRecord-framed ``Event`` protos (:mod:`danlu.tensorboard.format`); their
+CRC32C checksums are verified for the records that hold scalars, corrupt or
+oversized records are skipped, and a record cut short at the end of a file
+being written is read again later. The common scalar record (one
+``simple_value``, as ``SummaryWriter.add_scalar`` writes it) is decoded
+without protobuf; any other record goes through protobuf. :class:`LogDirs`
+says which files there are: those of the job's default log dir and of every
+log dir rank 0 listed in the logdirs file, which is read up to 1 MiB and 100
+directories. Used by :class:`danlu.tensorboard.forwarder.MetricForwarder`.
 """
 
 from __future__ import annotations
@@ -26,143 +24,19 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from google.protobuf.message import DecodeError
+
+from danlu.tensorboard.format import DEPTH, header_crc, masked_crc32c, span_crcs
 
 READ_CHUNK = 8 << 20  # bytes read from one event file at a time
 MAX_RECORD = 64 << 20  # a larger record holds no scalar worth its memory: skipped unread
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-# CRC-32C ---------------------------------------------------------------------------------------
-#
-# The CRC register after a message is linear in its bytes: with A the step of
-# one zero byte, the register after bytes b_0..b_{L-1} from the initial value
-# is A^L(init) ^ XOR_i A^(L-1-i)(T[b_i]). So a byte's share depends only on its
-# value and its distance from the end of the message, and one table lookup per
-# byte, done for many bytes at once, gives every checksum.
-
-DEPTH = 1024  # messages up to this many bytes are checked in one vectorized pass
 CHECK_BYTES = 1 << 20  # bytes checked per pass
-_MASK_DELTA = 0xA282EAD8
+_HEADER = struct.Struct("<QI")  # a record's length and its checksum
+_FOOTER = struct.Struct("<I")  # the payload's checksum
+LOGDIRS_MAX_BYTES = 1 << 20
+LOGDIRS_MAX_DIRS = 100
 
-
-def _crc_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return tuple(table)
-
-
-_CRC_TABLE = _crc_table()
-_HEADER = struct.Struct("<QI")
-_FOOTER = struct.Struct("<I")
-
-
-class _Tables:
-    """``share[d * 256 + b]``: the share of byte b at distance d from the end; ``init[n]``: the initial value's."""
-
-    share: np.ndarray
-    init: np.ndarray
-
-    def __init__(self):
-        table = np.array(_CRC_TABLE, dtype=np.uint32)
-        share = np.empty((DEPTH, 256), dtype=np.uint32)
-        share[0] = table
-        for d in range(1, DEPTH):
-            share[d] = table[share[d - 1] & 0xFF] ^ (share[d - 1] >> 8)
-        init = [0xFFFFFFFF]
-        for _ in range(DEPTH):
-            init.append(_CRC_TABLE[init[-1] & 0xFF] ^ (init[-1] >> 8))
-        self.share = share.reshape(-1)
-        self.init = np.array(init, dtype=np.uint32)
-
-
-_tables: _Tables | None = None
-
-
-def tables() -> _Tables:
-    global _tables
-    if _tables is None:
-        _tables = _Tables()
-    return _tables
-
-
-def mask(crc):
-    """TFRecord's masking of a CRC (an int or a uint32 array)."""
-    if isinstance(crc, np.ndarray):
-        return ((crc >> 15) | (crc << 17)) + np.uint32(_MASK_DELTA)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC-32C of TFRecord framing, of a message of any length."""
-    n = len(data)
-    if n <= DEPTH:
-        buf = np.frombuffer(data, dtype=np.uint8)
-        return int(span_crcs(buf, np.zeros(1, np.int64), np.array([n], np.int64))[0])
-    t = tables()
-    buf = np.frombuffer(data, dtype=np.uint8)
-    head = n % DEPTH
-    state = 0xFFFFFFFF
-    if head:
-        state = int(t.init[head]) ^ int(np.bitwise_xor.reduce(t.share[_distances(head) + buf[:head]]))
-    # each full chunk's share from a zero register, then chained: a register r before a chunk
-    # adds what r's four bytes add as the chunk's first four bytes
-    chunks = buf[head:].reshape(-1, DEPTH)
-    shares = np.bitwise_xor.reduce(t.share[_distances(DEPTH) + chunks], axis=1)
-    first = [(DEPTH - 1 - j) * 256 for j in range(4)]
-    share = t.share
-    for chunk_share in shares.tolist():
-        state = (int(share[first[0] + (state & 0xFF)]) ^ int(share[first[1] + ((state >> 8) & 0xFF)])
-                 ^ int(share[first[2] + ((state >> 16) & 0xFF)]) ^ int(share[first[3] + (state >> 24)])
-                 ^ chunk_share)
-    return mask(state ^ 0xFFFFFFFF)
-
-
-_distance_cache: dict[int, np.ndarray] = {}
-
-
-def _distances(n: int) -> np.ndarray:
-    """``(n - 1 - i) * 256`` for i < n: the table offsets of a message's bytes."""
-    d = _distance_cache.get(n)
-    if d is None:
-        d = _distance_cache[n] = (np.arange(n - 1, -1, -1, dtype=np.int64) * 256)
-    return d
-
-
-def span_crcs(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The masked CRC-32C (uint32) of each message ``buf[start:start + length]``, each at most DEPTH bytes."""
-    t = tables()
-    lengths = lengths.astype(np.int64, copy=False)
-    raw = t.init[lengths]  # a copy: fancy indexing
-    total = int(lengths.sum())
-    if total:
-        nonempty = lengths > 0
-        ends = np.cumsum(lengths)
-        begins = ends - lengths
-        last = starts + lengths - 1
-        pos = np.arange(total, dtype=np.int64) + np.repeat(starts - begins, lengths)
-        dist = np.repeat(last, lengths) - pos
-        shares = t.share[dist * 256 + buf[pos]]
-        raw[nonempty] ^= np.bitwise_xor.reduceat(shares, begins[nonempty])
-    return mask(raw ^ np.uint32(0xFFFFFFFF))
-
-
-_header_crcs: dict[int, int] = {}
-
-
-def header_crc(length: int) -> int:
-    """The masked CRC of a record header: it depends only on the length, so it is computed once per length."""
-    crc = _header_crcs.get(length)
-    if crc is None:
-        if len(_header_crcs) > 4096:
-            _header_crcs.clear()
-        crc = _header_crcs[length] = masked_crc32c(struct.pack("<Q", length))
-    return crc
-
-
-# reading ---------------------------------------------------------------------------------------
 
 def _scalars(event) -> list[tuple[str, float]]:
     """(tag, value) of every scalar in a TensorBoard event: simple values, and tensors of one float or double.
@@ -311,7 +185,7 @@ class EventFile:
         return pos, events, need
 
     def _decode(self, payload: bytes) -> tuple[float, int, list] | None:
-        from google.protobuf.message import DecodeError
+        # deferred: TensorBoard's protos take ~30 ms to import; a job that writes no event file needs none
         from tensorboard.compat.proto.event_pb2 import Event
 
         try:
@@ -371,3 +245,70 @@ def read_regular(path: Path, limit: int) -> tuple[tuple | None, bytes | None, st
         return ident, b"".join(chunks), None
     finally:
         os.close(fd)
+
+class LogDirs:
+    """The event files of a job: those in its default log dirs and in the dirs its logdirs file lists.
+
+    ``logdirs_file`` (None: there is none) lists more log dirs, one a line (rank 0 appends to it); it
+    must be a regular file and is read up to 1 MiB and 100 distinct dirs. What of it was ignored, and
+    why, waits in :attr:`problems` (a key and a sentence, for the forwarder's notes) until the caller
+    clears it.
+    """
+
+    def __init__(self, logdirs_file: Path | None = None, default_dirs=()):
+        self.file = Path(logdirs_file) if logdirs_file is not None else None
+        self.default_dirs = [Path(d) for d in default_dirs]
+        self.problems: dict[tuple, str] = {}
+        self._registered: tuple[tuple, list[str]] | None = None  # (logdirs file identity, its dirs)
+
+    def event_files(self) -> list[str]:
+        """Every ``events.out.tfevents.*`` file of every dir, a dir's in name order."""
+        files = []
+        for d in self.dirs():
+            try:
+                names = sorted(entry.name for entry in os.scandir(d) if entry.name.startswith("events.out.tfevents."))
+            except OSError:  # not there (yet), not a directory, not readable
+                continue
+            files += [os.path.join(d, name) for name in names]
+        return files
+
+    def dirs(self) -> list[str]:
+        """The default dirs, then the listed ones, each once (by its real path)."""
+        seen, out = set(), []
+        for d in [str(d) for d in self.default_dirs] + self._registered_dirs():
+            d = os.path.realpath(d)
+            if d not in seen:
+                seen.add(d)
+                out.append(d)
+        return out
+
+    def _registered_dirs(self) -> list[str]:
+        """The dirs listed in the logdirs file: a regular file, read up to 1 MiB and 100 distinct dirs."""
+        if self.file is None:
+            return []
+        ident, data, why = read_regular(self.file, LOGDIRS_MAX_BYTES)
+        if why:
+            self.problems[("logdirs", why)] = f"{self.file.name} ignored: {why}"
+            return []
+        if data is None:
+            return []
+        if self._registered is not None and self._registered[0] == ident:
+            return self._registered[1]
+        if len(data) > LOGDIRS_MAX_BYTES:
+            data = data[:data.rfind(b"\n", 0, LOGDIRS_MAX_BYTES + 1) + 1]
+            self.problems[("logdirs", "size")] = f"{self.file.name}: only its first 1 MiB is read"
+        dirs, seen = [], set()
+        for line in data.splitlines():
+            if not line.strip() or b"\0" in line:
+                continue
+            path = os.fsdecode(line)
+            if path in seen:
+                continue
+            if len(dirs) == LOGDIRS_MAX_DIRS:
+                self.problems[("logdirs", "count")] = (f"{self.file.name}: only its first {LOGDIRS_MAX_DIRS} "
+                                                       "directories are read")
+                break
+            seen.add(path)
+            dirs.append(path)
+        self._registered = (ident, dirs)
+        return dirs
