@@ -14,14 +14,10 @@ import re
 import sys
 from pathlib import Path
 
-from danlu import autolog, digests, env, tags
+from danlu import autolog, env, tags
 from danlu.client import DanluClient
 from danlu.digests import CONTEXTS, EVALUATION, TRAINING, DatasetDigest, default_cache, verify
 from danlu.errors import Unreachable, UsageError
-
-# The jobs service imports these four from here until it imports them from danlu.digests
-# (hub/service/catalog.py:38); remove this line then.
-LinkOut, TooManyFiles, open_regular, scan = digests.LinkOut, digests.TooManyFiles, digests.open_regular, digests.scan
 
 #: what :func:`use` takes: ``NAME@VERSION``, ``NAME@latest`` or ``NAME`` (the latest)
 REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)(?:@([1-9][0-9]{0,8}|latest))?$")

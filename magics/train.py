@@ -23,10 +23,6 @@ from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
 from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell
 
-# The lab extension's TypeScript still asks danlu.train.last_job_id() (extensions/lab/src/model.ts:508);
-# remove this line once it asks danlu.last_job_id().
-last_job_id = danlu.last_job_id
-
 
 def _cell_id(shell) -> str | None:
     kernel = getattr(shell, "kernel", None)

@@ -514,7 +514,7 @@ export const LOAD_EXTENSION = '%load_ext danlu';
 
 /** The user expression that reads the submitted job's id back. */
 export const JOB_ID_EXPRESSION =
-  '__import__("danlu.train", fromlist=["x"]).last_job_id()';
+  '__import__("danlu").last_job_id()';
 
 const SIMPLE_TOKEN = /^[A-Za-z0-9_.:@/+,=-]+$/;
 
@@ -553,7 +553,7 @@ function nameOption(flag: string, value: string | undefined): string[] {
 /**
  * One `--param` argument as IPython's `arg_split` (shlex, non-POSIX) reads it:
  * bare when it is one simple word, else the whole `k=v` in quotes, which
- * `danlu.train.parse_param` strips again.
+ * `danlu.submit.parse_param` strips again.
  */
 export function paramArgument(name: string, value: string): string {
   const pair = `${name}=${value}`;

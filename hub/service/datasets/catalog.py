@@ -2,13 +2,13 @@
 
 A dataset is registered from ``PATH`` (relative to the caller's home) or ``ROOT:PATH`` (under a dataset
 root of danlu.yaml), confined to that root on its real path by :func:`~danlu.hub.service.paths.resolve_dataset`. A
-version is the content digest of :func:`danlu.datasets.scan` -- sha256 over the sorted manifest of
+version is the content digest of :func:`danlu.digests.scan` -- sha256 over the sorted manifest of
 ``[relative path, size, sha256]`` of every file -- with the manifest, file count, size, and the columns
 and row count of its CSV (and, with pyarrow, Parquet) files. Registering content the dataset already
 has a version of answers that version (200); new content is version n+1 (201). A version never
 changes: the catalog does not copy the data (datasets can be far larger than the state folder is
 sized for); instead a job that uses a version re-verifies its digest when it starts and fails, naming
-the changed files, on a mismatch (:meth:`Catalog.resolve` for submission, ``danlu.datasets.verify`` in
+the changed files, on a mismatch (:meth:`Catalog.resolve` for submission, ``danlu.digests.verify`` in
 the runner). Hashing runs on a thread, one registration at a time, and refuses a folder of more than
 :data:`MAX_FILES` files before reading any; a file that is a symbolic link out of the dataset's folder
 is refused the same way.
@@ -38,7 +38,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
-from danlu.datasets import TRAINING, DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
+from danlu.digests import TRAINING, DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import paths, validation
 from danlu.hub.service.formats import DATASET_REF

@@ -23,7 +23,7 @@ import hmac
 import json
 from pathlib import Path
 
-from danlu.datasets import TRAINING
+from danlu.digests import TRAINING
 from danlu.errors import DanluError, Forbidden, ValidationError
 from danlu.hub.backends.base import Backend
 from danlu.hub.service import validation

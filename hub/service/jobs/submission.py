@@ -40,7 +40,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
-from danlu.datasets import TRAINING
+from danlu.digests import TRAINING
 from danlu.errors import Forbidden, PolicyError, UsageError, ValidationError
 from danlu.hub.backends.base import Backend
 from danlu.hub.service import paths, validation

@@ -266,7 +266,7 @@ class DatasetVersion(Base):
     """One content of a dataset, numbered 1..n; never changed once written.
 
     ``manifest`` is ``[relative path, size, sha256]`` of every file, ``digest`` the sha256 over it
-    (:func:`danlu.datasets.digest`); ``tables`` the columns and row counts of its tabular files.
+    (:func:`danlu.digests.digest`); ``tables`` the columns and row counts of its tabular files.
     """
 
     __tablename__ = "dataset_versions"

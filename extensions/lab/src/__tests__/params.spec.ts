@@ -126,7 +126,7 @@ describe('trainCommand', () => {
     );
     expect(LOAD_EXTENSION).toBe('%load_ext danlu');
     expect(JOB_ID_EXPRESSION).toBe(
-      '__import__("danlu.train", fromlist=["x"]).last_job_id()'
+      '__import__("danlu").last_job_id()'
     );
   });
 });
