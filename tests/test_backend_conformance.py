@@ -43,7 +43,7 @@ PATIENCE = 180.0  # bounds a hang on a busy machine; nothing here measures time
 
 def local_backend(settings: Settings) -> Backend:
     """The local backend as app.py configures it (runners find the profiles' kernelspecs on JUPYTER_PATH)."""
-    return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
+    return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs.warm_runners,
                         runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
 
 

@@ -312,7 +312,7 @@ def workbench(mlflow_server, tmp_path_factory):
     state = tmp_path_factory.mktemp("reproduce")
 
     def backend(settings):
-        return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs["warm_runners"],
+        return LocalBackend(jobs_root=str(settings.jobs_dir), warm_runners=settings.jobs.warm_runners,
                             runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
 
     svc = RunnerAPIService(state, backend, profiles=gpu_profiles(), mlflow=MlflowAccess(mlflow_server)).open()
