@@ -11,7 +11,8 @@ command-line flags into one ``traitlets.config.Config`` (class name -> options) 
 Settings from it; precedence: command-line flag > environment variable > danlu.yaml > default.
 ``danlu up``, the jobs service, the MLflow gateway and the generated JupyterHub configuration
 all build their configuration from the same Settings, so one file means the same thing to
-every process.
+every process. ``danlu config`` prints every option with its help, default and current value
+(:func:`describe`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import copy
 import difflib
 import functools
 import importlib.util
+import json
 import os
+import re
 import textwrap
 from collections.abc import Iterator
 from functools import cached_property
@@ -33,7 +36,7 @@ from traitlets.config import Config, Configurable
 from danlu import env
 from danlu.errors import ConfigError
 from danlu.hub import accounts, yamlconfig
-from danlu.hub.traits import Dict, List, Path, Positive, Record, Size, Text, from_base, options, schema_of
+from danlu.hub.traits import Dict, List, Path, Positive, Record, Size, Text, from_base, options, schema_of, type_text
 
 ENV_OVERRIDES = {
     "ip": env.IP,
@@ -665,6 +668,12 @@ def _first_paragraph(doc: str | None) -> str:
     return " ".join(textwrap.dedent(doc or "").strip().split("\n\n")[0].split())
 
 
+def _classes(cls: type[_Options]) -> Iterator[type[_Options]]:
+    yield cls
+    for sub in cls.sections.values():
+        yield from _classes(sub)
+
+
 def secret_options() -> list[tuple[str, ...]]:
     """Key paths of the options that hold secrets (``("auth", "client_secret")``, ...)."""
     def down(cls: type[_Options], path: tuple) -> Iterator[tuple[str, ...]]:
@@ -805,3 +814,59 @@ def _check_backend(settings: Settings) -> None:
                           + (f", did you mean '{close[0]}'?" if close else ""),
                           fix=f"backends here: {', '.join(names)} (or an import string module:Class)")
 
+
+# danlu config ---------------------------------------------------------------------------------------------------
+
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+
+
+def _shown(value: Any, *, secret: bool = False) -> Any:
+    """A value as danlu config shows it (JSON-ready): secrets hidden, paths as text, passwords in URLs masked."""
+    if secret:
+        return "(set)" if value not in (None, "") else "(not set)"
+    if isinstance(value, PriorityClassTable):
+        value = value.specs
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***@", value)
+    if isinstance(value, dict):
+        return {key: _shown(item, secret=isinstance(key, str) and is_secret(key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(item) for item in value]
+    return value
+
+
+def describe(settings: Settings) -> list[dict]:
+    """Every option with its type, default, current value, where that came from, and help; secrets hidden."""
+    rows = []
+    for node in settings.walk():
+        for name, trait in options(type(node)).items():
+            path = (*node.key_path, name)
+            secret = is_secret(name)
+            kind, where = settings.origin(*path)
+            fallback = trait.metadata.get("default_text")
+            rows.append({
+                "key": ".".join(path), "section": ".".join(node.key_path), "class": type(node).__name__,
+                "type": type_text(trait),
+                "default": fallback if fallback else _shown(trait.default(), secret=secret),
+                "value": _shown(getattr(node, name), secret=secret),
+                "source": kind, "where": where, "help": " ".join(trait.help.split()),
+            })
+    return rows
+
+
+def format_options(rows: list[dict], source: str | None) -> str:
+    """``danlu config``'s text: a block per option, section by section, as ``jupyterhub --help-all`` prints traits."""
+    came = {"file": "[{}]", "environment": "[${}]", "flag": "[{}]", "data": "[given]", "default": "[default]"}
+    docs = {cls.__name__: _first_paragraph(cls.__doc__) for cls in _classes(Settings)}
+    out = [f"danlu.yaml options, from {source or 'no file (every default)'}; danlu config --json for JSON"]
+    section = None
+    for row in rows:
+        if row["section"] != section:
+            section = row["section"]
+            out += ["", f"{section or 'top level'} ({row['class']}): {docs[row['class']]}"]
+        out += ["", f"{row['key']} = {json.dumps(row['value'])}  {came[row['source']].format(row['where'])}",
+                f"    {row['type']}; default {json.dumps(row['default'])}"]
+        out += textwrap.wrap(row["help"], 100, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(out) + "\n"

@@ -1,13 +1,14 @@
 """Pure tests of danlu.yaml's options as traits: help and defaults, the schema generated from them,
-and the errors an admin sees.
+the errors an admin sees, and ``danlu config``.
 
 :mod:`danlu.hub.config` declares every option once, as a trait; everything else (the JSON
-Schema the file is validated with, the cluster's danlu.yaml) is derived from
+Schema the file is validated with, ``danlu config``, the cluster's danlu.yaml) is derived from
 those traits, so these tests check the derivations and that the docs keep up.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 import yaml
 
 from danlu.errors import ConfigError
-from danlu.hub.config import Settings, load_settings, schema
+from danlu.hub import cli
+from danlu.hub.config import Settings, load_settings, schema, secret_options
 from danlu.hub.traits import options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,3 +220,66 @@ def test_origins_say_file_environment_flag_or_default(tmp_path):
     assert settings.is_set("jobs") and settings.is_set("jobs", "max_nproc") and not settings.is_set("auth")
     assert settings.explicit() == {"ip": "10.0.0.1", "port": 8100, "state_dir": str(tmp_path),
                                    "jobs": {"max_nproc": 2}}
+
+
+# danlu config -----------------------------------------------------------------------------------------------
+
+SECRETS = {"client_secret": "oauth-client-s3cret", "db_password": "pg-pa55word"}
+
+
+def test_danlu_config_shows_every_option_with_its_help_default_and_origin(tmp_path, capsys):
+    path = write_config(tmp_path, "jobs:\n  max_nproc: 8\n")
+
+    assert cli.main(["config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+
+    for key, trait in every_option():
+        assert f"\n{'.'.join(key)} = " in out, key
+        assert " ".join(trait.help.split())[:60] in " ".join(out.split()), key
+    assert f'jobs.max_nproc = 8  [{path}:2]\n    integer >= 1; default 64\n' in out
+    assert 'jobs.backend = "local"  [default]' in out
+
+
+def test_danlu_config_json_has_one_entry_per_option(tmp_path, capsys):
+    path = write_config(tmp_path, "port: 8100\n")
+
+    assert cli.main(["config", "--config", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+
+    assert [tuple(row["key"].split(".")) for row in rows] == [key for key, _ in every_option()]
+    port = next(row for row in rows if row["key"] == "port")
+    assert port == {"key": "port", "section": "", "class": "Settings", "type": "integer, 1-65535", "default": 8000,
+                    "value": 8100, "source": "file", "where": f"{path}:1", "help": port["help"]}
+
+
+def test_danlu_config_never_shows_a_secret(tmp_path, capsys):
+    path = write_config(tmp_path, f"""
+        auth:
+          type: github
+          client_id: workbench
+          client_secret: {SECRETS['client_secret']}
+          oauth_callback_url: https://wb.example.org/hub/oauth_callback
+          options: {{token_secret: x-{SECRETS['db_password']}}}
+        jobs:
+          database_url: postgresql+psycopg://danlu:{SECRETS['db_password']}@db:5432/danlu
+    """)
+
+    assert cli.main(["config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert cli.main(["config", "--config", str(path), "--json"]) == 0
+    out += capsys.readouterr().out
+
+    assert not [secret for secret in SECRETS.values() if secret in out]
+    assert 'auth.client_secret = "(set)"' in out and 'auth.user_password = "(not set)"' in out
+    assert "postgresql+psycopg://danlu:***@db:5432/danlu" in out
+    assert {".".join(path) for path in secret_options()} == {"auth.client_secret", "auth.user_password",
+                                                             "auth.admin_password"}
+
+
+def test_danlu_config_names_a_bad_file_in_one_line(tmp_path, capsys):
+    path = write_config(tmp_path, "jobs:\n  max_runtime: 3600\n")
+
+    assert cli.main(["config", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"danlu: {path}:2: jobs.max_runtime: unknown key, did you mean 'max_runtime_seconds'?")
+    assert "Traceback" not in err
