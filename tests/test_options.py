@@ -1,5 +1,5 @@
 """Pure tests of danlu.yaml's options as traits: help and defaults, the schema generated from them,
-the errors an admin sees, and ``danlu config``.
+the errors an admin sees, ``danlu config``, and the admin guide's reference.
 
 :mod:`danlu.hub.config` declares every option once, as a trait; everything else (the JSON
 Schema the file is validated with, ``danlu config``, the cluster's danlu.yaml) is derived from
@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from traitlets import Bool, Enum, Float, Integer, Unicode
 
 from danlu.errors import ConfigError
 from danlu.hub import cli
@@ -283,3 +284,51 @@ def test_danlu_config_names_a_bad_file_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"danlu: {path}:2: jobs.max_runtime: unknown key, did you mean 'max_runtime_seconds'?")
     assert "Traceback" not in err
+
+
+# the admin guide --------------------------------------------------------------------------------------------
+
+def _chunks(text: str) -> list[tuple[str, str]]:
+    """(heading, body) of each heading of a markdown text (code blocks left out: their ``#`` are comments)."""
+    parts = re.split(r"^(#+ .*)$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _mentions(chunks, key: tuple[str, ...]) -> bool:
+    """Whether the guide names the option: `jobs.max_nproc` anywhere, or `max_nproc` under a heading naming `jobs`
+    (`mlflow.image` under one naming `kubernetes`), or a top-level option under 'Top level'."""
+    for heading, body in chunks:
+        if f"`{'.'.join(key)}`" in body:
+            return True
+        for k in range(len(key)):
+            owner, rest = ".".join(key[:k]), ".".join(key[k:])
+            if (f"`{owner}`" in heading if owner else "Top level" in heading) and (
+                    f"`{rest}`" in body or f"`{rest}`," in body):
+                return True
+    return False
+
+
+def test_the_admin_guide_names_every_option():
+    chunks = _chunks(GUIDE.read_text())
+    missing = [".".join(key) for key, _ in every_option() if not _mentions(chunks, key)]
+    assert not missing, f"docs/admin-guide.md's danlu.yaml reference does not mention: {', '.join(missing)}"
+    assert "danlu config" in GUIDE.read_text()
+
+
+def test_the_admin_guides_defaults_are_the_options_defaults():
+    """In the reference tables (| Key | Type | Default | Meaning |), a default written as one literal is the trait's."""
+    chunks = _chunks(GUIDE.read_text())
+    checked = 0
+    for key, trait in every_option():
+        expected = trait.metadata.get("default_text", trait.default())
+        if not isinstance(trait, (Integer, Float, Bool, Enum, Unicode)) or expected is None:
+            continue
+        for k in range(len(key)):
+            owner, rest = ".".join(key[:k]), ".".join(key[k:])
+            for heading, body in chunks:
+                if not (f"`{owner}`" in heading if owner else "Top level" in heading):
+                    continue
+                for cell in re.findall(rf"^\| `{re.escape(rest)}` \|[^|]*\| `([^`]*)`[^|]*\|", body, re.M):
+                    assert yaml.safe_load(cell) == expected, f"{'.'.join(key)}: the guide says {cell}"
+                    checked += 1
+    assert checked >= 25
