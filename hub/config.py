@@ -790,6 +790,14 @@ def _check(settings: Settings) -> None:
     _check_backend(settings)
 
 
+@functools.cache
+def _installed_backends() -> tuple[str, ...]:
+    """The backends' names, looked up once per process (reading every distribution's entry points is slow)."""
+    from danlu.hub.backends import backends
+
+    return tuple(backends.names())
+
+
 def _check_backend(settings: Settings) -> None:
     """jobs.backend names an installed backend (a danlu.backends entry point) or an importable module:Class."""
     from danlu.hub.backends import backends
@@ -807,7 +815,9 @@ def _check_backend(settings: Settings) -> None:
                               fix="install the package that provides it, or name a backend: "
                                   + ", ".join(backends.names()))
         return
-    names = backends.names()
+    if name in _installed_backends():
+        return
+    names = backends.names()  # again: one may have been registered since
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         raise ConfigError(f"{where}: jobs.backend: unknown backend '{name}'"
