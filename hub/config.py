@@ -652,9 +652,12 @@ def schema() -> dict:
 
 @functools.cache
 def _schema() -> dict:
+    # $defs: shapes that other documents validate against too (the queue API's live quota changes: amounts)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "danlu.yaml",
             "description": "Every key is optional: Danlu runs with no file at all. `danlu config` lists every "
-                           "option with its help.", **_level_schema(Settings)}
+                           "option with its help.", **_level_schema(Settings),
+            "$defs": {"amounts": schema_of(_amounts("Amounts per resource: gpus per flavor, cpu (cores), memory "
+                                                    "(a size)."))}}
 
 
 def _level_schema(cls: type[_Options]) -> dict:
