@@ -183,15 +183,15 @@ class DanluUp(Application):
     def start_mlflow(self, settings: Settings, port: int, environ: dict) -> subprocess.Popen:
         state = settings.state_dir
         mlflow = settings.mlflow
-        backend = mlflow.get("backend_store_uri") or f"sqlite:///{state / 'mlflow.db'}"
-        artifacts = mlflow.get("artifacts_destination") or str(state / "mlartifacts")
+        backend = mlflow.backend_store_uri or f"sqlite:///{state / 'mlflow.db'}"
+        artifacts = mlflow.artifacts_destination or str(state / "mlartifacts")
         secret = mlflow_auth.ensure_secret(state)  # never in the hub's own environment (its proxy inherits it)
         config = mlflow_auth.write_auth_config(state, settings, secret)
         environ = {**environ, **mlflow_auth.server_environment(config, secret)}
         cmd = [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
                "--backend-store-uri", backend, "--artifacts-destination", artifacts,
                "--host", "127.0.0.1", "--port", str(port),
-               "--static-prefix", "/services/mlflow", "--workers", str(mlflow.get("workers", 1)),
+               "--static-prefix", "/services/mlflow", "--workers", str(mlflow.workers),
                "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
         log = open(state / "logs" / "mlflow.log", "ab")
         return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=environ,
@@ -213,7 +213,7 @@ class DanluUp(Application):
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def banner(self, settings: Settings, token_source: str) -> None:
-        kind = settings.auth["type"]
+        kind = settings.auth.type
         how = {
             "pam": "your account and password on this machine" + (
                 "" if os.geteuid() == 0 else f" (only '{getpass.getuser()}' can log in unless danlu runs as root)"),
@@ -236,7 +236,7 @@ class DanluUp(Application):
         me = getpass.getuser()
         lines = [f"servers and jobs run as '{me}', homes in {settings.state_dir / 'users'} "
                  "(users.unix_accounts: off)"]
-        single = settings.auth["type"] == "pam" and os.geteuid() != 0  # PAM without root: only this account
+        single = settings.auth.type == "pam" and os.geteuid() != 0  # PAM without root: only this account
         if os.geteuid() == 0:
             why = ("" if accounts.runnable_by_others() else
                    f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)")
@@ -261,7 +261,7 @@ class DanluUp(Application):
         token = self.resolve_admin_token(state)
         token_source = f"${env.ADMIN_TOKEN}" if self.admin_token else str(state / "admin-token")
         instance = uuid.uuid4().hex
-        mlflow_port = settings.mlflow.get("port") or free_port()
+        mlflow_port = settings.mlflow.port or free_port()
         mlflow_url = f"http://127.0.0.1:{mlflow_port}/services/mlflow"
         environ = {
             **os.environ,

@@ -1,6 +1,7 @@
 """The ``danlu`` script: the users' client commands plus the ones that run beside the hub.
 
-``danlu up`` starts the workbench (:mod:`danlu.hub.app`), ``danlu kueue
+``danlu up`` starts the workbench (:mod:`danlu.hub.app`), ``danlu config``
+lists every option of danlu.yaml with its help and current value, ``danlu kueue
 render`` writes danlu.yaml's teams as Kueue objects and ``danlu render k8s``
 writes the whole cluster deployment (:mod:`danlu.hub.k8s.render`); every other command is
 the client side's (:mod:`danlu.cli`), so a kernel that imports ``danlu``
@@ -14,6 +15,20 @@ import sys
 
 from danlu import cli
 from danlu.lean import skip_unused_imports
+
+
+def cmd_config(args) -> int:
+    import json
+
+    from danlu.hub.config import describe, format_options, load_settings
+
+    settings = load_settings(args.config)
+    rows = describe(settings)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_options(rows, settings.source), end="")
+    return 0
 
 
 def cmd_kueue(args) -> int:
@@ -42,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = cli.build_parser()
     sub = parser.commands
     sub.add_parser("up", help="start the workbench (JupyterHub, jobs service, MLflow)", add_help=False)
+    cf = sub.add_parser("config", help="every option of danlu.yaml: its help, default and current value",
+                        description="Every option of danlu.yaml, section by section: its type, default, current "
+                                    "value and where that came from (the file, an environment variable, the "
+                                    "default), and its help. Secrets show as (set) or (not set).")
+    cf.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
+    cf.add_argument("--json", action="store_true", help="one JSON object per option instead of text")
+    cf.set_defaults(func=cmd_config)
     kq = sub.add_parser("kueue", help="render danlu.yaml's teams as Kueue objects (YAML)")
     kq.add_argument("what", choices=["render"])
     kq.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")

@@ -103,9 +103,9 @@ def detect() -> list[GPU]:
     return []
 
 
-def inventory(gpu_settings: dict) -> list[GPU]:
-    """The devices Danlu allocates, from ``Settings.gpus``."""
-    declared = gpu_settings.get("declared")
+def inventory(gpu_settings) -> list[GPU]:
+    """The devices Danlu allocates, from ``Settings.gpus`` (:class:`~danlu.hub.config.GpusConfig`)."""
+    declared = gpu_settings.declared
     if declared:
         gpus, index = [], 0
         for group in declared:
@@ -114,6 +114,6 @@ def inventory(gpu_settings: dict) -> list[GPU]:
                                 memory_gib=group.get("memory_gib"), declared=True))
                 index += 1
         return gpus
-    if gpu_settings.get("detect", True):
+    if gpu_settings.detect:
         return detect()
     return []

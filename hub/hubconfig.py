@@ -48,49 +48,49 @@ SERVER_TOKEN_SCOPES = [
 def authenticator(c, settings: Settings) -> None:
     """The authenticator danlu.yaml's ``auth`` names, and its options."""
     auth = settings.auth
-    kind = auth["type"]
+    kind = auth.type
     c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
-    if auth.get("allowed_users"):
-        c.Authenticator.allowed_users = set(auth["allowed_users"])
+    if auth.allowed_users:
+        c.Authenticator.allowed_users = set(auth.allowed_users)
     if kind == "dummy":
         c.Authenticator.allow_all = True
     elif kind == "pam":
         # every account of this machine may log in unless allowed_users narrows it
-        c.Authenticator.allow_all = not auth.get("allowed_users")
+        c.Authenticator.allow_all = not auth.allowed_users
     elif kind == "shared-password":
-        c.SharedPasswordAuthenticator.user_password = auth["user_password"]
-        if auth.get("admin_password"):
-            c.SharedPasswordAuthenticator.admin_password = auth["admin_password"]
-        c.Authenticator.allow_all = not auth.get("allowed_users")
+        c.SharedPasswordAuthenticator.user_password = auth.user_password
+        if auth.admin_password:
+            c.SharedPasswordAuthenticator.admin_password = auth.admin_password
+        c.Authenticator.allow_all = not auth.allowed_users
     else:
         section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator,
                    "oidc": c.GenericOAuthenticator}[kind]
-        section.client_id = auth["client_id"]
-        section.client_secret = auth["client_secret"]
-        section.oauth_callback_url = auth["oauth_callback_url"]
-        if kind == "github" and auth.get("allowed_organizations"):
-            section.allowed_organizations = set(auth["allowed_organizations"])
+        section.client_id = auth.client_id
+        section.client_secret = auth.client_secret
+        section.oauth_callback_url = auth.oauth_callback_url
+        if kind == "github" and auth.allowed_organizations:
+            section.allowed_organizations = set(auth.allowed_organizations)
         if kind == "gitlab":
-            if auth.get("allowed_gitlab_groups"):
-                section.allowed_gitlab_groups = set(auth["allowed_gitlab_groups"])
-            if auth.get("gitlab_url"):
-                section.gitlab_url = auth["gitlab_url"]
+            if auth.allowed_gitlab_groups:
+                section.allowed_gitlab_groups = set(auth.allowed_gitlab_groups)
+            if auth.gitlab_url:
+                section.gitlab_url = auth.gitlab_url
         if kind == "oidc":
-            section.authorize_url = auth["authorize_url"]
-            section.token_url = auth["token_url"]
-            section.userdata_url = auth["userdata_url"]
-            section.username_claim = auth.get("username_claim", "preferred_username")
-            section.scope = auth.get("scope", ["openid", "profile", "email", "groups"])
-            if auth.get("allowed_groups") or auth.get("manage_groups"):
+            section.authorize_url = auth.authorize_url
+            section.token_url = auth.token_url
+            section.userdata_url = auth.userdata_url
+            section.username_claim = auth.username_claim
+            section.scope = auth.scope
+            if auth.allowed_groups or auth.manage_groups:
                 # OAuthenticator reads groups only when it manages them
                 section.manage_groups = True
                 section.auth_state_groups_key = "oauth_user.groups"
-            if auth.get("allowed_groups"):
-                section.allowed_groups = set(auth["allowed_groups"])
-        if not any(auth.get(k) for k in ("allowed_users", "allowed_organizations", "allowed_gitlab_groups",
-                                         "allowed_groups")):
+            if auth.allowed_groups:
+                section.allowed_groups = set(auth.allowed_groups)
+        if not (auth.allowed_users or auth.allowed_organizations or auth.allowed_gitlab_groups
+                or auth.allowed_groups):
             c.Authenticator.allow_all = False  # OAuth with no allow-list admits only admin_users
-    for key, value in (auth.get("options") or {}).items():
+    for key, value in auth.options.items():
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
 
 
@@ -98,7 +98,7 @@ def admins_and_groups(c, settings: Settings) -> None:
     """Admins and groups from danlu.yaml; groups only when the identity provider does not own membership."""
     # JupyterHub's own admin list: admins may log in (OAuth's check_allowed admits them) and are hub admins
     c.Authenticator.admin_users = set(settings.admin_users)
-    if not (settings.auth.get("manage_groups") or settings.auth.get("allowed_groups")):
+    if not (settings.auth.manage_groups or settings.auth.allowed_groups):
         c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
 
 
@@ -133,7 +133,7 @@ def roles(settings: Settings, services, *, service_culls: bool = True) -> list[d
     if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         out.append({"name": "admin", "services": automation})
     scopes = ["read:users", "read:groups", "list:users", "read:servers"]
-    if settings.hub["idle_timeout_seconds"] and service_culls:  # it runs the idle culler (danlu.hub.service.culling)
+    if settings.hub.idle_timeout_seconds and service_culls:  # it runs the idle culler (danlu.hub.service.culling)
         scopes += [s for s in CULLER_SCOPES if s not in scopes]
     out.append({"name": "danlu-service", "description": "The jobs service reads users' groups and stops idle servers.",
                 "scopes": scopes, "services": ["danlu"]})

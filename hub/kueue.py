@@ -220,7 +220,7 @@ def flavor_specs(settings: Settings) -> dict[str, dict]:
     """GPU flavor -> what danlu.yaml declares about its nodes: ``node_labels``, ``tolerations`` and
     ``resource`` (the first declared group of a flavor that says each one wins)."""
     out: dict[str, dict] = {}
-    for group in settings.gpus.get("declared") or []:
+    for group in settings.gpus.declared:
         spec = out.setdefault(group.get("flavor", "gpu"), {})
         for key in ("node_labels", "tolerations", "resource"):
             if key in group:
@@ -248,9 +248,9 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
     if node_labels is None:
         node_labels = {f: spec["node_labels"] for f, spec in declared_flavors.items() if "node_labels" in spec}
     gpu_resources = {f: spec["resource"] for f, spec in declared_flavors.items() if "resource" in spec}
-    declared = settings.data.get("resources") or {}
-    cpu = float(declared["cpu"]) if "cpu" in declared else UNLIMITED_CPU
-    memory = parse_size(declared["memory"]) if "memory" in declared else UNLIMITED_MEMORY
+    declared = settings.resources  # on a cluster, what is not declared is unlimited, not this machine's
+    cpu = declared.cpu if declared.cpu is not None else UNLIMITED_CPU
+    memory = parse_size(declared.memory) if declared.memory is not None else UNLIMITED_MEMORY
     overrides = overrides or {}
 
     specs = quotas.team_specs(settings, dict(overrides))
@@ -265,10 +265,10 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
                                    held=bool(overrides.get(name, {}).get("held")), resources=gpu_resources)
                 for name, spec in specs.items()]
     objects += [make_local_queue(name, namespace) for name in specs]
-    declared_classes = settings.data.get("priority_classes") or {}
+    classes = settings.priority_classes
     default = settings.default_priority_class
-    for name, value in settings.priority_classes.items():
-        description = (declared_classes.get(name) or {}).get("description")
+    for name, value in classes.items():
+        description = classes.specs[name].get("description")
         if description is None and name == default:
             description = "The default: Danlu gives it to jobs that name no priority class."
         objects.append(make_workload_priority_class(name, value, description))

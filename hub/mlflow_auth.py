@@ -131,9 +131,9 @@ def write_auth_config(state_dir: Path, settings, secret: str) -> Path:
     """Write the basic-auth app's ini (mode 0600) into the state dir; return its path."""
     state_dir = Path(state_dir)
     mlflow = settings.mlflow
-    database = mlflow.get("auth_database_uri") or f"sqlite:///{state_dir / 'mlflow-auth.db'}"
+    database = mlflow.auth_database_uri or f"sqlite:///{state_dir / 'mlflow-auth.db'}"
     values = {
-        "default_permission": mlflow.get("default_permission", "READ"),
+        "default_permission": mlflow.default_permission,
         "database_uri": database,
         "admin_username": SERVICE_ACCOUNT,
         "admin_password": password(secret, SERVICE_ACCOUNT),

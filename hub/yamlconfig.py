@@ -1,12 +1,13 @@
 """Load the YAML files admins edit and validate them with line-accurate errors.
 
 ``load_validated(path, schema)`` parses a YAML file while remembering the line
-of every key and item, validates the result against a JSON Schema (written as
-YAML next to the code that consumes it) and raises one :class:`ConfigError`
-that lists every problem as ``file:line: key.path: what is wrong (how to fix
-it)``. Unknown keys get a "did you mean" from the allowed names, so a typo in
-``danlu.yaml`` or ``profiles.yaml`` stops start-up with a message an admin can
-act on instead of being silently ignored.
+of every key and item, validates the result against a JSON Schema (danlu.yaml's
+is generated from its options' traits, :func:`danlu.hub.config.schema`;
+profiles.yaml's is written as YAML next to the code that reads it) and raises
+one :class:`ConfigError` that lists every problem as ``file:line: key.path: what
+is wrong (how to fix it)``. An unknown key gets the nearest allowed name and the
+keys allowed there, so a typo in ``danlu.yaml`` or ``profiles.yaml`` stops
+start-up with a message an admin can act on instead of being silently ignored.
 """
 
 from __future__ import annotations
@@ -78,14 +79,6 @@ def _fix_for(error: jsonschema.ValidationError) -> str:
     schema = error.schema if isinstance(error.schema, dict) else {}
     if "x-fix" in schema:
         return schema["x-fix"]
-    if error.validator == "additionalProperties":
-        allowed = sorted(schema.get("properties", {}))
-        extras = [k for k in error.instance if k not in allowed] if isinstance(error.instance, dict) else []
-        hints = []
-        for key in extras:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hints.append(f"did you mean '{close[0]}'?" if close else f"remove '{key}'")
-        return "; ".join(hints) + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
     if error.validator == "enum":
         return "use one of: " + ", ".join(json.dumps(v) for v in error.validator_value)
     if error.validator == "required":
@@ -100,43 +93,49 @@ def _fix_for(error: jsonschema.ValidationError) -> str:
     return ""
 
 
-def _error_path(error: jsonschema.ValidationError) -> Path_:
-    path = tuple(error.absolute_path)
+def _unknown_keys(error: jsonschema.ValidationError) -> list[tuple[Path_, str, str]]:
+    """(key path, message, fix) for each key an object does not allow, with the nearest allowed name."""
+    allowed = sorted(error.schema.get("properties", {})) if isinstance(error.schema, dict) else []
+    parent = tuple(error.absolute_path)
+    owner = f"the keys of {_dotted(parent)} are" if parent else "the top-level keys are"
+    out = []
+    for key in (k for k in error.instance if k not in allowed):
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        message = f"unknown key, did you mean '{close[0]}'?" if close else "unknown key"
+        fix = (f"{owner} {', '.join(allowed)}" if allowed else "remove it") if close else (
+            f"remove '{key}'; {owner} {', '.join(allowed)}" if allowed else f"remove '{key}'")
+        out.append((parent + (key,), message, fix))
+    return out
+
+
+def _problems(error: jsonschema.ValidationError) -> list[tuple[Path_, str, str]]:
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = set(error.schema.get("properties", {}))
-        extras = [k for k in error.instance if k not in allowed]
-        if extras:
-            path = path + (extras[0],)
-    return path
+        return _unknown_keys(error)
+    return [(tuple(error.absolute_path), error.message, _fix_for(error))]
+
+
+def problems(errors, marks: dict[Path_, int], filename: str) -> list[tuple[str, str]]:
+    """(``file:line: key.path: what is wrong``, how to fix it) for each problem, in the file's order."""
+    found = [problem for error in errors for problem in _problems(error)]
+    out = []
+    for path, message, fix in sorted(found, key=lambda p: (marks.get(_marked(p[0], marks), 0), [str(k) for k in p[0]])):
+        out.append((f"{line_of(marks, path, filename)}: {_dotted(path)}: {message}", fix))
+    return out
 
 
 def describe_errors(errors, marks: dict[Path_, int], filename: str) -> list[str]:
-    lines = []
-    for error in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
-        path = _error_path(error)
-        probe = path
-        while probe and probe not in marks:
-            probe = probe[:-1]
-        line = marks.get(probe)
-        where = f"{filename}:{line}" if line else filename
-        message = error.message
-        if error.validator == "additionalProperties":
-            message = "unknown key"
-        fix = _fix_for(error)
-        lines.append(f"{where}: {_dotted(path)}: {message}" + (f" ({fix})" if fix else ""))
-    return lines
+    return [f"{text} ({fix})" if fix else text for text, fix in problems(errors, marks, filename)]
 
 
 def validate(data: Any, schema: dict, marks: dict[Path_, int], filename: str) -> Any:
     """Validate ``data`` against ``schema``; raise one ConfigError listing every problem."""
     validator = jsonschema.Draft202012Validator(schema)
-    errors = list(validator.iter_errors(data))
-    if errors:
-        lines = describe_errors(errors, marks, filename)
-        raise ConfigError(
-            "\n".join(lines) if len(lines) == 1 else f"{filename} has {len(lines)} problems:\n  " + "\n  ".join(lines),
-            reason="bad_config",
-        )
+    found = problems(validator.iter_errors(data), marks, filename)
+    if len(found) == 1:
+        raise ConfigError(found[0][0], fix=found[0][1] or None, reason="bad_config")
+    if found:
+        lines = [f"{text} ({fix})" if fix else text for text, fix in found]
+        raise ConfigError(f"{filename} has {len(lines)} problems:\n  " + "\n  ".join(lines), reason="bad_config")
     return data
 
 
@@ -156,10 +155,15 @@ def load_validated(path: str | Path, schema: dict) -> tuple[Any, dict[Path_, int
     return data, marks
 
 
-def line_of(marks: dict[Path_, int], path: Path_, filename: str) -> str:
-    """``file:line`` for a key path (or its nearest parent), for semantic errors."""
+def _marked(path: Path_, marks: dict[Path_, int]) -> Path_:
+    """The key path itself, or its nearest parent that has a line."""
     probe = tuple(path)
     while probe and probe not in marks:
         probe = probe[:-1]
-    line = marks.get(probe)
+    return probe
+
+
+def line_of(marks: dict[Path_, int], path: Path_, filename: str) -> str:
+    """``file:line`` for a key path (or its nearest parent), for semantic errors."""
+    line = marks.get(_marked(path, marks))
     return f"{filename}:{line}" if line else filename

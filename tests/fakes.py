@@ -43,7 +43,7 @@ from typing import Any
 from danlu.errors import DanluError
 from danlu.hub import gpus, scopes
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
-from danlu.hub.config import Settings, load_settings
+from danlu.hub.config import Settings
 from danlu.hub.profiles import ProfileSet, builtin_profiles
 from danlu.hub.service.app import scheduler_class_for
 from danlu.hub.service.auth import Principal
@@ -506,7 +506,7 @@ def make_settings(state_dir: Path, **changes) -> Settings:
     }
     data.update({k: v for k, v in changes.items() if k != "jobs"})
     data["jobs"] = {**JOBS, **changes.get("jobs", {})}
-    return load_settings(None, data, environ={})
+    return Settings.from_data(data)
 
 
 def gpu_profiles() -> ProfileSet:

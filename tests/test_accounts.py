@@ -56,11 +56,11 @@ def test_the_banner_says_who_can_do_what(monkeypatch, tmp_path, auth, euid, warn
     from danlu.hub.config import Settings
 
     monkeypatch.setattr(os, "geteuid", lambda: euid)
-    settings = Settings(data={"auth": auth, "users": {"unix_accounts": "off"}, "state_dir": str(tmp_path)})
+    settings = Settings.from_data({"auth": auth, "users": {"unix_accounts": "off"}, "state_dir": str(tmp_path)})
     lines = DanluUp.isolation(settings)
     assert lines[0].startswith("servers and jobs run as ")
     warnings = [line for line in lines if line.startswith("WARNING")]
     assert (warnings and warns in warnings[0]) if warns else not warnings
-    on = Settings(data={"users": {"unix_accounts": "on"}})
+    on = Settings.from_data({"users": {"unix_accounts": "on"}})
     assert DanluUp.isolation(on) == ["servers and jobs run as each user's Unix account: the file system keeps "
                                      "users apart (docs/security.md)"]

@@ -14,7 +14,7 @@ import pytest
 
 from danlu.errors import ConfigError
 from danlu.hub import yamlconfig
-from danlu.hub.config import JOB_DEFAULTS, load_settings
+from danlu.hub.config import JobsConfig, load_settings
 
 
 def write_config(tmp_path, text: str):
@@ -54,8 +54,8 @@ def test_valid_file_is_read(tmp_path):
     assert settings.public_url == "https://wb.example.org"
     assert settings.admin_users == ["admin"]
     assert settings.groups == {"vision": ["carol"]}
-    assert settings.jobs["max_nproc"] == 8
-    assert settings.jobs["warm_runners"] == JOB_DEFAULTS["warm_runners"]
+    assert settings.jobs.max_nproc == 8
+    assert settings.jobs.warm_runners == JobsConfig.warm_runners.default_value == 1
     assert str(settings.dataset_roots["shared"]) == "/data/shared"
     assert settings.source == str(path)
 
@@ -66,8 +66,10 @@ def test_no_file_gives_defaults(tmp_path):
     assert settings.source is None
     assert settings.ip == "127.0.0.1"
     assert settings.port == 8000
-    assert settings.auth == {"type": "pam"}
-    assert settings.jobs == JOB_DEFAULTS
+    assert settings.auth.type == "pam"
+    assert settings.explicit() == {}
+    assert all(getattr(settings.jobs, name) == trait.default() for name, trait in JobsConfig.class_traits(
+        config=True).items())
     assert settings.state_dir == (tmp_path / ".danlu").resolve()
     assert settings.profiles_file == tmp_path / "kernel-images" / "profiles.yaml"
     assert settings.jobs_database_url == f"sqlite:///{tmp_path.resolve() / '.danlu' / 'danlu.sqlite'}"
@@ -78,7 +80,7 @@ def test_empty_file_gives_defaults(tmp_path):
 
     settings = load_settings(path, environ={})
 
-    assert settings.data == {}
+    assert settings.explicit() == {}
     assert settings.port == 8000
 
 
@@ -254,7 +256,7 @@ def test_oidc_auth_with_every_key_loads(tmp_path):
           userdata_url: https://idp.example.org/userinfo
     """)
 
-    assert load_settings(path, environ={}).auth["type"] == "oidc"
+    assert load_settings(path, environ={}).auth.type == "oidc"
 
 
 def test_missing_file_is_named(tmp_path):

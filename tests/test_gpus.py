@@ -1,6 +1,7 @@
 """Pure tests of the GPU inventory (danlu.hub.gpus)."""
 
 from danlu.hub import gpus
+from danlu.hub.config import Settings
 
 
 def test_flavor_names():
@@ -18,10 +19,12 @@ def test_parse_nvidia_smi():
 
 
 def test_declared_groups_are_numbered_in_order():
-    inventory = gpus.inventory({"declared": [{"count": 2, "flavor": "a100"}, {"count": 1, "flavor": "sim"}]})
+    declared = [{"count": 2, "flavor": "a100"}, {"count": 1, "flavor": "sim"}]
+    settings = Settings.from_data({"gpus": {"declared": declared}})
+    inventory = gpus.inventory(settings.gpus)
     assert [(g.index, g.flavor, g.declared) for g in inventory] == [(0, "a100", True), (1, "a100", True),
                                                                     (2, "sim", True)]
 
 
 def test_detection_can_be_turned_off():
-    assert gpus.inventory({"detect": False}) == []
+    assert gpus.inventory(Settings.from_data({"gpus": {"detect": False}}).gpus) == []

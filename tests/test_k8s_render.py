@@ -149,7 +149,7 @@ def test_every_rendered_object_is_valid(example):
     kinds = {o["kind"] for o in objects}
     assert {"Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass", "ConfigMap",
             "ClusterTrainingRuntime", "StatefulSet", "Service", "Deployment", "NetworkPolicy"} <= kinds
-    namespace = settings.kubernetes["namespace"]
+    namespace = settings.kubernetes.namespace
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert errors(obj) == [], where
@@ -167,7 +167,7 @@ def test_the_cluster_config_and_profiles_load(example, tmp_path):
     (tmp_path / "danlu.yaml").write_text(cm["data"]["danlu.yaml"])
     (tmp_path / "profiles.yaml").write_text(cm["data"]["profiles.yaml"])
     settings = load_settings(tmp_path / "danlu.yaml", environ={})
-    assert settings.jobs["backend"] == "kubernetes"
+    assert settings.jobs.backend == "kubernetes"
     assert str(settings.profiles_file) == "/etc/danlu/profiles.yaml"
     profiles = load_profiles(tmp_path / "profiles.yaml")
     assert all(p.environment["image"].partition("@sha256:")[2] for p in profiles)

@@ -245,7 +245,7 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     c.JupyterHub.services = [{"name": "jupyterhub-idle-culler", "admin": False}]
     c.JupyterHub.load_roles = [{"name": "jupyterhub-idle-culler", "services": ["jupyterhub-idle-culler"]}]
     settings = configure(c, config_dir, environ={})
-    assert settings.kubernetes["namespace"] == "research"
+    assert settings.kubernetes.namespace == "research"
     assert c.JupyterHub.spawner_class == "danlu.hub.k8s.spawner.DanluKubeSpawner"
     assert c.Authenticator.admin_users == {"chart-admin", "root-admin"}
     assert c.JupyterHub.load_groups == {"vision": {"users": ["ana"]}, "nlp": {"users": ["bo"]},
@@ -277,7 +277,7 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     assert c.DanluKubeSpawner.extra_env == {names.URL: "http://proxy-public.research.svc"}
     # the service reads the same files through its environment
     same = load_settings(environ=danlu["environment"])
-    assert same.profiles_file == config_dir / "profiles.yaml" and same.jobs["backend"] == "kubernetes"
+    assert same.profiles_file == config_dir / "profiles.yaml" and same.jobs.backend == "kubernetes"
 
 
 def test_configure_refuses_local_jobs_and_a_missing_folder(config_dir, tmp_path):
@@ -288,4 +288,4 @@ def test_configure_refuses_local_jobs_and_a_missing_folder(config_dir, tmp_path)
         configure(Config(), config_dir, environ={})
     other = config_dir / "elsewhere.yaml"
     other.write_text(yaml.safe_dump({"kubernetes": {"namespace": "x"}}))
-    assert configure(Config(), config_dir, environ={names.CONFIG: str(other)}).kubernetes["namespace"] == "x"
+    assert configure(Config(), config_dir, environ={names.CONFIG: str(other)}).kubernetes.namespace == "x"

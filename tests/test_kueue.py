@@ -437,7 +437,7 @@ def test_render_without_teams_is_one_default_queue(tmp_path):
 
 
 def test_render_without_teams_or_gpus():
-    objects = kueue.render(Settings(data={"gpus": {"detect": False}, "resources": {"cpu": 4}}), [])
+    objects = kueue.render(Settings.from_data({"gpus": {"detect": False}, "resources": {"cpu": 4}}), [])
     cq = _by_kind(objects, "ClusterQueue")["default"]
     assert cq["spec"]["resourceGroups"] == [{"coveredResources": ["cpu", "memory"], "flavors": [
         {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "4"},
@@ -452,7 +452,7 @@ def test_render_refuses_a_flavor_the_inventory_lacks(tmp_path):
         kueue.render(settings, inventory)
     clash = [gpus.GPU(0, "default-flavor")]
     with pytest.raises(ConfigError, match="default-flavor"):
-        kueue.render(Settings(data={}), clash)
+        kueue.render(Settings(), clash)
 
 
 def test_render_applies_admins_live_changes(tmp_path):

@@ -39,7 +39,6 @@ can show (see its docstring).
 from __future__ import annotations
 
 import copy
-import functools
 import re
 from dataclasses import dataclass, field
 
@@ -47,18 +46,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from danlu.hub import gpus, kueue, yamlconfig
-from danlu.hub.config import Settings, schema
+from danlu.hub import gpus, kueue
+from danlu.hub.config import Settings
 from danlu.hub.k8s import jobs
 
 from .k8sfake.kueue import Kueue, condition, is_true, set_condition
 from .k8sfake.store import Store
 from .k8sschemas import errors
 
-# --- the Danlu side: the only lines that know where the admission model lives (its modules are moving) ---
+# --- the Danlu side ---------------------------------------------------------------------------------------------
 # isort: split
-from danlu.hub.service.admission import Workload
-from danlu.hub.service.quotas import build_model, priority_of, request_for
+from danlu.hub.service.admission.quotas import build_model, priority_of, request_for
+from danlu.hub.service.admission.workloads import Workload
 
 
 def danlu_model(config: Settings):
@@ -163,15 +162,9 @@ def danlu_yaml(teams: dict, declared: list[dict] | None = None) -> dict:
     return {**copy.deepcopy(BASE), "gpus": {"declared": declared or [A100]}, "teams": teams}
 
 
-@functools.cache
-def danlu_schema() -> dict:
-    return schema()
-
-
 def load(config: dict) -> Settings:
     """danlu.yaml as ``danlu up`` takes it: valid by its schema, defaults filled in."""
-    yamlconfig.validate(config, danlu_schema(), {}, "danlu.yaml")
-    return Settings(data=copy.deepcopy(config))
+    return Settings.from_data(config)
 
 
 # --- the two sides --------------------------------------------------------------------------------------
@@ -224,7 +217,7 @@ class KueueSide:
             assert errors(obj) == [], (obj, errors(obj))
             self.store.create(obj)
         self.kueue = Kueue(self.store)
-        self.node_labels = {g.get("flavor", "gpu"): g.get("node_labels") for g in config.gpus.get("declared") or []}
+        self.node_labels = {g.get("flavor", "gpu"): g.get("node_labels") for g in config.gpus.declared or []}
         self.names: dict[str, str] = {}  # TrainJob uid -> job name
         self.created = 0.0
 

@@ -32,7 +32,7 @@ def settings(tmp_path):
             _job("a00000000005", "running", {}, report={"state": "failed", "reason": "cell 1 raised", "infrastructure":
                                                         False}),
         ])
-    return Settings(data={"state_dir": str(tmp_path), "jobs": {"database_url": url, "grace_period_seconds": 0}}), \
+    return Settings.from_data({"state_dir": str(tmp_path), "jobs": {"database_url": url, "grace_period_seconds": 0}}), \
         sessions
 
 

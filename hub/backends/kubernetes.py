@@ -73,11 +73,11 @@ class KubernetesBackend(Backend):
 
     @default("namespace")
     def _namespace(self):
-        return self.settings.kubernetes["namespace"] if self.settings is not None else "danlu"
+        return self.settings.kubernetes.namespace if self.settings is not None else "danlu"
 
     @default("runtime")
     def _runtime(self):
-        return self.settings.kubernetes["runtime"] if self.settings is not None else names.RUNTIME
+        return self.settings.kubernetes.runtime if self.settings is not None else names.RUNTIME
 
     @default("logs_dir")
     def _logs_dir(self):
@@ -212,7 +212,7 @@ class KubernetesBackend(Backend):
             raise KubernetesError(f"profile '{launch.profile}' has no image (environment.image in profiles.yaml), "
                                   "so it cannot run on Kubernetes")
         flavor = {}
-        for group in (self.settings.gpus.get("declared") or []) if self.settings is not None else []:
+        for group in (self.settings.gpus.declared or []) if self.settings is not None else []:
             if group.get("flavor") == launch.gpu_type:
                 flavor = group
         return jobs.trainjob(

@@ -65,19 +65,19 @@ class LocalBackend(Backend):
 
     @default("warm_runners")
     def _warm_runners(self):
-        return self.settings.jobs["warm_runners"]
+        return self.settings.jobs.warm_runners
 
     @default("warm_idle_seconds")
     def _warm_idle_seconds(self):
-        return self.settings.jobs["warm_idle_seconds"]
+        return self.settings.jobs.warm_idle_seconds
 
     @default("warm_runners_max")
     def _warm_runners_max(self):
-        return self.settings.jobs["warm_runners_max"]
+        return self.settings.jobs.warm_runners_max
 
     @default("warm_runners_per_user")
     def _warm_runners_per_user(self):
-        return self.settings.jobs["warm_runners_per_user"]
+        return self.settings.jobs.warm_runners_per_user
 
     @default("runner_env")
     def _runner_env(self):

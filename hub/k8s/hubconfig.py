@@ -61,17 +61,17 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     # relative paths in danlu.yaml start beside it (the hub's working folder is the chart's, not Danlu's)
     environ = {**environ, names.BASE_DIR: names.BASE_DIR.get(environ=environ) or str(config_file.parent)}
     settings = load_settings(config_file, environ=environ)
-    if "backend" in settings.data.get("jobs", {}) and backends.get(settings.jobs["backend"]) is not KubernetesBackend:
-        raise ConfigError(f"{settings.where('jobs', 'backend')}: jobs.backend is {settings.jobs['backend']}, which "
+    if settings.is_set("jobs", "backend") and backends.get(settings.jobs.backend) is not KubernetesBackend:
+        raise ConfigError(f"{settings.jobs.where('backend')}: jobs.backend is {settings.jobs.backend}, which "
                           "would run jobs inside the hub pod", fix="set jobs.backend: kubernetes (or remove it)")
-    profiles_file = settings.profiles_file if "profiles_file" in settings.data else config_file.parent / "profiles.yaml"
+    profiles_file = settings.profiles_file if settings.is_set("profiles_file") else config_file.parent / "profiles.yaml"
     if not profiles_file.exists():
         raise ConfigError(f"{profiles_file} does not exist", fix="add profiles.yaml to Danlu's ConfigMap, beside "
                                                                  "danlu.yaml")
-    state = settings.state_dir if "state_dir" in settings.data else Path(HUB_STATE_DIR)
-    namespace = settings.kubernetes["namespace"]
+    state = settings.state_dir if settings.is_set("state_dir") else Path(HUB_STATE_DIR)
+    namespace = settings.kubernetes.namespace
 
-    if "auth" in settings.data:
+    if settings.is_set("auth"):
         authenticator(c, settings)
     chart_admins = set(_current(c.Authenticator, "admin_users", set()))
     chart_groups = dict(_current(c.JupyterHub, "load_groups", {}))
@@ -112,6 +112,6 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     c.DanluKubeSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
     c.DanluKubeSpawner.extra_env = {
         names.URL: f"http://{PROXY_SERVICE}.{namespace}.svc{base_url.rstrip('/')}",
-        **({names.PUBLIC_URL: settings.public_url} if "public_url" in settings.data else {}),
+        **({names.PUBLIC_URL: settings.public_url} if settings.is_set("public_url") else {}),
     }
     return settings

@@ -28,14 +28,14 @@ def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[st
     """``mlflow server`` with the stores danlu.yaml names (the renderer always sets both)."""
     mlflow = settings.mlflow
     for key in ("backend_store_uri", "artifacts_destination"):
-        if not mlflow.get(key):
+        if not getattr(mlflow, key):
             raise ConfigError(f"{settings.where('mlflow')}: mlflow.{key} is not set",
                               fix="render the ConfigMap with danlu render k8s, which sets it")
     return [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
-            "--backend-store-uri", mlflow["backend_store_uri"],
-            "--artifacts-destination", mlflow["artifacts_destination"],
+            "--backend-store-uri", mlflow.backend_store_uri,
+            "--artifacts-destination", mlflow.artifacts_destination,
             "--host", "0.0.0.0", "--port", str(port), "--static-prefix", "/services/mlflow",
-            "--workers", str(mlflow.get("workers", 1)),
+            "--workers", str(mlflow.workers),
             "--allowed-hosts", f"{names.MLFLOW_SERVICE}:{port},localhost:{port}"]
 
 

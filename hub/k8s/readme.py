@@ -11,7 +11,7 @@ TRAINER_VERSION = "v2.3.0"
 
 
 def text(settings, source: str, placeholders: list[str]) -> str:
-    ns = settings.kubernetes["namespace"]
+    ns = settings.kubernetes.namespace
     todo = "".join(f"- {p}\n" for p in placeholders) or "- none: every image is pinned.\n"
     return f"""# Danlu on Kubernetes: rendered from {source}
 
@@ -23,7 +23,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 | `namespace.yaml` | the `{ns}` namespace: hub, notebooks, jobs, LocalQueues, MLflow |
 | `kueue.yaml` | ResourceFlavors, ClusterQueues, LocalQueues, WorkloadPriorityClasses |
 | `kueue-config.yaml` | Kueue's manager Configuration (TrainJob and pod integrations, pods managed only in `{ns}`) |
-| `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes["runtime"]}` every job runs on |
+| `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes.runtime}` every job runs on |
 | `mlflow.yaml` | the `{names.CONFIG_MAP}` ConfigMap, PostgreSQL, MLflow, their NetworkPolicies |
 | `rbac.yaml` | the jobs service's Role (TrainJobs, workloads, pods, token Secrets), bound to `hub` |
 | `values.yaml` | Zero to JupyterHub chart {CHART_VERSION} values |

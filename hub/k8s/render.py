@@ -17,14 +17,13 @@ folder. The objects come from :mod:`danlu.hub.kueue`, :mod:`danlu.hub.k8s.manife
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import yaml
 
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
-from danlu.hub.config import Settings
+from danlu.hub.config import Settings, secret_options
 from danlu.hub.k8s import manifests, names, readme, values
 from danlu.hub.kueue import memory_quantity
 from danlu.hub.profiles import ProfileSet
@@ -32,11 +31,7 @@ from danlu.hub.profiles import ProfileSet
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 PLACEHOLDER_REGISTRY = "registry.example.com/danlu"
 DEFAULT_POSTGRES = f"docker.io/library/postgres:17@{PLACEHOLDER_DIGEST}"
-DATABASE_SIZE = "10Gi"
-ARTIFACTS_SIZE = "50Gi"
 STATE_DIR = "/srv/jupyterhub/danlu"  # on the hub's own volume (the chart's sqlite-pvc)
-#: danlu.yaml keys that hold secrets: they never go into a ConfigMap
-SECRET_KEYS = (("auth", "client_secret"), ("auth", "user_password"), ("auth", "admin_password"))
 FILES = ("README.md", "namespace.yaml", "kueue.yaml", "kueue-config.yaml", "trainer.yaml", "mlflow.yaml",
          "rbac.yaml", "values.yaml")
 
@@ -56,14 +51,17 @@ def _database_url(driver: str, database: str) -> str:
 
 def check_no_secrets(settings: Settings) -> None:
     """danlu.yaml goes into a ConfigMap, which any reader of the namespace may read: refuse secrets."""
-    for section, key in SECRET_KEYS:
-        if key in (settings.data.get(section) or {}):
-            raise ConfigError(f"{settings.where(section, key)}: {section}.{key} would be written into the "
+    for path in secret_options():
+        if settings.is_set(*path):
+            raise ConfigError(f"{settings.where(*path)}: {'.'.join(path)} would be written into the "
                               f"{names.CONFIG_MAP} ConfigMap",
                               fix="remove it from the file you render and give it to the hub from a Secret "
                                   "(docs/kubernetes.md, Secrets)")
-    for section, key in (("jobs", "database_url"), ("mlflow", "backend_store_uri"), ("mlflow", "auth_database_uri")):
-        url = (settings.data.get(section) or {}).get(key, "")
+    urls = {("jobs", "database_url"): settings.jobs.database_url,
+            ("mlflow", "backend_store_uri"): settings.mlflow.backend_store_uri,
+            ("mlflow", "auth_database_uri"): settings.mlflow.auth_database_uri}
+    for (section, key), url in urls.items():
+        url = url or ""
         if "@" in url and ":" in url.split("://", 1)[-1].split("@", 1)[0]:
             raise ConfigError(f"{settings.where(section, key)}: {section}.{key} holds a password",
                               fix="leave the password out; the pods read it from $PGPASSWORD (danlu-secrets)")
@@ -77,8 +75,7 @@ def cluster_settings(settings: Settings) -> dict:
     MLflow keep their data in Danlu's PostgreSQL and MLflow its artifacts on its volume (or the
     object store ``kubernetes.mlflow.artifacts_destination``), unless danlu.yaml names others.
     """
-    data = copy.deepcopy(settings.data)
-    kube = settings.kubernetes
+    data = settings.explicit()
     data.pop("profiles_file", None)
     data["state_dir"] = STATE_DIR
     data["profiles_file"] = f"{names.CONFIG_DIR}/profiles.yaml"
@@ -88,7 +85,8 @@ def cluster_settings(settings: Settings) -> dict:
     mlflow = data.setdefault("mlflow", {})
     mlflow.setdefault("backend_store_uri", _database_url("postgresql+psycopg", "mlflow"))
     mlflow.setdefault("auth_database_uri", _database_url("postgresql+psycopg", "mlflow_auth"))
-    mlflow.setdefault("artifacts_destination", kube["mlflow"].get("artifacts_destination") or manifests.ARTIFACTS_DIR)
+    store = settings.kubernetes.mlflow.artifacts_destination
+    mlflow.setdefault("artifacts_destination", store or manifests.ARTIFACTS_DIR)
     return data
 
 
@@ -150,36 +148,35 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
     """Every Kubernetes object, by the file it goes to (values.yaml apart: see :func:`chart_values`)."""
     check_no_secrets(settings)
     kube = settings.kubernetes
-    ns = kube["namespace"]
-    mlflow = kube["mlflow"]
-    hub_image = kube.get("hub_image") or placeholder("hub")
+    ns = kube.namespace
+    mlflow = kube.mlflow
+    hub_image = kube.hub_image or placeholder("hub")
     notebook_image = profile_image(profiles.default)
     danlu_yaml = _dump(cluster_settings(settings))
     profiles_yaml = _dump(cluster_profiles(profiles))
-    artifacts_claim = None if mlflow.get("artifacts_destination") else f"{names.MLFLOW_SERVICE}-artifacts"
-    storage_class = mlflow.get("storage_class")
+    artifacts_claim = None if mlflow.artifacts_destination else f"{names.MLFLOW_SERVICE}-artifacts"
+    storage_class = mlflow.storage_class
     mlflow_objects = [manifests.make_config_map(ns, danlu_yaml, profiles_yaml),
                       manifests.make_postgres_init(ns),
                       manifests.make_service(names.POSTGRES_SERVICE, ns, names.DATABASE, manifests.POSTGRES_POD,
                                              names.POSTGRES_PORT, headless=True),
-                      manifests.make_postgres(ns, mlflow.get("postgres_image") or DEFAULT_POSTGRES,
-                                              memory_quantity(mlflow.get("database_size", DATABASE_SIZE)),
-                                              storage_class)]
+                      manifests.make_postgres(ns, mlflow.postgres_image or DEFAULT_POSTGRES,
+                                              memory_quantity(mlflow.database_size), storage_class)]
     if artifacts_claim:
         mlflow_objects.append(manifests.make_pvc(artifacts_claim, ns, names.MLFLOW,
-                                                 memory_quantity(mlflow.get("artifacts_size", ARTIFACTS_SIZE)),
+                                                 memory_quantity(mlflow.artifacts_size),
                                                  storage_class))
     mlflow_objects += [manifests.make_service(names.MLFLOW_SERVICE, ns, names.MLFLOW, manifests.MLFLOW_POD,
                                               names.MLFLOW_PORT),
-                       manifests.make_mlflow_deployment(ns, mlflow.get("image") or hub_image,
+                       manifests.make_mlflow_deployment(ns, mlflow.image or hub_image,
                                                         artifacts_claim=artifacts_claim),
                        *manifests.make_mlflow_policies(ns)]
     return {
         "namespace.yaml": [manifests.make_namespace(ns)],
         "kueue.yaml": kueue.render(settings, gpus.inventory(settings.gpus), namespace=ns),
         "kueue-config.yaml": [manifests.make_kueue_config_map(ns)],
-        "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube["shm_size"]),
-                                                         kube["runtime"])],
+        "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube.shm_size),
+                                                         kube.runtime)],
         "mlflow.yaml": mlflow_objects,
         "rbac.yaml": manifests.make_jobs_rbac(ns),
     }
@@ -188,18 +185,18 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
 def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
     kube = settings.kubernetes
     return values.make_values(
-        namespace=kube["namespace"], hub_image=kube.get("hub_image") or placeholder("hub"),
-        notebook_image=profile_image(profiles.default), home_size=memory_quantity(kube["home_size"]),
-        shm_size=memory_quantity(kube["shm_size"]), home_storage_class=kube.get("home_storage_class"),
-        idle_timeout=settings.hub["idle_timeout_seconds"])
+        namespace=kube.namespace, hub_image=kube.hub_image or placeholder("hub"),
+        notebook_image=profile_image(profiles.default), home_size=memory_quantity(kube.home_size),
+        shm_size=memory_quantity(kube.shm_size), home_storage_class=kube.home_storage_class,
+        idle_timeout=settings.hub.idle_timeout_seconds)
 
 
 def placeholders(settings: Settings, profiles: ProfileSet) -> list[str]:
     """The images still on a placeholder, for the README and the header comments."""
     kube = settings.kubernetes
-    out = [] if kube.get("hub_image") else ["kubernetes.hub_image"]
+    out = [] if kube.hub_image else ["kubernetes.hub_image"]
     out += [f"profile {p.slug}: environment.image" for p in profiles if not p.environment.get("image")]
-    if not kube["mlflow"].get("postgres_image"):
+    if not kube.mlflow.postgres_image:
         out.append("kubernetes.mlflow.postgres_image")
     return out
 
@@ -215,7 +212,7 @@ def render(settings: Settings, profiles: ProfileSet) -> dict[str, str]:
     files = {name: _stream(objs, header) for name, objs in objects(settings, profiles).items()}
     files["values.yaml"] = values_text(chart_values(settings, profiles), header + _comment(
         f"Zero to JupyterHub chart {values.CHART_VERSION} values: helm upgrade --install danlu "
-        f"jupyterhub/jupyterhub --version {values.CHART_VERSION} -n {settings.kubernetes['namespace']} -f values.yaml"))
+        f"jupyterhub/jupyterhub --version {values.CHART_VERSION} -n {settings.kubernetes.namespace} -f values.yaml"))
     files["README.md"] = readme.text(settings, source, missing)
     return {name: files[name] for name in FILES}
 

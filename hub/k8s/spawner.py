@@ -54,7 +54,7 @@ class Flavor:
 def gpu_flavors(settings: Settings) -> dict[str, Flavor]:
     """The declared GPU flavors in danlu.yaml order (the first group of a flavor describes it)."""
     flavors: dict[str, Flavor] = {}
-    for group in settings.gpus.get("declared") or []:
+    for group in settings.gpus.declared:
         name = group.get("flavor", "gpu")
         flavors.setdefault(name, Flavor(name, group.get("resource", GPU_RESOURCE),
                                         tuple((group.get("node_labels") or {}).items()),
@@ -247,7 +247,7 @@ class DanluKubeSpawner(KubeSpawner):
         # after KubeSpawner's own labels: app.kubernetes.io/component becomes notebook; the legacy
         # component label stays singleuser-server, which KubeSpawner and the chart select pods by
         pod.metadata.labels = {**(pod.metadata.labels or {}), **self.danlu_labels()}
-        size = memory_quantity(self.settings.kubernetes["shm_size"])
+        size = memory_quantity(self.settings.kubernetes.shm_size)
         pod.spec.volumes = [*(pod.spec.volumes or []), V1Volume(
             name=SHM_VOLUME, empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=size))]
         container = pod.spec.containers[0]

@@ -127,7 +127,7 @@ class JobsServiceApp(Application):
 
     @default("backend_class")
     def _backend_class(self):
-        return backends.get(self.settings_.jobs["backend"])
+        return backends.get(self.settings_.jobs.backend)
 
     @default("scheduler_class")
     def _scheduler_class(self):
@@ -193,7 +193,7 @@ class JobsServiceApp(Application):
         tasks.append(asyncio.ensure_future(
             provenance.environment_of(default_profile, in_image=self.backend_class.runs_in_images)))
         tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))
-        idle = self.settings_.hub["idle_timeout_seconds"]
+        idle = self.settings_.hub.idle_timeout_seconds
         if idle and self.cull_idle_servers:
             tasks.append(asyncio.ensure_future(culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token,
                                                                     idle, self.log)))

@@ -237,7 +237,7 @@ class JobManager:
                 self.metrics.finished.labels(queue, "cancelled").inc()
             core.mark_ended(job_id)
             if handed is not None:  # a queueing backend holds it: it goes from there too
-                grace = self.settings.jobs["grace_period_seconds"]
+                grace = self.settings.jobs.grace_period_seconds
                 await self.backend.cancel(job_id, handed, grace, reason="cancelled")
                 await self.backend.cleanup(job_id, handed)
         else:

@@ -88,7 +88,7 @@ def check(settings: Settings, inventory: list[GPU]) -> None:
 def build_model(settings: Settings, inventory: list[GPU], overrides: dict[str, dict] | None = None) -> Model:
     resources = settings.job_resources
     return Model(build_teams(settings, inventory, overrides), flavors_of(inventory), cpu=resources["cpu"],
-                 memory=resources["memory"], starvation_seconds=settings.jobs["starvation_seconds"])
+                 memory=resources["memory"], starvation_seconds=settings.jobs.starvation_seconds)
 
 
 def queue_for(settings: Settings, requested: str | None, groups: Iterable[str], *, admin: bool = False) -> str:

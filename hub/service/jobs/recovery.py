@@ -78,7 +78,7 @@ def _interrupt(s, job_id: str) -> bool:
 
 
 def interrupt_running_jobs(settings, grace: float | None = None) -> list[str]:
-    grace = settings.jobs["grace_period_seconds"] if grace is None else grace
+    grace = settings.jobs.grace_period_seconds if grace is None else grace
     sessions = make_sessionmaker(settings.jobs_database_url)
     with sessions() as s:
         running = [(j.id, j.backend_state) for j in s.scalars(select(Job).where(Job.state.in_(ACTIVE_STATES)))]

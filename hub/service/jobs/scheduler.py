@@ -105,18 +105,18 @@ class Scheduler:
                 "token": token, "queue": job.queue, "priority_class": job.priority_class or "",
                 "profile": job.profile, "gpus": job.gpus, "gpu_type": job.gpu_type, "cpu": job.cpu,
                 "memory": job.memory,
-                "timeout_seconds": job.timeout_seconds or self.settings.jobs["max_runtime_seconds"]}
+                "timeout_seconds": job.timeout_seconds or self.settings.jobs.max_runtime_seconds}
 
     # time limits -----------------------------------------------------------------------------
     async def check_timeouts(self) -> None:
         """Stop running jobs that outran their limit."""
         jobs = self.settings.jobs
-        late = await self.database.read(_late, jobs["max_runtime_seconds"])
+        late = await self.database.read(_late, jobs.max_runtime_seconds)
         for job_id, state in late:
             if job_id in self.supervisor.stopping:
                 continue
             self.supervisor.stopping[job_id] = ("timed_out", "timed_out")
-            self.core.spawn(self.supervisor.stop(job_id, state, jobs["grace_period_seconds"], "timed_out"))
+            self.core.spawn(self.supervisor.stop(job_id, state, jobs.grace_period_seconds, "timed_out"))
 
     # usage rollups ---------------------------------------------------------------------------------
     async def roll_up(self) -> None:
@@ -127,7 +127,7 @@ class Scheduler:
         try:
             while not core.closing and await self.database.write(rollups.roll_up, utcnow()):
                 await asyncio.sleep(0)
-            keep = self.settings.usage["sample_retention_days"]
+            keep = self.settings.usage.sample_retention_days
             while not core.closing and await self.database.write(
                     rollups.expire_samples, utcnow(), keep) >= rollups.EXPIRE_BATCH:
                 await asyncio.sleep(0)
@@ -197,7 +197,7 @@ class DanluScheduler(Scheduler):
             self.metrics.cycle.observe(time.perf_counter() - started)
         for start in starts:  # in the background: a submission does not wait for runners to start
             self.supervisor.launch(start)
-        grace = self.settings.jobs["preemption_grace_seconds"]
+        grace = self.settings.jobs.preemption_grace_seconds
         for job_id, state, why in stops:
             core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
 
@@ -214,7 +214,7 @@ class DanluScheduler(Scheduler):
             core.estimates = {}
             return
         ends, durations = await self.database.read(_durations, list(core.model.admitted), [w.id for w in waiting],
-                                                   now, self.settings.jobs["max_runtime_seconds"])
+                                                   now, self.settings.jobs.max_runtime_seconds)
         core.estimates = core.model.estimate(waiting, ends, durations, now)
 
     def _record_pass(self, s, decision: Decision, tokens: dict, now: float):

@@ -75,7 +75,7 @@ class Servers:
     async def idle(self) -> list[dict]:
         """Servers holding GPUs with no activity for ``usage.idle_server_minutes``, for admins to act on
         (the idle culler stops any server after ``hub.idle_timeout_seconds``)."""
-        minutes = self.settings.usage["idle_server_minutes"]
+        minutes = self.settings.usage.idle_server_minutes
         holding = await self.database.read(_holding)
         idle = []
         for holder, owner, team, devices in holding:

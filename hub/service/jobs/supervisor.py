@@ -22,6 +22,7 @@ import datetime as dt
 import logging
 
 from danlu.hub.backends.base import Backend, Launch, Outcome
+from danlu.hub.config import JobsConfig
 from danlu.hub.service.jobs import attempts
 from danlu.hub.service.jobs.attempts import ACTIVE_STATES
 from danlu.hub.service.jobs.core import Core, workload_of
@@ -159,7 +160,7 @@ class Supervisor:
 
     async def cancel(self, job_id: str, state: dict, reason: str) -> None:
         """Cancel a running attempt now: end its processes (with the grace period), then record it."""
-        grace = self.settings.jobs["grace_period_seconds"]
+        grace = self.settings.jobs.grace_period_seconds
         self.stopping[job_id] = ("cancelled", reason)
         state = await self.settled(job_id, state)
         await self.database.write(attempts.set_stop, job_id, "cancelled", grace, state.get("attempt"))
@@ -255,8 +256,8 @@ class Supervisor:
             self.log.info("re-attaching to job %s", job_id)
             if preempted or stop:
                 why = "preempted" if preempted else stop
-                grace = self.settings.jobs["preemption_grace_seconds" if why == "preempted" else
-                                          "grace_period_seconds"]
+                jobs = self.settings.jobs
+                grace = jobs.preemption_grace_seconds if why == "preempted" else jobs.grace_period_seconds
                 self.core.spawn(self.stop(job_id, state, grace, why))
             self.watch(job_id, state)
 
@@ -286,7 +287,7 @@ def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str]
     return ending
 
 
-def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, number: int | None = None):
+def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: JobsConfig, ledger, number: int | None = None):
     job = s.get(Job, job_id)
     if job is None or job.state not in ACTIVE_STATES:
         return None
@@ -301,8 +302,8 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: dict, ledger, nu
                      preempt_reason=(outcome.reason if outcome.state == "preempted" and outcome.authoritative
                                      else job.reason),
                      retries=job.retries, failures_before=failures,
-                     limit_seconds=job.timeout_seconds or jobs["max_runtime_seconds"],
-                     backoff_seconds=jobs["retry_backoff_seconds"])
+                     limit_seconds=job.timeout_seconds or jobs.max_runtime_seconds,
+                     backoff_seconds=jobs.retry_backoff_seconds)
     now = utcnow()
     if attempt is not None:
         attempt.state, attempt.failure, attempt.reason = nxt.attempt_state, nxt.failure, nxt.attempt_reason

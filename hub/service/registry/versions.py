@@ -70,7 +70,7 @@ class ModelRegistry:
         return set(await self.groups.groups_of(principal.name, fallback=principal.groups))
 
     async def _require_approver(self, principal) -> None:
-        approvers = self.settings.models["approvers"]
+        approvers = self.settings.models.approvers
         if principal.admin or (await self._groups(principal)) & set(approvers):
             return
         who = f"members of {', '.join(approvers)} and admins" if approvers else "admins"
@@ -101,7 +101,7 @@ class ModelRegistry:
         if run is None or not (principal.admin or owner == principal.name):
             raise NotFound(f"run {run_id} not found", reason="no_such_run", field="run_id", fix=RUN_FIX)
         source, model_id = await self._source(api, run, body.get("artifact_path"))
-        spec = self.settings.models["evaluations"].get(name)
+        spec = self.settings.models.evaluations.get(name)
         notebook = await self._evaluation_notebook(spec) if spec else None
         async with self._registering:
             if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
@@ -230,7 +230,7 @@ class ModelRegistry:
         if row is None:
             raise await self._missing(name, version)
         await self._require_approver(principal)
-        if row.registered_by == principal.name and not self.settings.models["self_approval"]:
+        if row.registered_by == principal.name and not self.settings.models.self_approval:
             raise Forbidden(f"you registered {name} version {version}: someone else must decide on it",
                             reason="self_approval",
                             fix="ask another approver (danlu.yaml models.self_approval is false)")

@@ -167,7 +167,7 @@ def _raw(session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt
 def report(session: Session, settings, start: dt.datetime, end: dt.datetime, by: str = "user",
            owner: str | None = None, now: dt.datetime | None = None, cache: Cache | None = None) -> dict:
     now = now or utcnow()
-    rates = settings.usage["gpu_hour_cost"]
+    rates = settings.usage.gpu_hour_cost
     totals = _Totals()
     through = rollups.watermark(session)
     if through is not None and start < through:  # from the rollups, then the raw rows after them
@@ -198,7 +198,7 @@ def report(session: Session, settings, start: dt.datetime, end: dt.datetime, by:
                      "measured_utilization": round(util_sum / util_n, 1) if util_n else None})
     rows.sort(key=lambda r: (-r["gpu_hours"], r[by]))
     return {
-        "from": isoformat(start), "to": isoformat(end), "by": by, "currency": settings.usage["currency"],
+        "from": isoformat(start), "to": isoformat(end), "by": by, "currency": settings.usage.currency,
         "rows": rows,
         "total": {"gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4),
                   "cost": round(sum(r["cost"] for r in rows), 4)},
