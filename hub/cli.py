@@ -11,6 +11,7 @@ never imports the hub.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from danlu import cli
@@ -18,8 +19,7 @@ from danlu.lean import skip_unused_imports
 
 
 def cmd_config(args) -> int:
-    import json
-
+    # deferred: the danlu script loads only what its command needs (danlu jobs list stays quick)
     from danlu.hub.config import describe, format_options, load_settings
 
     settings = load_settings(args.config)

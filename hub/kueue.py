@@ -63,9 +63,10 @@ from collections.abc import Iterable, Mapping
 import yaml
 
 from danlu.errors import ConfigError
-from danlu.hub.config import DEFAULT_QUEUE, Settings, parse_size
+from danlu.hub.config import Settings
 from danlu.hub.gpus import GPU
 from danlu.hub.service.admission import quotas
+from danlu.hub.teams import DEFAULT_QUEUE, parse_size
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -25,7 +25,6 @@ from traitlets import Bool, Enum, Integer, TraitError, TraitType, Undefined, Uni
 
 class Text(Unicode):
     """A string that matches ``pattern`` (``re.search``, as JSON Schema does) and has a bounded length."""
-
     def __init__(self, default_value: Any = Undefined, *, pattern: str | None = None, min_length: int | None = None,
                  max_length: int | None = None, **kwargs):
         self.pattern = pattern
@@ -46,7 +45,6 @@ class Text(Unicode):
 
 class Positive(traitlets.Float):
     """A number above zero (and at most ``max``)."""
-
     def validate(self, obj, value):
         value = super().validate(obj, value)
         if value <= 0:
@@ -86,7 +84,7 @@ SIZE_PATTERN = r"^[0-9]{1,12}(\.[0-9]{1,6})?[KMGT]i?$"
 class Size(Union):
     """A size: ``512M``, ``8G``, ``1T`` (binary units; ``Gi`` accepted too) or a number of bytes, at most 2**60.
 
-    The value stays as written (see :func:`danlu.hub.config.parse_size` and
+    The value stays as written (see :func:`danlu.hub.teams.parse_size` and
     :func:`danlu.hub.kueue.memory_quantity` for its two readings).
     """
 
@@ -97,7 +95,6 @@ class Size(Union):
 
 class _ReadsAsCopy:
     """Every read of the option is a deep copy: one reader changing what it got changes nothing for the next."""
-
     def get(self, obj, cls=None):
         return copy.deepcopy(super().get(obj, cls))
 
@@ -108,7 +105,6 @@ class List(_ReadsAsCopy, traitlets.List):
 
 class Dict(_ReadsAsCopy, traitlets.Dict):
     """traitlets' ``Dict`` with at least ``minlen`` and at most ``maxlen`` entries, read as a copy."""
-
     def __init__(self, value_trait=None, per_key_traits=None, key_trait=None, default_value=Undefined, *,
                  minlen: int = 0, maxlen: int | None = None, **kwargs):
         self.minlen = minlen
@@ -124,7 +120,6 @@ class Dict(_ReadsAsCopy, traitlets.Dict):
 
 class Record(Dict):
     """A mapping with named fields, each one a trait: the ``required`` ones present, no others."""
-
     def __init__(self, fields: dict[str, TraitType], *, required: tuple[str, ...] = (), **kwargs):
         self.fields = fields
         self.required = tuple(required)

@@ -14,7 +14,8 @@ import pytest
 
 from danlu.errors import ConfigError
 from danlu.hub import yamlconfig
-from danlu.hub.config import JobsConfig, load_settings
+from danlu.hub.config import load_settings
+from danlu.hub.options import JobsConfig
 
 
 def write_config(tmp_path, text: str):

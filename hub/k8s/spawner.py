@@ -29,10 +29,11 @@ from traitlets import Any, Dict, default
 
 from danlu import env as names
 from danlu.errors import DanluError
-from danlu.hub.config import DEFAULT_QUEUE, Settings, load_settings
+from danlu.hub.config import Settings, load_settings
 from danlu.hub.k8s import names as k8s
 from danlu.hub.kueue import GPU_RESOURCE, memory_quantity
 from danlu.hub.profiles import Profile, ProfileSet, builtin_profiles, load_profiles
+from danlu.hub.teams import DEFAULT_QUEUE
 
 SHM_VOLUME = "dshm"
 OPTIONS = ("profile", "gpus", "gpu_flavor")
@@ -41,7 +42,6 @@ OPTIONS = ("profile", "gpus", "gpu_flavor")
 @dataclass(frozen=True)
 class Flavor:
     """A GPU flavor of danlu.yaml's inventory, as a notebook pod is placed on it."""
-
     name: str
     resource: str = GPU_RESOURCE
     node_labels: tuple[tuple[str, str], ...] = ()
@@ -89,7 +89,6 @@ def profile_entry(profile: Profile, flavors: dict[str, Flavor], *, default: bool
 @dataclass(frozen=True)
 class Decision:
     """What a request was granted: the profile, its GPUs and where they are, the team queue."""
-
     profile: Profile
     gpus: int
     flavor: Flavor | None
@@ -98,7 +97,6 @@ class Decision:
 
 class DanluKubeSpawner(KubeSpawner):
     """JupyterLab servers from governed profiles, as Kubernetes pods."""
-
     settings = Any(help="danlu.yaml as Settings (danlu.hub.k8s.hubconfig passes the one it loaded; default: "
                         "$DANLU_CONFIG).").tag(config=True)
     profiles = Any(help="The governed profiles as a ProfileSet (default: Settings.profiles_file).").tag(config=True)

@@ -11,12 +11,16 @@ Without ``teams`` there is one queue, ``default``, holding the whole machine.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from danlu.errors import ConfigError, PolicyError, ValidationError
-from danlu.hub.config import DEFAULT_QUEUE, Settings, parse_size
-from danlu.hub.gpus import GPU
 from danlu.hub.service.admission.model import Model
 from danlu.hub.service.admission.workloads import Request, Team, gpu_key
+from danlu.hub.teams import DEFAULT_QUEUE, parse_size
+
+if TYPE_CHECKING:
+    from danlu.hub.config import Settings
+    from danlu.hub.gpus import GPU
 
 
 def _amounts(spec: dict | None) -> dict[str, float]:

@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 
 from danlu.hub.backends.base import Backend, Launch, Outcome
-from danlu.hub.config import JobsConfig
+from danlu.hub.options import JobsConfig
 from danlu.hub.service.jobs import attempts
 from danlu.hub.service.jobs.attempts import ACTIVE_STATES
 from danlu.hub.service.jobs.core import Core, workload_of
