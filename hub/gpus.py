@@ -42,7 +42,7 @@ def flavor_of(name: str) -> str:
 def _detect_nvml() -> list[GPU] | None:
     try:
         # deferred: optional (nvidia-ml-py), and NVML is looked for only at start-up
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:

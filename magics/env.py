@@ -86,8 +86,8 @@ TEST_POSTGRES_URL = Var("DANLU_TEST_POSTGRES_URL", "Tests: a PostgreSQL database
                                                    "against (.ci/run starts one).")
 TEST_UNIX_PYTHON = Var("DANLU_TEST_UNIX_PYTHON", "Tests: a Python with Danlu installed that every account can "
                                                  "run, for the unix-accounts tier (.ci/run builds one in /opt).")
-TEST_REQUIRE_UNIX = Var("DANLU_TEST_REQUIRE_UNIX", "Tests: 1 makes the unix-accounts tier fail instead of skip "
-                                                   "when it cannot run (CI sets it).")
+TEST_REQUIRE = Var("DANLU_TEST_REQUIRE", "Tests: the tiers that must run, comma-separated (unix, postgres, ui): "
+                                         "each fails instead of skipping when it cannot (.ci/run sets all three).")
 TEST_CLUSTER_URL = Var("DANLU_TEST_CLUSTER_URL", "Tests: the public URL of Danlu deployed on a real cluster (with "
                        "KUBECONFIG); the cluster tier skips without it.")
 TEST_CLUSTER_TOKEN = Var("DANLU_TEST_CLUSTER_TOKEN", "Tests: a hub API token of a user in a team there.")

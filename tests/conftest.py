@@ -8,11 +8,10 @@ when ``DANLU_TEST_POSTGRES_URL`` is set (``.ci/run`` starts one). Users:
 
 from __future__ import annotations
 
-import os
-
 import psutil
 import pytest
 
+from danlu import env
 from danlu.hub.testing import Workbench
 
 PROFILES = {"profiles": [
@@ -31,7 +30,17 @@ CONFIG = {
     "jobs": {"grace_period_seconds": 3, "warm_runners": 1},
 }
 
-POSTGRES_URL = os.environ.get("DANLU_TEST_POSTGRES_URL")
+POSTGRES_URL = env.TEST_POSTGRES_URL.get()
+NO_POSTGRES = f"{env.TEST_POSTGRES_URL} is not set (.ci/run starts a PostgreSQL server)"
+
+
+def cannot_run(tier: str, why: str) -> None:
+    """Skip a tier that cannot run here, saying why; fail instead where it must run (``DANLU_TEST_REQUIRE``
+    names it, as ``.ci/run`` does for every tier it installs what they need for)."""
+    required = {t.strip() for t in (env.TEST_REQUIRE.get() or "").split(",") if t.strip()}
+    if tier in required:
+        pytest.fail(f"the {tier} tier cannot run, and {env.TEST_REQUIRE} requires it: {why}")
+    pytest.skip(why)
 
 
 def reset_postgres(url: str) -> None:
@@ -52,7 +61,7 @@ def workbench(request, tmp_path_factory):
     config = {**CONFIG, "jobs": dict(CONFIG["jobs"])}
     if request.param == "postgres":
         if not POSTGRES_URL:
-            pytest.skip("DANLU_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server)")
+            cannot_run("postgres", NO_POSTGRES)
         reset_postgres(POSTGRES_URL)
         config["jobs"]["database_url"] = POSTGRES_URL
     wb = Workbench(tmp_path_factory.mktemp(f"wb-{request.param}"), config=config, profiles=PROFILES)

@@ -26,6 +26,8 @@ import requests
 
 from danlu.hub.testing import Workbench
 
+from .conftest import cannot_run
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the tests run from
 
 pytestmark = pytest.mark.service
@@ -106,7 +108,7 @@ def prepare_home(home: Path) -> None:
 def lab(tmp_path_factory):
     reason = _missing()
     if reason:
-        pytest.skip(reason)
+        cannot_run("ui", reason)
     wb = Workbench(tmp_path_factory.mktemp("wb-lab-ui"))
     wb.start()
     try:

@@ -30,6 +30,8 @@ from danlu.hub.service.store.database import make_sessionmaker
 from danlu.hub.service.store.orm import Allocation, Attempt, Base, Job, JobInput
 from danlu.hub.service.store.rows import cell_sha256
 
+from .conftest import NO_POSTGRES, cannot_run
+
 FIXTURE = Path(__file__).parent / "fixtures" / "danlu-0.1.0.sql"
 POSTGRES_URL = env.TEST_POSTGRES_URL.get()
 PG_SCHEMA = "danlu_test_migrations"
@@ -114,7 +116,7 @@ def postgres_url():
     Not the database's own tables: the service tests' workbench may be running on them.
     """
     if not POSTGRES_URL:
-        pytest.skip("DANLU_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server)")
+        cannot_run("postgres", NO_POSTGRES)
     engine = create_engine(POSTGRES_URL)
     for statement in (f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE", f"CREATE SCHEMA {PG_SCHEMA}"):
         with engine.begin() as c:

@@ -107,7 +107,7 @@ class JobsServiceApp(Application):
     cull_idle_servers = Bool(True, help="Stop users' servers idle for danlu.yaml's hub.idle_timeout_seconds (off "
                                         "where the hub has a culler of its own: the chart's, on Kubernetes).").tag(
         config=True)
-    settings_ = Instance(Settings, allow_none=True)
+    settings_ = Instance(Settings)
 
     @default("log_level")
     def _log_level(self):
@@ -184,7 +184,7 @@ class JobsServiceApp(Application):
             loop.add_signal_handler(sig, stop.set)
         await self.manager.recover()  # before anyone, runners included, is answered
         server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
-        server.listen(url.port, self.ip or url.hostname)
+        server.listen(url.port or 80, self.ip or url.hostname or "")
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
         tasks = [asyncio.ensure_future(self.manager.run_forever(self.schedule_interval))]
         # the digest of the workbench's own Python (every installed distribution) is read once, now rather

@@ -15,6 +15,7 @@ ask and tell). Authorization lives here and in the facades, not in the handlers.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 
@@ -141,11 +142,11 @@ class JobManager:
 
         return await self.database.read(body)
 
-    async def list(self, principal, **kwargs) -> list[Job]:
+    async def list(self, principal, **kwargs) -> builtins.list[Job]:
         """The first page (or the page at ``cursor``) of :meth:`page`, without the next cursor."""
         return (await self.page(principal, **kwargs))[0]
 
-    async def experiments(self, principal, owner: str | None = None) -> list[dict]:
+    async def experiments(self, principal, owner: str | None = None) -> builtins.list[dict]:
         """The MLflow experiments holding a user's job runs (the caller's, or for admins anyone's)."""
         owner = owner or principal.name
         if owner != principal.name and not principal.admin:
@@ -153,7 +154,7 @@ class JobManager:
                             fix=f"leave owner out, or ask for owner={principal.name}")
         return await self.database.read(experiments_of, owner)
 
-    async def views_of(self, jobs: list[Job]) -> list[dict]:
+    async def views_of(self, jobs: builtins.list[Job]) -> builtins.list[dict]:
         """The API models of ``jobs``, with the dataset versions each used (one query for all), built on a
         reader thread: a page of 1000 jobs costs the event loop nothing but the wait."""
         def build(s):
@@ -276,7 +277,8 @@ class JobManager:
                             fix="logins are recorded by the hub itself; read them with GET /audit?action=login")
         return await self.audit_event(body["actor"], body["action"], "workbench", after=body.get("details", {}))
 
-    async def audit_records(self, principal, *, limit: int, action: str | None, target: str | None) -> list[dict]:
+    async def audit_records(self, principal, *, limit: int, action: str | None,
+                            target: str | None) -> builtins.list[dict]:
         if not principal.admin:
             raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
 
@@ -335,7 +337,7 @@ class JobManager:
 
         return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.database.read(query)}
 
-    async def allocate_server(self, principal, body: dict) -> list[int]:
+    async def allocate_server(self, principal, body: dict) -> builtins.list[int]:
         require_admin(principal)
         return await self.servers.allocate(body["holder"], body["owner"], body["gpus"],
                                            profile=body.get("profile", ""), groups=body.get("groups", []))
@@ -410,7 +412,7 @@ class JobManager:
         self.database.close()
 
 
-def _cancel_queued(s, job_id: str, who: str) -> str:
+def _cancel_queued(s, job_id: str, who: str) -> tuple[str, dict | None]:
     row = s.get(Job, job_id)
     if row.state != JobState.queued.value:
         raise Conflict(f"job {job_id} started meanwhile; cancel it again", reason="raced")

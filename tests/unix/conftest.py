@@ -3,7 +3,7 @@
 Needs root, ``useradd``, and a Danlu installation that every account can run,
 whose Python :data:`danlu.env.TEST_UNIX_PYTHON` names (``make unix-env`` builds
 one in ``/opt/danlu-unix``) and which holds this checkout's code. Without them
-the tier skips, saying why; with :data:`danlu.env.TEST_REQUIRE_UNIX` at 1 (CI
+the tier skips, saying why; with :data:`danlu.env.TEST_REQUIRE` naming ``unix`` (CI
 sets both) it fails instead, so the mode meant to keep users apart is never
 silently left untested.
 
@@ -35,7 +35,7 @@ from danlu import env
 from danlu.hub import accounts
 from danlu.hub.testing import RemoteKernel, Workbench, run_as
 
-from ..conftest import CONFIG, PROFILES
+from ..conftest import CONFIG, PROFILES, cannot_run
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout the tests run from
 
@@ -106,9 +106,7 @@ def _remove_account(name: str) -> None:
 def unix_python() -> str:
     why = unusable()
     if why:
-        if env.TEST_REQUIRE_UNIX.get() == "1":
-            pytest.fail(f"the unix-accounts tier cannot run, and {env.TEST_REQUIRE_UNIX}=1: {why}")
-        pytest.skip(why)
+        cannot_run("unix", why)
     return env.TEST_UNIX_PYTHON.get()
 
 

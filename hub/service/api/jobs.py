@@ -227,8 +227,9 @@ class LogsHandler(APIHandler):
                     await self.flush()
                 except StreamClosedError:
                     return
-                await asyncio.wait({waiter}, timeout=FOLLOW_POLL)
-                if waiter.done() or self._closed:
+                if waiter is not None:
+                    await asyncio.wait({waiter}, timeout=FOLLOW_POLL)
+                if waiter is None or waiter.done() or self._closed:
                     final = True  # one more read picks up the last lines
                 elif asyncio.get_running_loop().time() - checked > RECHECK:
                     checked = asyncio.get_running_loop().time()

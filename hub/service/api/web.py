@@ -65,7 +65,7 @@ class BaseHandler(web.RequestHandler):
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
-            field = PATH_NAMES.get(name, name) or "path"
+            field = PATH_NAMES.get(name or "", name) or "path"
             raise UsageError(f"{field}: {value[:40]!r} is not UTF-8 once percent-decoded", field=field,
                              reason="bad_unicode", fix="percent-encode UTF-8 text (e.g. %C3%A9 for \u00e9)") from None
 

@@ -21,24 +21,35 @@ def latest(job: Job) -> Attempt | None:
     return job.attempts[-1] if job.attempts else None
 
 
+def handed(job: Job | None) -> Attempt | None:
+    """The current attempt of a queued job that a queueing backend holds (submitted, not yet admitted)."""
+    attempt = latest(job) if job is not None else None
+    if (job is None or attempt is None or job.state != JobState.queued.value or attempt.finished_at is not None
+            or attempt.state != JobState.queued.value):
+        return None
+    return attempt
+
+
+def _handed(job: Job | None, number: int | None) -> Attempt | None:
+    """:func:`handed`, if it is attempt ``number``."""
+    attempt = handed(job)
+    return attempt if attempt is not None and attempt.number == number else None
+
+
 def handed_over(job: Job) -> bool:
     """A queued job whose current attempt a queueing backend holds (submitted, not yet admitted)."""
-    attempt = latest(job)
-    return (job.state == JobState.queued.value and attempt is not None and attempt.finished_at is None
-            and attempt.state == JobState.queued.value)
+    return handed(job) is not None
 
 
 def handed_state(s, job_id: str, number: int | None) -> dict | None:
     """The backend state of a job a queueing backend holds with attempt ``number``, not yet admitted."""
     job = s.get(Job, job_id)
-    if job is None or not handed_over(job) or latest(job).number != number:
-        return None
-    return dict(job.backend_state or {})
+    return dict(job.backend_state or {}) if _handed(job, number) is not None else None
 
 
 def queued_answer(s, job_id: str, number: int | None, reason: str, position: int | None) -> None:
     job = s.get(Job, job_id)
-    if job is not None and handed_over(job) and latest(job).number == number:
+    if _handed(job, number) is not None:
         job.reason = reason or job.reason
         job.backend_state = {**(job.backend_state or {}), "position": position}
 
@@ -46,9 +57,9 @@ def queued_answer(s, job_id: str, number: int | None, reason: str, position: int
 def admit(s, job_id: str, number: int | None) -> bool:
     """The backend's queue admitted the attempt (or its runner already runs): the job is running."""
     job = s.get(Job, job_id)
-    if job is None or not handed_over(job) or latest(job).number != number:
+    attempt = _handed(job, number)
+    if attempt is None:
         return False
-    attempt = latest(job)
     job.state = transition(job.state, JobState.running).value
     job.reason = ""
     job.started_at = job.started_at or utcnow()

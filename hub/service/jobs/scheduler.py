@@ -79,7 +79,37 @@ class Scheduler:
         supervisor.scheduler = self
 
     async def schedule(self, rebuild: bool = False) -> None:
-        """One pass: start (or hand over) what may start now."""
+        """One pass: start (or hand over) what may start now, stop what must make room.
+
+        Under the core's lock: unless the workbench drains, :meth:`_pass_locked` decides on the queued jobs and
+        records its decision in one transaction; a pass that fails leaves nothing behind, as the model is
+        rebuilt from the database and the next pass decides again. Only after the lock is released does the
+        supervisor start attempts and stop victims."""
+        core = self.core
+        if core.closing:
+            return
+        async with core.lock:
+            if rebuild:
+                await self.rebuild_locked()
+            if core.draining:
+                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
+                return
+            backoff = await self.database.read(_backoff)
+            try:
+                starts, stops = await self._pass_locked(time.time(), backoff)
+            except Exception:
+                self.log.exception("recording a pass failed; rebuilding the queue from the database")
+                await self.rebuild_locked()
+                return
+            self.observe()
+        for start in starts:  # in the background: a submission does not wait for runners to start
+            self.supervisor.launch(start)
+        grace = self.settings.jobs.preemption_grace_seconds
+        for job_id, state, why in stops:
+            core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
+
+    async def _pass_locked(self, now: float, backoff: dict) -> tuple[list[dict], list[tuple]]:
+        """Decide and record one pass (the core's lock held): what starts, and what is stopped with why."""
         raise NotImplementedError
 
     def explain(self, job) -> Explanation:
@@ -162,44 +192,24 @@ class Scheduler:
 
 class DanluScheduler(Scheduler):
     """Danlu's own admission: Kueue's semantics in the pure model, one pass at a time (see the module's docs)."""
-    async def schedule(self, rebuild: bool = False) -> None:
-        """One admission pass: start what fits now, preempt what must make room."""
+    async def _pass_locked(self, now: float, backoff: dict) -> tuple[list[dict], list[tuple]]:
+        """The model decides over the jobs not waiting out a retry; the decision is recorded in one transaction."""
         core = self.core
-        if core.closing:
-            return
-        async with core.lock:
-            if rebuild:
-                await self.rebuild_locked()
-            started = time.perf_counter()
-            now = time.time()
-            if core.draining:
-                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
-                return
-            backoff = await self.database.read(_backoff)
-            eligible = [w for jid, w in core.pending.items() if jid not in backoff or ts(backoff[jid][0]) <= now]
-            decision = core.model.cycle(eligible, now)
-            for jid, (when, why) in backoff.items():
-                if jid in core.pending and ts(when) > now:
-                    decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
-                        f"retrying at {isoformat(when)}"
-            tokens = {wl.id: secrets.token_urlsafe(32) for wl in decision.admitted}
-            try:
-                starts, stops = await self.database.write(self._record_pass, decision, tokens, now)
-            except Exception:
-                self.log.exception("recording an admission pass failed; rebuilding the queue from the database")
-                await self.rebuild_locked()
-                return
-            for wl in decision.admitted:
-                core.pending.pop(wl.id, None)
-            core.plan = decision
-            await self._estimate(now)
-            self.observe()
-            self.metrics.cycle.observe(time.perf_counter() - started)
-        for start in starts:  # in the background: a submission does not wait for runners to start
-            self.supervisor.launch(start)
-        grace = self.settings.jobs.preemption_grace_seconds
-        for job_id, state, why in stops:
-            core.spawn(self.supervisor.stop(job_id, state, grace, "preempted", why))
+        started = time.perf_counter()
+        eligible = [w for jid, w in core.pending.items() if jid not in backoff or ts(backoff[jid][0]) <= now]
+        decision = core.model.cycle(eligible, now)
+        for jid, (when, why) in backoff.items():
+            if jid in core.pending and ts(when) > now:
+                decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
+                    f"retrying at {isoformat(when)}"
+        tokens = {wl.id: secrets.token_urlsafe(32) for wl in decision.admitted}
+        starts, stops = await self.database.write(self._record_pass, decision, tokens, now)
+        for wl in decision.admitted:
+            core.pending.pop(wl.id, None)
+        core.plan = decision
+        await self._estimate(now)
+        self.metrics.cycle.observe(time.perf_counter() - started)
+        return starts, stops
 
     def explain(self, job) -> Explanation:
         plan = self.core.plan
@@ -254,38 +264,20 @@ class QueueingScheduler(Scheduler):
     owns_queues = True
     multi_node = True
 
-    async def schedule(self, rebuild: bool = False) -> None:
-        """Submit every eligible queued job to the backend at once.
+    async def _pass_locked(self, now: float, backoff: dict) -> tuple[list[dict], list[tuple]]:
+        """Submit every queued job not waiting out a retry to the backend at once.
 
         The job stays ``queued`` (its reason and position are the backend's, see :meth:`admitted`) with an
-        open attempt and its token; no admission model runs here.
-        """
+        open attempt and its token; no admission model runs here, and the backend's queue preempts."""
         core = self.core
-        if core.closing:
-            return
-        async with core.lock:
-            if rebuild:
-                await self.rebuild_locked()
-            if core.draining:
-                core.plan = Decision(waiting={jid: DRAINING for jid in core.pending})
-                return
-            now = time.time()
-            backoff = await self.database.read(_backoff)
-            ready = [jid for jid in core.pending if jid not in backoff or ts(backoff[jid][0]) <= now]
-            tokens = {jid: secrets.token_urlsafe(32) for jid in ready}
-            try:
-                starts = await self.database.write(self._record_hand_over, ready, tokens)
-            except Exception:
-                self.log.exception("recording a hand-over failed; rebuilding the queue from the database")
-                await self.rebuild_locked()
-                return
-            for jid in ready:
-                core.pending.pop(jid, None)
-            core.plan = Decision(waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending
-                                          if jid in backoff})
-            self.observe()
-        for start in starts:
-            self.supervisor.launch(start)
+        ready = [jid for jid in core.pending if jid not in backoff or ts(backoff[jid][0]) <= now]
+        tokens = {jid: secrets.token_urlsafe(32) for jid in ready}
+        starts = await self.database.write(self._record_hand_over, ready, tokens)
+        for jid in ready:
+            core.pending.pop(jid, None)
+        core.plan = Decision(waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending
+                                      if jid in backoff})
+        return starts, []
 
     def explain(self, job) -> Explanation:
         """The backend's queue answers: Kueue's reason and position, as :meth:`admitted` recorded them."""

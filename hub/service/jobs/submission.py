@@ -122,9 +122,9 @@ class Submission:
         resources = {"nproc": 1, "gpus": 0, "nodes": 1, **body.get("resources", {})}
         validation.check_nodes(resources, multi_node=self.scheduler.multi_node)
         if resources["nproc"] > jobs.max_nproc:
-            raise ValidationError(f"resources.nproc must be at most {jobs['max_nproc']}, got {resources['nproc']}",
+            raise ValidationError(f"resources.nproc must be at most {jobs.max_nproc}, got {resources['nproc']}",
                                   field="resources.nproc", reason="too_many_processes",
-                                  fix=f"ask for at most {jobs['max_nproc']} processes (jobs.max_nproc)")
+                                  fix=f"ask for at most {jobs.max_nproc} processes (jobs.max_nproc)")
         if resources["gpus"] > self.ledger.total:
             raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {self.ledger.total}",
                               field="resources.gpus", reason="not_enough_gpus")
@@ -135,11 +135,11 @@ class Submission:
             resources["memory"] = validation.check_size(resources["memory"], "resources.memory")
         retries = body.get("retries", jobs.default_retries)
         if retries > jobs.max_retries:
-            raise ValidationError(f"retries must be at most {jobs['max_retries']}", field="retries",
-                                  fix=f"ask for at most {jobs['max_retries']} retries (jobs.max_retries)")
+            raise ValidationError(f"retries must be at most {jobs.max_retries}", field="retries",
+                                  fix=f"ask for at most {jobs.max_retries} retries (jobs.max_retries)")
         timeout = body.get("timeout_seconds")
         if timeout is not None and timeout > jobs.max_runtime_seconds:
-            raise ValidationError(f"timeout_seconds must be at most {jobs['max_runtime_seconds']} (the workbench's "
+            raise ValidationError(f"timeout_seconds must be at most {jobs.max_runtime_seconds} (the workbench's "
                                   "max runtime)", field="timeout_seconds",
                                   fix="ask for less, or leave it out for the workbench's maximum")
         cwd = paths.safe_relative_path(body.get("cwd", "."), "cwd")

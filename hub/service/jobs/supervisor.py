@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from typing import TYPE_CHECKING
 
 from danlu.hub.backends.base import Backend, Launch, Outcome
 from danlu.hub.options import JobsConfig
@@ -34,10 +35,16 @@ from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import Attempt, Job, utcnow
 from danlu.states import ATTEMPT_ENDINGS
 
+if TYPE_CHECKING:
+    from danlu.hub.service.jobs.scheduler import Scheduler
+
 RECORD_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds between tries to record an attempt's end
 
 
 class Supervisor:
+    #: set by the scheduler when it is made: it says whether an attempt runs yet, and runs the next pass
+    scheduler: Scheduler
+
     def __init__(self, core: Core, *, database: Database, backend: Backend, settings, ledger: Ledger,
                  metrics: Metrics, mlflow, service_api: str, log: logging.Logger):
         self.core = core
@@ -55,8 +62,6 @@ class Supervisor:
         self.starting: dict[str, asyncio.Task] = {}  # job id -> its attempt's start, while it runs
         #: job id -> (why its processes are being stopped, the reason to record)
         self.stopping: dict[str, tuple[str, str]] = {}
-        #: set by the scheduler when it is made: whether an attempt runs yet, and the next pass
-        self.scheduler = None
 
     # starting ------------------------------------------------------------------------------
     def launch(self, start: dict) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import typing
 from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
@@ -173,12 +174,12 @@ class ViewCache:
                     self._entries.move_to_end(stored.id)
                     out[i] = entry[1]
                     self.hits += 1
-        built = []
+        built: list[tuple[Stored, str]] = []
         for i, stored in enumerate(jobs):
             if out[i] is None:
-                out[i] = json.dumps(build(stored))
+                out[i] = text = json.dumps(build(stored))
                 if stored.state in _FINAL:
-                    built.append((stored, out[i]))
+                    built.append((stored, text))
         if built:
             with self._lock:
                 self.misses += len(built)
@@ -187,4 +188,4 @@ class ViewCache:
                     self._entries.move_to_end(stored.id)
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)
-        return out
+        return typing.cast(list[str], out)  # every one built above

@@ -21,6 +21,7 @@ verdict and registration is an audit record in the transaction of the change.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 
 from sqlalchemy import select
@@ -174,7 +175,7 @@ class ModelRegistry:
         await self._sync()
 
     # reading ------------------------------------------------------------------------------------
-    async def list(self, principal) -> list[dict]:
+    async def list(self, principal) -> builtins.list[dict]:
         await self.settle()
 
         def query(s):
@@ -296,7 +297,7 @@ class ModelRegistry:
             if changed:
                 await self._sync()
 
-    async def _verdict(self, job: Job | None, thresholds: dict) -> tuple[str, dict, list] | None:
+    async def _verdict(self, job: Job | None, thresholds: dict) -> tuple[str, dict, builtins.list] | None:
         if job is None:
             return "error", {}, ["the evaluation job is gone from the jobs database"]
         gate = evaluations.gate_of(job.state)
@@ -405,6 +406,8 @@ def _orphaned(s) -> None:
 
 def _decide(s, name: str, version: int, who: str, decision: str, comment: str) -> None:
     row = _row(s, name, version)
+    if row is None:  # looked up before this transaction; versions are never deleted, so this is a bug's 404
+        raise NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version")
     if row.approval != "pending":
         raise Conflict(f"{name} version {version} was already {row.approval}", reason="already_decided",
                        fix="register a new version to decide again")

@@ -210,7 +210,7 @@ def sample_gpus(session: Session, inventory) -> int:
     if not inventory or all(g.declared for g in inventory):
         return 0
     try:
-        import pynvml  # type: ignore[import-not-found]  # deferred: optional (nvidia-ml-py), absent where no GPU is
+        import pynvml  # deferred: optional (nvidia-ml-py), absent where no GPU is
 
         pynvml.nvmlInit()
     except Exception:
