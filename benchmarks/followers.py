@@ -36,18 +36,29 @@ def service(wb: Workbench) -> psutil.Process:
 
 def sample(wb: Workbench) -> dict:
     proc = service(wb)
-    text = requests.get(f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"},
-                        timeout=30).text
+    text = requests.get(
+        f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"}, timeout=30
+    ).text
     tasks = float(re.search(r"^danlu_event_loop_tasks (\S+)$", text, re.M).group(1))
     followers = float(re.search(r"^danlu_log_followers (\S+)$", text, re.M).group(1))
-    return {"rss_mib": proc.memory_info().rss / 2**20, "open_files": proc.num_fds(), "threads": proc.num_threads(),
-            "loop_tasks": tasks, "followers": followers}
+    return {
+        "rss_mib": proc.memory_info().rss / 2**20,
+        "open_files": proc.num_fds(),
+        "threads": proc.num_threads(),
+        "loop_tasks": tasks,
+        "followers": followers,
+    }
 
 
 def follow(wb: Workbench, token: str, job_id: str, sse: bool, stop: threading.Event, opened: list) -> None:
     headers = {"Authorization": f"token {token}", **({"Accept": "text/event-stream"} if sse else {})}
-    with requests.get(f"{wb.url}/services/danlu/api/v1/jobs/{job_id}/logs", params={"follow": "true"},
-                      headers=headers, stream=True, timeout=(30, None)) as r:
+    with requests.get(
+        f"{wb.url}/services/danlu/api/v1/jobs/{job_id}/logs",
+        params={"follow": "true"},
+        headers=headers,
+        stream=True,
+        timeout=(30, None),
+    ) as r:
         opened.append(r.status_code)
         for _ in r.iter_content(chunk_size=None):
             if stop.is_set():
@@ -62,14 +73,23 @@ def main(argv=None) -> int:
     users = max(1, -(-args.followers // 30))  # at most 30 per user, under the per-user cap of 32
     with tempfile.TemporaryDirectory(prefix="danlu-followers-") as tmp:
         print("starting a workbench (danlu up) ...", flush=True)
-        wb = Workbench(Path(tmp), config={**CONFIG, "jobs": {**CONFIG["jobs"], "warm_runners": 0}},
-                       profiles=PROFILES).start()
+        wb = Workbench(
+            Path(tmp), config={**CONFIG, "jobs": {**CONFIG["jobs"], "warm_runners": 0}}, profiles=PROFILES
+        ).start()
         try:
             tokens = [wb.create_user(f"user{i}", ["research"]) for i in range(users)]
             jobs = []
             for token in tokens:
-                r = wb.api("POST", "/jobs", token=token, json={"notebook": notebook(
-                    "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(1)")})
+                r = wb.api(
+                    "POST",
+                    "/jobs",
+                    token=token,
+                    json={
+                        "notebook": notebook(
+                            "import time\nfor i in range(600):\n    print('step', i, flush=True)\n    time.sleep(1)"
+                        )
+                    },
+                )
                 jobs.append(r.json()["id"])
             for job_id, token in zip(jobs, tokens, strict=True):
                 while wb.api("GET", f"/jobs/{job_id}", token=token).json()["state"] != "running":
@@ -79,8 +99,9 @@ def main(argv=None) -> int:
             stop, opened, threads = threading.Event(), [], []
             for i in range(args.followers):
                 k = i % users
-                t = threading.Thread(target=follow, args=(wb, tokens[k], jobs[k], i % 2 == 1, stop, opened),
-                                     daemon=True)
+                t = threading.Thread(
+                    target=follow, args=(wb, tokens[k], jobs[k], i % 2 == 1, stop, opened), daemon=True
+                )
                 t.start()
                 threads.append(t)
             deadline = time.monotonic() + 60
@@ -98,11 +119,14 @@ def main(argv=None) -> int:
     print(f"\n{args.followers} followers ({sum(1 for c in opened if c == 200)} answered 200), held {args.hold:g} s")
     print(f"{'':<12} {'before':>10} {'during':>10} {'after':>10} {'after-before':>14}")
     for key in before:
-        print(f"{key:<12} {before[key]:>10.1f} {during[key]:>10.1f} {after[key]:>10.1f} "
-              f"{after[key] - before[key]:>14.1f}")
+        print(
+            f"{key:<12} {before[key]:>10.1f} {during[key]:>10.1f} {after[key]:>10.1f} {after[key] - before[key]:>14.1f}"
+        )
     per = (during["rss_mib"] - before["rss_mib"]) * 1024 / max(1, args.followers)
-    print(f"\nmemory per connected follower: {per:.1f} KiB; the service returns to its baseline when they leave "
-          "if after-before is about 0 (threads: pools that grew stay)")
+    print(
+        f"\nmemory per connected follower: {per:.1f} KiB; the service returns to its baseline when they leave "
+        "if after-before is about 0 (threads: pools that grew stay)"
+    )
     return 0
 
 

@@ -50,8 +50,14 @@ from danlu.hub.testing import Workbench, free_port
 
 GOAL_IDLE_MB = 700.0
 MB = 2**20
-TRIVIAL = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                      "source": "x = 1 + 1"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+TRIVIAL = {
+    "cells": [
+        {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None, "source": "x = 1 + 1"}
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 
 
 # measuring ---------------------------------------------------------------------------------------------
@@ -67,12 +73,21 @@ def component(proc: psutil.Process, cmd: str) -> str:
         if "jupyterhub-singleuser" in parent:
             return "user servers' kernels"
         return "job kernels"
-    for needle, name in (("danlu.runner --warm", "warm runners"), ("danlu.runner", "job runners"),
-                         ("jupyterhub-singleuser", "user servers"), ("mlflow_gateway", "MLflow gateway"),
-                         ("danlu.hub.service", "jobs service (+ idle culler)"), ("idle_culler", "idle culler"),
-                         ("configurable-http-proxy", "proxy"), ("danlu.hub.hubmain", "JupyterHub"),
-                         ("-m jupyterhub", "JupyterHub"), ("mlflow", "MLflow"), ("uvicorn", "MLflow"),
-                         ("huey", "MLflow"), ("danlu.hub up", "danlu up (supervisor)")):
+    for needle, name in (
+        ("danlu.runner --warm", "warm runners"),
+        ("danlu.runner", "job runners"),
+        ("jupyterhub-singleuser", "user servers"),
+        ("mlflow_gateway", "MLflow gateway"),
+        ("danlu.hub.service", "jobs service (+ idle culler)"),
+        ("idle_culler", "idle culler"),
+        ("configurable-http-proxy", "proxy"),
+        ("danlu.hub.hubmain", "JupyterHub"),
+        ("-m jupyterhub", "JupyterHub"),
+        ("mlflow", "MLflow"),
+        ("uvicorn", "MLflow"),
+        ("huey", "MLflow"),
+        ("danlu.hub up", "danlu up (supervisor)"),
+    ):
         if needle in cmd:
             return name
     return "other: " + cmd[:40]
@@ -150,13 +165,26 @@ def bare_jupyterhub(tmp: Path, settle: float) -> dict[str, dict]:
     folder = tmp / "bare-hub"
     folder.mkdir()
     port, hub_port, api_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "CONFIGPROXY_AUTH_TOKEN": os.urandom(16).hex()}
-    cmd = [sys.executable, "-m", "jupyterhub", "--ip", "127.0.0.1", "--port", str(port),
-           f"--JupyterHub.hub_port={hub_port}", "--JupyterHub.authenticator_class=dummy",
-           f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{api_port}"]
-    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "CONFIGPROXY_AUTH_TOKEN": os.urandom(16).hex(),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterhub",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        f"--JupyterHub.hub_port={hub_port}",
+        "--JupyterHub.authenticator_class=dummy",
+        f"--ConfigurableHTTPProxy.api_url=http://127.0.0.1:{api_port}",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/hub/api/", 180, proc, "bare JupyterHub")
         time.sleep(settle)
@@ -170,20 +198,38 @@ def shipped_mlflow(tmp: Path, settle: float) -> dict[str, dict]:
     folder = tmp / "bare-mlflow"
     folder.mkdir()
     port = free_port()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-           "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
-           str(folder / "artifacts")]
-    proc = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 180, proc, "mlflow server")
         time.sleep(settle)
         rows: dict[str, dict] = defaultdict(lambda: {"n": 0, "rss": 0.0, "pss": 0.0})
         for p in tree(psutil.Process(proc.pid)):
             cmd_line = " ".join(p.cmdline())
-            name = ("worker (uvicorn)" if "uvicorn" in cmd_line else
-                    "job execution (huey, job runner)" if "huey" in cmd_line or "_job_runner" in cmd_line else
-                    "launcher (mlflow server)")
+            name = (
+                "worker (uvicorn)"
+                if "uvicorn" in cmd_line
+                else "job execution (huey, job runner)"
+                if "huey" in cmd_line or "_job_runner" in cmd_line
+                else "launcher (mlflow server)"
+            )
             mem = p.memory_full_info()
             rows[name]["n"] += 1
             rows[name]["rss"] += mem.rss / MB
@@ -215,12 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=3, help="users who start a server and run a job (default 3)")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds to let each phase settle (default 15)")
-    parser.add_argument("--warm-idle", type=float, default=20.0,
-                        help="jobs.warm_idle_seconds of the measured workbench (default 20; 600 by default)")
+    parser.add_argument(
+        "--warm-idle",
+        type=float,
+        default=20.0,
+        help="jobs.warm_idle_seconds of the measured workbench (default 20; 600 by default)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     args = parser.parse_args(argv)
-    if not shutil.which("configurable-http-proxy", path=f"{Path(sys.executable).parent}{os.pathsep}"
-                                                          f"{os.environ.get('PATH', '')}"):
+    if not shutil.which(
+        "configurable-http-proxy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    ):
         print("configurable-http-proxy is not installed: run make install", file=sys.stderr)
         return 2
     figures: dict[str, dict] = {}
@@ -232,8 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         figures["mlflow server as shipped"] = shipped = shipped_mlflow(tmp, args.settle)
         print_phase("mlflow server --workers 1 as shipped (baseline)", shipped)
 
-        config = {"auth": {"type": "dummy"}, "hub": {"idle_timeout_seconds": 3600},
-                  "jobs": {"warm_idle_seconds": args.warm_idle}}
+        config = {
+            "auth": {"type": "dummy"},
+            "hub": {"idle_timeout_seconds": 3600},
+            "jobs": {"warm_idle_seconds": args.warm_idle},
+        }
         wb = Workbench(tmp / "workbench", config=config, profiles=PROFILES)
         print("\nstarting the workbench (danlu up, the default configuration) ...", flush=True)
         wb.start()
@@ -247,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             print_phase(f"{args.users} users, each with a server and one finished job", busy)
             time.sleep(args.warm_idle + args.settle)
             figures["idle users"] = after = measure(workbench_processes(wb))
-            print_phase(f"the same {args.users} users' servers, {args.warm_idle + args.settle:g} s without a job",
-                        after)
+            print_phase(
+                f"the same {args.users} users' servers, {args.warm_idle + args.settle:g} s without a job", after
+            )
         finally:
             wb.stop()
 
@@ -262,15 +317,23 @@ def main(argv: list[str] | None = None) -> int:
     server_rss = total(after, servers)[0] / max(1, args.users)
     warm_left = total(after, {"warm runners", "warm kernels"})[0]
     print("\nsummary (RSS MB; PSS in brackets)")
-    print(f"  idle stack: {idle_rss:.0f} [{idle_pss:.0f}]   goal <= {GOAL_IDLE_MB:.0f}: "
-          f"{'met' if idle_rss <= GOAL_IDLE_MB else 'NOT met'} (RSS), "
-          f"{'met' if idle_pss <= GOAL_IDLE_MB else 'NOT met'} (PSS)")
-    print(f"  idle stack / (bare JupyterHub + proxy + one MLflow worker) = "
-          f"{idle_rss / (hub_rss + worker_rss):.2f} [{idle_pss / (hub_pss + worker_pss):.2f}]")
-    print(f"  MLflow as Danlu runs it / mlflow server as shipped = {mlflow_rss / shipped_rss:.2f} "
-          f"[{mlflow_pss / shipped_pss:.2f}]   ({mlflow_rss:.0f} vs {shipped_rss:.0f} MB)")
-    print(f"  each idle user: {per_user_rss:.0f} MB more than the idle stack; their own server: {server_rss:.0f} MB; "
-          f"warm runners left after {args.warm_idle:g} s idle: {warm_left:.0f} MB")
+    print(
+        f"  idle stack: {idle_rss:.0f} [{idle_pss:.0f}]   goal <= {GOAL_IDLE_MB:.0f}: "
+        f"{'met' if idle_rss <= GOAL_IDLE_MB else 'NOT met'} (RSS), "
+        f"{'met' if idle_pss <= GOAL_IDLE_MB else 'NOT met'} (PSS)"
+    )
+    print(
+        f"  idle stack / (bare JupyterHub + proxy + one MLflow worker) = "
+        f"{idle_rss / (hub_rss + worker_rss):.2f} [{idle_pss / (hub_pss + worker_pss):.2f}]"
+    )
+    print(
+        f"  MLflow as Danlu runs it / mlflow server as shipped = {mlflow_rss / shipped_rss:.2f} "
+        f"[{mlflow_pss / shipped_pss:.2f}]   ({mlflow_rss:.0f} vs {shipped_rss:.0f} MB)"
+    )
+    print(
+        f"  each idle user: {per_user_rss:.0f} MB more than the idle stack; their own server: {server_rss:.0f} MB; "
+        f"warm runners left after {args.warm_idle:g} s idle: {warm_left:.0f} MB"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0

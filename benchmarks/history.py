@@ -97,8 +97,9 @@ GOAL_MS = 100.0
 STATES = (("succeeded", 0.72), ("failed", 0.14), ("cancelled", 0.09), ("timed_out", 0.05))
 GPUS = ((0, 0.4), (1, 0.3), (2, 0.15), (4, 0.15))
 FLAVORS = ("a100", "l4")  # devices 0..n/2-1 and n/2..n-1
-PROFILES = {"profiles": [{"slug": "python", "display_name": "Python", "default": True,
-                          "environment": {"current": True}}]}
+PROFILES = {
+    "profiles": [{"slug": "python", "display_name": "Python", "default": True, "environment": {"current": True}}]
+}
 USER = "u000"  # the heaviest owner: the user whose own view is measured
 BATCH = 5000
 
@@ -111,8 +112,7 @@ def owner_of(rng: random.Random) -> int:
 def fill(url: str, jobs: int, audit_records: int, days: int, gpus: int, now: dt.datetime) -> dict:
     """Write the history; returns what was written (counts, and the ids of the jobs)."""
     rng = random.Random(SEED + jobs)
-    engine = create_engine(url) if not url.startswith("sqlite") else create_engine(
-        url, connect_args={"timeout": 30})
+    engine = create_engine(url) if not url.startswith("sqlite") else create_engine(url, connect_args={"timeout": 30})
     begin = now - dt.timedelta(days=days)
     weights = [1 / (k + 1) ** 0.8 for k in range(OWNERS)]
     created = sorted(begin + dt.timedelta(seconds=rng.uniform(0, days * 86400 - 7200)) for _ in range(jobs))
@@ -138,56 +138,139 @@ def fill(url: str, jobs: int, audit_records: int, days: int, gpus: int, now: dt.
             flavor = rng.randrange(2) if count else None
             devices = sorted(rng.sample(range(flavor * half, flavor * half + half), count)) if count else []
             last = number == tries
-            attempt_rows.append({"job_id": job_id, "number": number, "state": state if last else "failed",
-                                 "reason": "" if last else "the node went away", "devices": devices,
-                                 "flavor": FLAVORS[flavor] if count else None,
-                                 "failure": "" if last else "infrastructure", "exit_code": 0 if last else -9,
-                                 "started_at": t, "finished_at": finish})
+            attempt_rows.append(
+                {
+                    "job_id": job_id,
+                    "number": number,
+                    "state": state if last else "failed",
+                    "reason": "" if last else "the node went away",
+                    "devices": devices,
+                    "flavor": FLAVORS[flavor] if count else None,
+                    "failure": "" if last else "infrastructure",
+                    "exit_code": 0 if last else -9,
+                    "started_at": t,
+                    "finished_at": finish,
+                }
+            )
             t = finish + dt.timedelta(seconds=rng.uniform(10, 600))
-        job_rows.append({
-            "id": job_id, "owner": f"u{k:03d}", "name": f"train-{i}", "state": state,
-            "reason": {"failed": "exit code 1: ZeroDivisionError", "cancelled": f"cancelled by u{k:03d}",
-                       "timed_out": "timed out after 3600 s"}.get(state, ""),
-            "profile": profile, "queue": queue, "gpus": count, "gpu_type": None, "nproc": 1, "cpu": 1.0,
-            "failure": "user" if state == "failed" else "", "parameters": {"lr": 0.01, "epochs": 1 + i % 20},
-            "experiment": f"exp-{k % 37}", "source": {"notebook_path": "work/train.ipynb"},
-            "created_at": when, "queued_at": when, "started_at": attempt_rows[-tries]["started_at"],
-            "finished_at": attempt_rows[-1]["finished_at"], "max_attempts": tries, "cell_sha256": "ab" * 32,
-            "tracking": {"run_id": f"{i:032x}", "experiment_id": str(k % 37), "points_sent": 120},
-        })
-        records.append((when, f"u{k:03d}", "submit", job_id, {}, {
-            "queue": queue, "priority": "normal", "profile": profile, "resources": {"nproc": 1, "gpus": count},
-            "name": f"train-{i}"}))
+        job_rows.append(
+            {
+                "id": job_id,
+                "owner": f"u{k:03d}",
+                "name": f"train-{i}",
+                "state": state,
+                "reason": {
+                    "failed": "exit code 1: ZeroDivisionError",
+                    "cancelled": f"cancelled by u{k:03d}",
+                    "timed_out": "timed out after 3600 s",
+                }.get(state, ""),
+                "profile": profile,
+                "queue": queue,
+                "gpus": count,
+                "gpu_type": None,
+                "nproc": 1,
+                "cpu": 1.0,
+                "failure": "user" if state == "failed" else "",
+                "parameters": {"lr": 0.01, "epochs": 1 + i % 20},
+                "experiment": f"exp-{k % 37}",
+                "source": {"notebook_path": "work/train.ipynb"},
+                "created_at": when,
+                "queued_at": when,
+                "started_at": attempt_rows[-tries]["started_at"],
+                "finished_at": attempt_rows[-1]["finished_at"],
+                "max_attempts": tries,
+                "cell_sha256": "ab" * 32,
+                "tracking": {"run_id": f"{i:032x}", "experiment_id": str(k % 37), "points_sent": 120},
+            }
+        )
+        records.append(
+            (
+                when,
+                f"u{k:03d}",
+                "submit",
+                job_id,
+                {},
+                {
+                    "queue": queue,
+                    "priority": "normal",
+                    "profile": profile,
+                    "resources": {"nproc": 1, "gpus": count},
+                    "name": f"train-{i}",
+                },
+            )
+        )
     for i in range(max(0, audit_records - jobs)):  # the rest of the log: records of the same shape
         when = begin + dt.timedelta(seconds=rng.uniform(0, days * 86400))
         k = owner_of(rng)
-        records.append((when, f"u{k:03d}", "submit", f"{rng.getrandbits(48):012x}", {}, {
-            "queue": f"team{k % TEAMS:02d}", "priority": "normal", "profile": "python",
-            "resources": {"nproc": 1, "gpus": 1}, "name": f"train-x{i}"}))
+        records.append(
+            (
+                when,
+                f"u{k:03d}",
+                "submit",
+                f"{rng.getrandbits(48):012x}",
+                {},
+                {
+                    "queue": f"team{k % TEAMS:02d}",
+                    "priority": "normal",
+                    "profile": "python",
+                    "resources": {"nproc": 1, "gpus": 1},
+                    "name": f"train-x{i}",
+                },
+            )
+        )
     records.sort(key=lambda r: r[0])
     audit_rows, prev = [], audit.GENESIS
     for seq, (when, actor, action, target, before, after) in enumerate(records, 1):
         at = when.replace(microsecond=when.microsecond // 1000 * 1000)
         digest = audit._digest(prev, seq, at, actor, action, target, before, after)
-        audit_rows.append({"seq": seq, "at": at, "actor": actor, "action": action, "target": target,
-                           "before": before, "after": after, "prev_hash": prev, "hash": digest})
+        audit_rows.append(
+            {
+                "seq": seq,
+                "at": at,
+                "actor": actor,
+                "action": action,
+                "target": target,
+                "before": before,
+                "after": after,
+                "prev_hash": prev,
+                "hash": digest,
+            }
+        )
         prev = digest
     servers = []
     for _ in range(max(5, jobs // 200)):
         start = begin + dt.timedelta(seconds=rng.uniform(0, days * 86400 - 36000))
         k = owner_of(rng)
-        servers.append({"holder": f"u{k:03d}", "owner": f"u{k:03d}", "team": f"team{k % TEAMS:02d}",
-                        "profile": "python", "flavor": FLAVORS[0], "devices": [rng.randrange(half)] if gpus else [],
-                        "started_at": start, "ended_at": start + dt.timedelta(hours=rng.uniform(0.5, 10))})
-    written = {"jobs": len(job_rows), "attempts": len(attempt_rows), "audit records": len(audit_rows),
-               "servers": len(servers), "samples": 0}
+        servers.append(
+            {
+                "holder": f"u{k:03d}",
+                "owner": f"u{k:03d}",
+                "team": f"team{k % TEAMS:02d}",
+                "profile": "python",
+                "flavor": FLAVORS[0],
+                "devices": [rng.randrange(half)] if gpus else [],
+                "started_at": start,
+                "ended_at": start + dt.timedelta(hours=rng.uniform(0.5, 10)),
+            }
+        )
+    written = {
+        "jobs": len(job_rows),
+        "attempts": len(attempt_rows),
+        "audit records": len(audit_rows),
+        "servers": len(servers),
+        "samples": 0,
+    }
     with engine.begin() as c:
         if url.startswith("sqlite"):
             c.exec_driver_sql("PRAGMA synchronous=OFF")
-        for table, rows in ((Job, job_rows), (Attempt, attempt_rows), (AuditRecord, audit_rows),
-                            (ServerUsage, servers)):
+        for table, rows in (
+            (Job, job_rows),
+            (Attempt, attempt_rows),
+            (AuditRecord, audit_rows),
+            (ServerUsage, servers),
+        ):
             for j in range(0, len(rows), BATCH):
-                c.execute(insert(table), rows[j:j + BATCH])
+                c.execute(insert(table), rows[j : j + BATCH])
         t, step, chunk = begin, dt.timedelta(seconds=30), []
         while t < now and gpus:
             chunk += [{"device": d, "at": t, "utilization": float(rng.randrange(101))} for d in range(gpus)]
@@ -223,9 +306,11 @@ def roll_up(url: str, now: dt.datetime, keep_days: int) -> str:
             break
     expired = time.perf_counter() - started
     sessions.kw["bind"].dispose()
-    return (f"rollup backlog: {counts.get('hour', 0):,} hourly and {counts.get('day', 0):,} daily rows in "
-            f"{rolled:.1f} s ({passes} passes); expired {gone:,} samples older than {keep_days} days in "
-            f"{expired:.1f} s")
+    return (
+        f"rollup backlog: {counts.get('hour', 0):,} hourly and {counts.get('day', 0):,} daily rows in "
+        f"{rolled:.1f} s ({passes} passes); expired {gone:,} samples older than {keep_days} days in "
+        f"{expired:.1f} s"
+    )
 
 
 def verify_in_process(url: str) -> tuple[float, float, int]:
@@ -249,11 +334,20 @@ def cursors(url: str) -> dict[str, str]:
     sessions = make_sessionmaker(url)
     out = {}
     with sessions() as s:
-        for name, where in (("all", ()), ("state", (Job.state == "failed",)), ("owner", (Job.owner == USER,)),
-                            ("queue", (Job.queue == "team03",))):
+        for name, where in (
+            ("all", ()),
+            ("state", (Job.state == "failed",)),
+            ("owner", (Job.owner == USER,)),
+            ("queue", (Job.queue == "team03",)),
+        ):
             total = s.scalar(select(func.count()).select_from(Job).where(*where))
-            row = s.execute(select(Job.created_at, Job.id).where(*where)
-                            .order_by(Job.created_at.desc(), Job.id.desc()).offset(total // 2).limit(1)).first()
+            row = s.execute(
+                select(Job.created_at, Job.id)
+                .where(*where)
+                .order_by(Job.created_at.desc(), Job.id.desc())
+                .offset(total // 2)
+                .limit(1)
+            ).first()
             out[name] = listing.encode_cursor(tuple(row))
         out["ids"] = list(s.scalars(select(Job.id).order_by(func.random()).limit(500)))
         out["user_jobs"] = s.scalar(select(func.count()).select_from(Job).where(Job.owner == USER))
@@ -296,10 +390,18 @@ def measure(wb: Workbench, tokens: dict, marks: dict, args) -> dict[str, list[fl
         ("GET /jobs?queue=team03", admin, "/jobs", lambda: {"limit": 50, "queue": "team03"}),
         ("GET /jobs (a user's own)", tokens[USER], "/jobs", lambda: {"limit": 50}),
         ("GET /jobs deep (half-way)", admin, "/jobs", lambda: {"limit": 50, "cursor": marks["all"]}),
-        ("GET /jobs?state=failed deep", admin, "/jobs",
-         lambda: {"limit": 50, "state": "failed", "cursor": marks["state"]}),
-        ("GET /jobs?queue=team03 deep", admin, "/jobs",
-         lambda: {"limit": 50, "queue": "team03", "cursor": marks["queue"]}),
+        (
+            "GET /jobs?state=failed deep",
+            admin,
+            "/jobs",
+            lambda: {"limit": 50, "state": "failed", "cursor": marks["state"]},
+        ),
+        (
+            "GET /jobs?queue=team03 deep",
+            admin,
+            "/jobs",
+            lambda: {"limit": 50, "queue": "team03", "cursor": marks["queue"]},
+        ),
         ("GET /jobs (user's own) deep", tokens[USER], "/jobs", lambda: {"limit": 50, "cursor": marks["owner"]}),
         ("GET /jobs/{id}", admin, None, lambda: None),
         ("GET /usage (30 days, by user)", admin, "/usage", lambda: {}),
@@ -362,11 +464,18 @@ def measure(wb: Workbench, tokens: dict, marks: dict, args) -> dict[str, list[fl
 
 
 def serve(url: str, folder: Path, marks: dict, args) -> dict:
-    config = {"admin_users": ["admin"], "users": {"unix_accounts": "off"},
-              "gpus": {"declared": [{"count": max(1, args.gpus // 2), "flavor": FLAVORS[0]},
-                                    {"count": max(1, args.gpus // 2), "flavor": FLAVORS[1]}]},
-              "usage": {"gpu_hour_cost": {"a100": 2.5, "l4": 0.8}, "currency": "USD"},
-              "jobs": {"database_url": url, "warm_runners": 0}}
+    config = {
+        "admin_users": ["admin"],
+        "users": {"unix_accounts": "off"},
+        "gpus": {
+            "declared": [
+                {"count": max(1, args.gpus // 2), "flavor": FLAVORS[0]},
+                {"count": max(1, args.gpus // 2), "flavor": FLAVORS[1]},
+            ]
+        },
+        "usage": {"gpu_hour_cost": {"a100": 2.5, "l4": 0.8}, "currency": "USD"},
+        "jobs": {"database_url": url, "warm_runners": 0},
+    }
     wb = Workbench(folder, config=config, profiles=PROFILES)
     started = time.perf_counter()
     wb.start()
@@ -399,8 +508,11 @@ def database(kind: str, base: str | None, folder: Path, size: int):
         c.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
         c.execute(text(f"CREATE SCHEMA {schema}"))
     try:
-        yield make_url(base).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-            hide_password=False)
+        yield (
+            make_url(base)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
     finally:
         with engine.begin() as c:
             c.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
@@ -420,8 +532,12 @@ def run_kind(kind: str, base: str | None, args, budget: Budget) -> None:
                 schema.upgrade(url, backup_dir=None)
                 started = time.perf_counter()
                 written = fill(url, jobs, records, args.days, args.gpus, now)
-                print(f"  {jobs:,} jobs: wrote " + ", ".join(f"{n:,} {what}" for what, n in written.items())
-                      + f" in {time.perf_counter() - started:.1f} s", flush=True)
+                print(
+                    f"  {jobs:,} jobs: wrote "
+                    + ", ".join(f"{n:,} {what}" for what, n in written.items())
+                    + f" in {time.perf_counter() - started:.1f} s",
+                    flush=True,
+                )
                 print("  " + roll_up(url, now, args.keep_days), flush=True)
                 seconds, peak, count = verify_in_process(url)
                 marks = cursors(url)
@@ -445,25 +561,36 @@ def report(kind: str, found: dict[int, dict], args) -> None:
             if name.startswith("_") or name == "verify_process":
                 continue
             base = small.get(name)
-            goal = "" if name == "GET /audit/verify" else (
-                f"p95<{GOAL_MS:.0f} " + ("met" if p95(times) < GOAL_MS else "MISSED"))
+            goal = (
+                ""
+                if name == "GET /audit/verify"
+                else (f"p95<{GOAL_MS:.0f} " + ("met" if p95(times) < GOAL_MS else "MISSED"))
+            )
             ratio = p95(times) / p95(base) if base else float("nan")
-            print(f"{name:<38} {len(times):>4} {statistics.median(times):>8.1f} {p95(times):>8.1f} "
-                  f"{p95(base) if base else float('nan'):>9.1f} {ratio:>6.2f}  {goal}")
+            print(
+                f"{name:<38} {len(times):>4} {statistics.median(times):>8.1f} {p95(times):>8.1f} "
+                f"{p95(base) if base else float('nan'):>9.1f} {ratio:>6.2f}  {goal}"
+            )
         for size, entry in ((args.baseline_jobs, small), (args.jobs, big)):
             listed, distinct, expected, complete = entry["_walk"]
-            print(f"walk at {size:,} jobs: {listed:,} jobs listed, {distinct:,} distinct, {expected:,} expected, "
-                  f"{'every page read' if complete else 'stopped at the time limit'}")
+            print(
+                f"walk at {size:,} jobs: {listed:,} jobs listed, {distinct:,} distinct, {expected:,} expected, "
+                f"{'every page read' if complete else 'stopped at the time limit'}"
+            )
         for entry in (small, big):
-            print(f"GET /audit/verify at {entry['_verify_records'][0]:,} records: service memory grew "
-                  f"{max(entry['_verify_rss']):.1f} MiB at most while it ran")
+            print(
+                f"GET /audit/verify at {entry['_verify_records'][0]:,} records: service memory grew "
+                f"{max(entry['_verify_rss']):.1f} MiB at most while it ran"
+            )
     for _, entry in sorted(found.items()):
         seconds, peak, count = entry["verify_process"]
         print(f"audit.verify in process at {count:,} records: {seconds:.2f} s, peak {peak:.2f} MiB of allocations")
     if small and big:
         (s1, m1, c1), (s2, m2, c2) = small["verify_process"], big["verify_process"]
-        print(f"ratio audit.verify {c2:,}/{c1:,} records: time {s2 / s1:.1f}x (linear), peak memory {m2 / m1:.2f}x "
-              "(constant if about 1)")
+        print(
+            f"ratio audit.verify {c2:,}/{c1:,} records: time {s2 / s1:.1f}x (linear), peak memory {m2 / m1:.2f}x "
+            "(constant if about 1)"
+        )
     print(flush=True)
 
 
@@ -478,9 +605,12 @@ def main(argv=None) -> int:
     parser.add_argument("--call-seconds", type=float, default=20.0, help="time limit per call (default 20 s)")
     parser.add_argument("--verify-runs", type=int, default=3, help="GET /audit/verify runs (default 3)")
     parser.add_argument("--budget", type=float, default=2400.0, help="seconds for the whole run (default 2400)")
-    parser.add_argument("--postgres-url", default=env.BENCH_POSTGRES_URL.get(),
-                        help=f"a PostgreSQL database to use (default ${env.BENCH_POSTGRES_URL}); schemas "
-                             "danlu_history_bench_* are created in it and dropped")
+    parser.add_argument(
+        "--postgres-url",
+        default=env.BENCH_POSTGRES_URL.get(),
+        help=f"a PostgreSQL database to use (default ${env.BENCH_POSTGRES_URL}); schemas "
+        "danlu_history_bench_* are created in it and dropped",
+    )
     parser.add_argument("--no-http", action="store_true", help="fill, roll up and verify only")
     args = parser.parse_args(argv)
     budget = Budget(args.budget)

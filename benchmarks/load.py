@@ -61,8 +61,14 @@ SEED = 20261201
 GOAL_P95_MS = 200.0
 GOAL_HUB_MB = 300.0
 MB = 2**20
-TRIVIAL = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                      "source": "x = 1 + 1"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+TRIVIAL = {
+    "cells": [
+        {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None, "source": "x = 1 + 1"}
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 JOBS = "/services/danlu/api/v1"
 MLFLOW = "/services/mlflow/api/2.0/mlflow"
 USER_TAG = tags.USER
@@ -92,15 +98,20 @@ class User:
     def __init__(self, base: str, name: str, token: str, admin: bool = False):
         self.name = name
         self.admin = admin
-        self.client = httpx.AsyncClient(base_url=base, headers={"Authorization": f"token {token}"}, timeout=30,
-                                        limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
+        self.client = httpx.AsyncClient(
+            base_url=base,
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+        )
         self.experiment_ids: list[str] = []
         self.own_experiment = "0"
         self.jobs: list[str] = []
 
     async def queue(self, rec: Recorder) -> None:
-        r = await rec.timed("GET /jobs?owner (queue poll)",
-                            lambda: self.client.get(f"{JOBS}/jobs", params={"owner": self.name}))
+        r = await rec.timed(
+            "GET /jobs?owner (queue poll)", lambda: self.client.get(f"{JOBS}/jobs", params={"owner": self.name})
+        )
         if r is not None and r.status_code == 200:
             self.jobs = [j["id"] for j in r.json()["jobs"]][:5] or self.jobs
 
@@ -110,11 +121,15 @@ class User:
             self.experiment_ids = [e["experiment_id"] for e in r.json()["experiments"] if e["experiment_id"]]
 
     async def open_experiment(self, rec: Recorder) -> None:
-        body = {"experiment_ids": self.experiment_ids[:1] or [self.own_experiment],
-                "filter": f"tags.`{USER_TAG}` = '{self.name}'", "max_results": 1000,
-                "order_by": ["attributes.start_time DESC"]}
-        await rec.timed("POST runs/search (open an experiment)",
-                        lambda: self.client.post(f"{MLFLOW}/runs/search", json=body))
+        body = {
+            "experiment_ids": self.experiment_ids[:1] or [self.own_experiment],
+            "filter": f"tags.`{USER_TAG}` = '{self.name}'",
+            "max_results": 1000,
+            "order_by": ["attributes.start_time DESC"],
+        }
+        await rec.timed(
+            "POST runs/search (open an experiment)", lambda: self.client.post(f"{MLFLOW}/runs/search", json=body)
+        )
 
     async def follow(self, rec: Recorder, seconds: float) -> None:
         if not self.jobs:
@@ -122,8 +137,7 @@ class User:
         job_id = random.choice(self.jobs)
         start = time.perf_counter()
         try:
-            async with self.client.stream("GET", f"{JOBS}/jobs/{job_id}/logs",
-                                          params={"follow": "true"}) as response:
+            async with self.client.stream("GET", f"{JOBS}/jobs/{job_id}/logs", params={"follow": "true"}) as response:
                 first = True
                 if response.status_code != 200:
                     rec.errors["GET /jobs/{id}/logs?follow (first bytes)"][str(response.status_code)] += 1
@@ -132,7 +146,8 @@ class User:
                 async for _chunk in response.aiter_raw():
                     if first:
                         rec.times["GET /jobs/{id}/logs?follow (first bytes)"].append(
-                            1000 * (time.perf_counter() - start))
+                            1000 * (time.perf_counter() - start)
+                        )
                         first = False
                     if time.monotonic() > end:
                         break
@@ -142,19 +157,31 @@ class User:
             rec.errors["GET /jobs/{id}/logs?follow (first bytes)"][type(e).__name__] += 1
 
     async def admin_round(self, rec: Recorder) -> None:
-        await rec.timed("GET /jobs?limit=1000 (admin)",
-                        lambda: self.client.get(f"{JOBS}/jobs", params={"limit": "1000"}))
+        await rec.timed(
+            "GET /jobs?limit=1000 (admin)", lambda: self.client.get(f"{JOBS}/jobs", params={"limit": "1000"})
+        )
         await rec.timed("GET /queues (admin)", lambda: self.client.get(f"{JOBS}/queues"))
 
     async def submit(self, rec: Recorder) -> None:
-        r = await rec.timed("POST /jobs (submit)", lambda: self.client.post(
-            f"{JOBS}/jobs", json={"notebook": TRIVIAL, "name": "load"}), ok=(200, 201))
+        r = await rec.timed(
+            "POST /jobs (submit)",
+            lambda: self.client.post(f"{JOBS}/jobs", json={"notebook": TRIVIAL, "name": "load"}),
+            ok=(200, 201),
+        )
         if r is not None and r.status_code in (200, 201):
             self.jobs = [r.json()["id"], *self.jobs][:5]
 
 
-async def user_loop(user: User, rec: Recorder, period: float, until: float, follow_chance: float,
-                    follow_seconds: float, open_chance: float, rng: random.Random) -> None:
+async def user_loop(
+    user: User,
+    rec: Recorder,
+    period: float,
+    until: float,
+    follow_chance: float,
+    follow_seconds: float,
+    open_chance: float,
+    rng: random.Random,
+) -> None:
     await asyncio.sleep(rng.uniform(0, period))
     followers = set()
     while time.monotonic() < until:
@@ -194,9 +221,13 @@ def components(wb: Workbench) -> dict[str, psutil.Process]:
             cmd = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        for needle, name in (("danlu.hub.hubmain", "hub"), ("configurable-http-proxy", "proxy"),
-                             ("danlu.hub.service", "jobs service"), ("mlflow_gateway", "MLflow gateway"),
-                             ("uvicorn", "MLflow")):
+        for needle, name in (
+            ("danlu.hub.hubmain", "hub"),
+            ("configurable-http-proxy", "proxy"),
+            ("danlu.hub.service", "jobs service"),
+            ("mlflow_gateway", "MLflow gateway"),
+            ("uvicorn", "MLflow"),
+        ):
             if needle in cmd:
                 out[name] = proc
     return out
@@ -229,8 +260,7 @@ async def prepare(wb: Workbench, names: list[str], admins: int) -> list[User]:
         tokens[name] = wb.create_user(name)
         r = wb.hub("PATCH", f"/users/{name}", json={"admin": True})
         r.raise_for_status()
-    users = [User(wb.url, n, tokens[n]) for n in names] + [User(wb.url, n, tokens[n], admin=True)
-                                                           for n in admin_names]
+    users = [User(wb.url, n, tokens[n]) for n in names] + [User(wb.url, n, tokens[n], admin=True) for n in admin_names]
     sem = asyncio.Semaphore(8)
 
     async def one_run(user: User):
@@ -238,9 +268,14 @@ async def prepare(wb: Workbench, names: list[str], admins: int) -> list[User]:
             r = await user.client.post(f"{MLFLOW}/experiments/create", json={"name": f"{user.name}-work"})
             r.raise_for_status()
             user.own_experiment = r.json()["experiment_id"]
-            r = await user.client.post(f"{MLFLOW}/runs/create", json={
-                "experiment_id": user.own_experiment, "start_time": int(time.time() * 1000),
-                "tags": [{"key": USER_TAG, "value": user.name}]})
+            r = await user.client.post(
+                f"{MLFLOW}/runs/create",
+                json={
+                    "experiment_id": user.own_experiment,
+                    "start_time": int(time.time() * 1000),
+                    "tags": [{"key": USER_TAG, "value": user.name}],
+                },
+            )
             r.raise_for_status()
 
     await asyncio.gather(*(one_run(u) for u in users if not u.admin))
@@ -265,10 +300,20 @@ def add_history(wb: Workbench, names: list[str], per_user: int) -> None:
         for u, name in enumerate(names):
             for i in range(per_user):
                 n = u * per_user + i
-                s.add(Job(id=f"{0xf00000000000 + n:012x}", owner=name, name=f"history-{i}", state="succeeded",
-                          profile="python", experiment=f"{name}/exp{i % 3}", mlflow_run_id=f"{n:032x}",
-                          tracking={"run_id": f"{n:032x}", "experiment_id": str(1000 + u * 3 + i % 3)},
-                          created_at=now - dt.timedelta(minutes=n), finished_at=now - dt.timedelta(minutes=n)))
+                s.add(
+                    Job(
+                        id=f"{0xF00000000000 + n:012x}",
+                        owner=name,
+                        name=f"history-{i}",
+                        state="succeeded",
+                        profile="python",
+                        experiment=f"{name}/exp{i % 3}",
+                        mlflow_run_id=f"{n:032x}",
+                        tracking={"run_id": f"{n:032x}", "experiment_id": str(1000 + u * 3 + i % 3)},
+                        created_at=now - dt.timedelta(minutes=n),
+                        finished_at=now - dt.timedelta(minutes=n),
+                    )
+                )
         s.commit()
 
 
@@ -299,14 +344,28 @@ async def load(wb: Workbench, args) -> tuple[Recorder, Recorder, dict, dict, flo
     idle = {name: p.memory_info().rss / MB for name, p in procs.items()}
     print("baseline: the same requests one user at a time ...", flush=True)
     base = await baseline(users, rounds=30)
-    print(f"load: {args.users} users every {args.period:g} s, {args.submit_rate:g} submissions/s, "
-          f"{args.admins} admins, for {args.duration:g} s after a {args.period:g} s ramp-up ...", flush=True)
+    print(
+        f"load: {args.users} users every {args.period:g} s, {args.submit_rate:g} submissions/s, "
+        f"{args.admins} admins, for {args.duration:g} s after a {args.period:g} s ramp-up ...",
+        flush=True,
+    )
     rec = Recorder()
     start = time.monotonic()
     until = start + args.period + args.duration
     peaks: dict[str, float] = {}
-    tasks = [user_loop(u, rec, args.period, until, args.follow_chance, args.follow_seconds, args.open_chance,
-                       random.Random(rng.random())) for u in users]
+    tasks = [
+        user_loop(
+            u,
+            rec,
+            args.period,
+            until,
+            args.follow_chance,
+            args.follow_seconds,
+            args.open_chance,
+            random.Random(rng.random()),
+        )
+        for u in users
+    ]
     tasks.append(submitter([u for u in users if not u.admin], rec, args.submit_rate, until))
     tasks.append(sample_memory(procs, peaks, until))
     await asyncio.gather(*tasks)
@@ -316,8 +375,7 @@ async def load(wb: Workbench, args) -> tuple[Recorder, Recorder, dict, dict, flo
 
 
 def report(base: Recorder, rec: Recorder, idle: dict, peaks: dict, elapsed: float, args) -> None:
-    print(f"\n{'endpoint':<44}{'n':>7}{'p50':>8}{'p95':>8}{'p99':>8}{'errors':>8}"
-          f"{'base p95':>10}{'ratio':>7}   (ms)")
+    print(f"\n{'endpoint':<44}{'n':>7}{'p50':>8}{'p95':>8}{'p99':>8}{'errors':>8}{'base p95':>10}{'ratio':>7}   (ms)")
     worst = 0.0
     for name in sorted(rec.times.keys() | rec.errors.keys()):
         values = rec.times.get(name, [])
@@ -325,27 +383,37 @@ def report(base: Recorder, rec: Recorder, idle: dict, peaks: dict, elapsed: floa
         p95 = pct(values, 0.95)
         b95 = pct(base.times.get(name, []), 0.95)
         worst = max(worst, p95) if values else worst
-        print(f"{name:<44}{len(values):>7}{pct(values, 0.5):>8.1f}{p95:>8.1f}{pct(values, 0.99):>8.1f}{errors:>8}"
-              f"{b95:>10.1f}{p95 / b95 if b95 == b95 and b95 else float('nan'):>7.2f}")
+        print(
+            f"{name:<44}{len(values):>7}{pct(values, 0.5):>8.1f}{p95:>8.1f}{pct(values, 0.99):>8.1f}{errors:>8}"
+            f"{b95:>10.1f}{p95 / b95 if b95 == b95 and b95 else float('nan'):>7.2f}"
+        )
     total = sum(len(v) for v in rec.times.values())
     errors = sum(sum(e.values()) for e in rec.errors.values())
-    print(f"\n{total} requests in {elapsed:.0f} s ({total / elapsed:.0f}/s), {errors} errors"
-          + (f": {dict((k, dict(v)) for k, v in rec.errors.items())}" if errors else ""))
+    print(
+        f"\n{total} requests in {elapsed:.0f} s ({total / elapsed:.0f}/s), {errors} errors"
+        + (f": {dict((k, dict(v)) for k, v in rec.errors.items())}" if errors else "")
+    )
     print("\nresident memory (MB): idle before the load -> peak during it")
     for name in sorted(peaks):
         print(f"  {name:<16}{idle.get(name, float('nan')):>8.0f} ->{peaks[name]:>6.0f}")
     hub = peaks.get("hub", float("nan"))
-    print(f"\nworst p95 {worst:.0f} ms: goal < {GOAL_P95_MS:.0f}: {'met' if worst < GOAL_P95_MS else 'NOT met'};  "
-          f"errors {errors}: goal 0: {'met' if errors == 0 else 'NOT met'};  "
-          f"hub peak {hub:.0f} MB: goal < {GOAL_HUB_MB:.0f}: {'met' if hub < GOAL_HUB_MB else 'NOT met'}")
+    print(
+        f"\nworst p95 {worst:.0f} ms: goal < {GOAL_P95_MS:.0f}: {'met' if worst < GOAL_P95_MS else 'NOT met'};  "
+        f"errors {errors}: goal 0: {'met' if errors == 0 else 'NOT met'};  "
+        f"hub peak {hub:.0f} MB: goal < {GOAL_HUB_MB:.0f}: {'met' if hub < GOAL_HUB_MB else 'NOT met'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=200)
     parser.add_argument("--admins", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=150.0,
-                        help="seconds of load after the ramp-up (default 150: 31 submissions at 0.2/s)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=150.0,
+        help="seconds of load after the ramp-up (default 150: 31 submissions at 0.2/s)",
+    )
     parser.add_argument("--period", type=float, default=5.0, help="seconds between a user's polls (default 5)")
     parser.add_argument("--submit-rate", type=float, default=0.2, help="trivial jobs submitted per second in all")
     parser.add_argument("--follow-chance", type=float, default=0.02, help="chance per period to follow a log")

@@ -168,7 +168,7 @@ def heavy_loop(torch, case: Case):
 
     def step_fn(step):
         i = (step * batch) % len(data)
-        x, y = data[i:i + batch], labels[i:i + batch]
+        x, y = data[i : i + batch], labels[i : i + batch]
         per_sample = nn.functional.cross_entropy(model(x), y, reduction="none")
         loss = per_sample.mean()
         opt.zero_grad(set_to_none=True)
@@ -200,12 +200,25 @@ def free_port() -> int:
 def start_mlflow(folder: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     # MLflow as danlu up runs it: one process, without its job-execution workers (danlu.hub.mlflowserver)
-    cmd = [sys.executable, "-m", "danlu.hub.mlflowserver", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-           "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "danlu.hub.mlflowserver",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--allowed-hosts",
+        f"127.0.0.1:{port},localhost:{port}",
+    ]
     log = open(folder / "mlflow.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -268,15 +281,21 @@ def mlflow_rate(client, experiment_id: str, batches: int = 8) -> float:
 def stored_points(db: Path, run_id: str) -> dict[str, tuple[int, int, int, int]]:
     """Per key in MLflow's store: (rows, distinct steps, first step, last step)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        rows = con.execute("SELECT key, COUNT(*), COUNT(DISTINCT step), MIN(step), MAX(step) FROM metrics "
-                           "WHERE run_uuid = ? GROUP BY key", (run_id,)).fetchall()
+        rows = con.execute(
+            "SELECT key, COUNT(*), COUNT(DISTINCT step), MIN(step), MAX(step) FROM metrics "
+            "WHERE run_uuid = ? GROUP BY key",
+            (run_id,),
+        ).fetchall()
     return {key: (n, distinct, first, last) for key, n, distinct, first, last in rows}
 
 
 def stored_values(db: Path, run_id: str) -> list[tuple[str, int, float]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        return con.execute("SELECT key, step, CASE WHEN is_nan THEN 'nan' ELSE value END FROM metrics "
-                           "WHERE run_uuid = ? ORDER BY key, step", (run_id,)).fetchall()
+        return con.execute(
+            "SELECT key, step, CASE WHEN is_nan THEN 'nan' ELSE value END FROM metrics "
+            "WHERE run_uuid = ? ORDER BY key, step",
+            (run_id,),
+        ).fetchall()
 
 
 # the files, read by TensorBoard ------------------------------------------------------------
@@ -341,8 +360,11 @@ class Harness:
         self.experiment_id = self.client.create_experiment("logging-overhead")
         self.rate = mlflow_rate(self.client, self.experiment_id)
         self.reniced = renice_group(self.server, SERVER_NICE)
-        print(f"MLflow alone takes {self.rate:,.0f} points/s here (1000-point batches, back to back)"
-              + ("" if self.reniced else "; its niceness cannot be changed here"), flush=True)
+        print(
+            f"MLflow alone takes {self.rate:,.0f} points/s here (1000-point batches, back to back)"
+            + ("" if self.reniced else "; its niceness cannot be changed here"),
+            flush=True,
+        )
 
     def close(self) -> None:
         stop_process_group(self.server)
@@ -355,8 +377,9 @@ class Harness:
         jd = JobDir(folder)
         jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         run_id = self.client.create_run(self.experiment_id, run_name=folder.name).info.run_id
-        forwarder = MetricForwarder(self.client, run_id, jd.logdirs_file, [jd.tensorboard_dir / "rank-0"],
-                                    final_timeout=DRAIN_TIMEOUT).start()
+        forwarder = MetricForwarder(
+            self.client, run_id, jd.logdirs_file, [jd.tensorboard_dir / "rank-0"], final_timeout=DRAIN_TIMEOUT
+        ).start()
         try:
             result = run_child("danlu", case, steps, {**self.env, env.JOB_DIR: str(jd.path), "RANK": "0"})
         finally:
@@ -370,8 +393,14 @@ class Harness:
                 renice_group(self.server, SERVER_NICE)
         self.client.set_terminated(run_id)
         health = forwarder.health()
-        return result, {"run_id": run_id, "during": during, "after": total - during, "drain": drain,
-                        "dropped": health["points_dropped"], "notes": health["notes"]}
+        return result, {
+            "run_id": run_id,
+            "during": during,
+            "after": total - during,
+            "drain": drain,
+            "dropped": health["points_dropped"],
+            "notes": health["notes"],
+        }
 
     def run_case(self, case: Case, reps: int) -> bool:
         steps = self.steps_override or case.steps
@@ -379,11 +408,14 @@ class Harness:
         times = {v: [] for v in VARIANTS}
         cpu = {v: [] for v in VARIANTS}
         forwarding, complete = [], True
-        print(f"\n== {case.name}: {steps} steps, {len(case.tags)} scalar(s) a step"
-              + (f", a histogram every {case.histogram_every} steps" if case.histogram_every else "")
-              + f", {reps} repetitions ==", flush=True)
+        print(
+            f"\n== {case.name}: {steps} steps, {len(case.tags)} scalar(s) a step"
+            + (f", a histogram every {case.histogram_every} steps" if case.histogram_every else "")
+            + f", {reps} repetitions ==",
+            flush=True,
+        )
         for rep in range(1, reps + 1):
-            order = VARIANTS[rep % 3:] + VARIANTS[:rep % 3]
+            order = VARIANTS[rep % 3 :] + VARIANTS[: rep % 3]
             line, folders = [], {}
             for variant in order:
                 settle()
@@ -400,8 +432,13 @@ class Harness:
                 cpu[variant].append(result["cpu_seconds"])
                 line.append(f"{variant} {result['seconds']:7.2f} s")
             fwd = forwarding[-1]
-            print(f"rep {rep}/{reps}   " + "   ".join(line) + f"   | drain {fwd['drain']:6.1f} s, MLflow "
-                  + ("complete" if fwd["complete"] else "MISSING POINTS"), flush=True)
+            print(
+                f"rep {rep}/{reps}   "
+                + "   ".join(line)
+                + f"   | drain {fwd['drain']:6.1f} s, MLflow "
+                + ("complete" if fwd["complete"] else "MISSING POINTS"),
+                flush=True,
+            )
             if rep == reps:
                 complete = self.compare_files(folders, fwd["run_id"]) and complete
         report(case, steps, times, cpu, forwarding, self.rate)
@@ -414,18 +451,22 @@ class Harness:
         danlu_scalars, danlu_histograms = tensorboard_contents(folders["danlu"] / "tensorboard")
         plain_scalars, plain_histograms = tensorboard_contents(folders["plain"])
         same_files = len(danlu_scalars) == len(plain_scalars) and all(
-            a[:2] == b[:2] and same_value(a[2], b[2]) for a, b in zip(danlu_scalars, plain_scalars, strict=True))
+            a[:2] == b[:2] and same_value(a[2], b[2]) for a, b in zip(danlu_scalars, plain_scalars, strict=True)
+        )
         same_files = same_files and danlu_histograms == plain_histograms
         stored = stored_values(self.tmp / "mlflow.db", run_id)
         in_files = sorted((tag, step, value) for tag, step, value in danlu_scalars)
         same_mlflow = len(stored) == len(in_files) and all(
             (k, s) == (tag, step) and (v == "nan" and math.isnan(value) or v == value)
-            for (k, s, v), (tag, step, value) in zip(stored, in_files, strict=True))
-        print(f"last repetition, read back with TensorBoard's reader ({time.perf_counter() - start:.0f} s): "
-              f"danlu's event files vs plain TensorBoard's: {len(danlu_scalars):,} scalars, "
-              f"{len(danlu_histograms)} histograms, {'identical' if same_files else 'DIFFERENT'}; "
-              f"MLflow vs the files: {len(stored):,} points, {'identical' if same_mlflow else 'DIFFERENT'}",
-              flush=True)
+            for (k, s, v), (tag, step, value) in zip(stored, in_files, strict=True)
+        )
+        print(
+            f"last repetition, read back with TensorBoard's reader ({time.perf_counter() - start:.0f} s): "
+            f"danlu's event files vs plain TensorBoard's: {len(danlu_scalars):,} scalars, "
+            f"{len(danlu_histograms)} histograms, {'identical' if same_files else 'DIFFERENT'}; "
+            f"MLflow vs the files: {len(stored):,} points, {'identical' if same_mlflow else 'DIFFERENT'}",
+            flush=True,
+        )
         return same_files and same_mlflow
 
 
@@ -437,33 +478,46 @@ def report(case: Case, steps: int, times: dict, cpu: dict, forwarding: list[dict
         print(f"{variant:<8}{statistics.median(values):>9.2f}{min(values):>9.2f}{max(values):>9.2f}")
     med = {v: statistics.median(times[v]) for v in VARIANTS}
     cpu_med = {v: statistics.median(cpu[v]) for v in VARIANTS}
-    print(f"a step with no logging: {1000 * med['none'] / steps:.3f} ms (wall), "
-          f"{1000 * cpu_med['none'] / steps:.3f} ms (CPU)")
+    print(
+        f"a step with no logging: {1000 * med['none'] / steps:.3f} ms (wall), "
+        f"{1000 * cpu_med['none'] / steps:.3f} ms (CPU)"
+    )
     for variant in ("plain", "danlu"):
         added, added_cpu = (1e6 * (m[variant] - m["none"]) / steps for m in (med, cpu_med))
-        print(f"{variant} logging adds {added:.1f} us a step (wall; {added_cpu:.1f} us CPU of the loop's process): "
-              f"under 5% of steps of {20 * max(added, added_cpu) / 1000:.2f} ms or more")
+        print(
+            f"{variant} logging adds {added:.1f} us a step (wall; {added_cpu:.1f} us CPU of the loop's process): "
+            f"under 5% of steps of {20 * max(added, added_cpu) / 1000:.2f} ms or more"
+        )
     for variant, base in (("danlu", "none"), ("danlu", "plain"), ("plain", "none")):
         ratio, cpu_ratio = med[variant] / med[base], cpu_med[variant] / cpu_med[base]
         verdict = ""
         if (variant, base) == ("danlu", case.baseline):  # a busy machine can flatter one figure: both must pass
             met = ratio <= case.target and cpu_ratio <= case.target
             verdict = f"   target <= {case.target} (wall and CPU): {'met' if met else 'NOT met'}"
-        print(f"median({variant}) / median({base}) = {ratio:.3f}   "
-              f"(CPU of the loop's process: {cpu_ratio:.3f}){verdict}")
+        print(
+            f"median({variant}) / median({base}) = {ratio:.3f}   (CPU of the loop's process: {cpu_ratio:.3f}){verdict}"
+        )
     if med["danlu"] < med["none"] or med["plain"] < med["none"]:
-        print("note: logging came out faster than no logging: the machine's load changed between runs, so the wall "
-              "times say little here; the CPU figures are steadier")
+        print(
+            "note: logging came out faster than no logging: the machine's load changed between runs, so the wall "
+            "times say little here; the CPU figures are steadier"
+        )
     drains = [f["drain"] for f in forwarding]
     after = statistics.median([f["after"] for f in forwarding])
     during = statistics.median([f["during"] for f in forwarding])
-    print(f"forwarding: {during:,.0f} points sent while the loop ran, {after:,.0f} after it (medians); "
-          f"the drain after the loop took {statistics.median(drains):.1f} s (median; max {max(drains):.1f}), "
-          f"{after / max(statistics.median(drains), 1e-9):,.0f} points/s, MLflow alone {rate:,.0f} points/s")
-    counts = [f"{'complete' if f['complete'] else 'MISSING'} ({f['during'] + f['after']:,} sent, "
-              f"{f['dropped']} dropped)" for f in forwarding]
-    print(f"MLflow, per danlu run: every one of the {len(case.tags)} tags with all {steps} steps once: "
-          + ", ".join(counts))
+    print(
+        f"forwarding: {during:,.0f} points sent while the loop ran, {after:,.0f} after it (medians); "
+        f"the drain after the loop took {statistics.median(drains):.1f} s (median; max {max(drains):.1f}), "
+        f"{after / max(statistics.median(drains), 1e-9):,.0f} points/s, MLflow alone {rate:,.0f} points/s"
+    )
+    counts = [
+        f"{'complete' if f['complete'] else 'MISSING'} ({f['during'] + f['after']:,} sent, {f['dropped']} dropped)"
+        for f in forwarding
+    ]
+    print(
+        f"MLflow, per danlu run: every one of the {len(case.tags)} tags with all {steps} steps once: "
+        + ", ".join(counts)
+    )
     for f in forwarding:
         for note in f["notes"]:
             print(f"  forwarder note: {note}")
@@ -471,8 +525,12 @@ def report(case: Case, steps: int, times: dict, cpu: dict, forwarding: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--case", choices=["light", "heavy", "all"], default="light",
-                        help="which loop to measure (default light; heavy takes much longer, see above)")
+    parser.add_argument(
+        "--case",
+        choices=["light", "heavy", "all"],
+        default="light",
+        help="which loop to measure (default light; heavy takes much longer, see above)",
+    )
     parser.add_argument("--reps", type=int, help="repetitions of each variant (default 5 light, 3 heavy)")
     parser.add_argument("--steps", type=int, help="training steps (default: the case's, 20000 light, 10000 heavy)")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)

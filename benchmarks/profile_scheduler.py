@@ -53,21 +53,27 @@ def main(argv: list[str] | None = None) -> int:
         if len(rows) > 5:  # the first passes fill the backlog: not what a running service sees
             slow.append((took, prof))
             slow.sort(key=lambda x: -x[0])
-            del slow[args.keep:]
+            del slow[args.keep :]
         for wl in decision.admitted:
             del pending[wl.id]
         stopped = [victim.id for victim, _ in decision.preempted]
         now += 1.0
     rows.sort()
     n = len(rows)
-    print(f"{n} passes (profiled: times include cProfile's cost): p50 {rows[n // 2][0] * 1e3:.2f} ms, "
-          f"p99 {rows[int(n * 0.99)][0] * 1e3:.2f} ms")
-    for name, group in (("slowest 1%", rows[int(n * 0.99):]), ("fastest half", rows[: n // 2])):
-        print(f"{name:<13} mean {statistics.mean(r[0] for r in group) * 1e3:6.2f} ms, admitted "
-              f"{statistics.mean(r[1] for r in group):5.1f}, preempted {statistics.mean(r[2] for r in group):5.1f}, "
-              f"pending {statistics.mean(r[3] for r in group):6.0f}")
-    print(f"passes that preempt: {sum(1 for r in rows if r[2])} of {n}; "
-          f"among the slowest 1%: {sum(1 for r in rows[int(n * 0.99):] if r[2])}")
+    print(
+        f"{n} passes (profiled: times include cProfile's cost): p50 {rows[n // 2][0] * 1e3:.2f} ms, "
+        f"p99 {rows[int(n * 0.99)][0] * 1e3:.2f} ms"
+    )
+    for name, group in (("slowest 1%", rows[int(n * 0.99) :]), ("fastest half", rows[: n // 2])):
+        print(
+            f"{name:<13} mean {statistics.mean(r[0] for r in group) * 1e3:6.2f} ms, admitted "
+            f"{statistics.mean(r[1] for r in group):5.1f}, preempted {statistics.mean(r[2] for r in group):5.1f}, "
+            f"pending {statistics.mean(r[3] for r in group):6.0f}"
+        )
+    print(
+        f"passes that preempt: {sum(1 for r in rows if r[2])} of {n}; "
+        f"among the slowest 1%: {sum(1 for r in rows[int(n * 0.99) :] if r[2])}"
+    )
     stats = pstats.Stats(slow[0][1])
     for _, prof in slow[1:]:
         stats.add(prof)

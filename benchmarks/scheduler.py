@@ -120,8 +120,16 @@ def make_teams(n: int, devices: dict[str, list[int]], rng: random.Random, preemp
         nominal["cpu"] = float(CPU_QUOTA_PER_GPU * sum(nominal.values()))
         flavors = list(devices)
         rng.shuffle(flavors)
-        teams.append(Team(f"team{i:02d}", nominal=nominal, cohort=f"cohort{i % cohorts}", flavors=tuple(flavors),
-                          within_team=within_team, reclaim=reclaim))
+        teams.append(
+            Team(
+                f"team{i:02d}",
+                nominal=nominal,
+                cohort=f"cohort{i % cohorts}",
+                flavors=tuple(flavors),
+                within_team=within_team,
+                reclaim=reclaim,
+            )
+        )
     return teams
 
 
@@ -137,13 +145,21 @@ def random_request(devices: dict[str, list[int]], rng: random.Random) -> Request
     return Request(gpus=gpus, gpu_flavor=flavor, cpu=float(gpus * CPU_PER_GPU))
 
 
-def feasible_job(wid: str, created: float, teams: list[Team], weights: list[float], idle: Model,
-                 devices: dict[str, list[int]], rng: random.Random) -> Workload:
+def feasible_job(
+    wid: str,
+    created: float,
+    teams: list[Team],
+    weights: list[float],
+    idle: Model,
+    devices: dict[str, list[int]],
+    rng: random.Random,
+) -> Workload:
     """A job that fits its team on the idle machine (drawn again until it does)."""
     while True:
         team = rng.choices(teams, weights)[0]
-        wl = Workload(wid, team.name, rng.choices(PRIORITIES, PRIORITY_WEIGHTS)[0], created,
-                      random_request(devices, rng))
+        wl = Workload(
+            wid, team.name, rng.choices(PRIORITIES, PRIORITY_WEIGHTS)[0], created, random_request(devices, rng)
+        )
         if idle.fit(wl)[0] is not False:
             return wl
 
@@ -164,8 +180,9 @@ def churn(jobs: int, n_teams: int, gpus: int, rng: random.Random, budget: float)
     for i in range(jobs):
         wl = feasible_job(f"j{i:05d}", i * 0.01, teams, [1.0] * len(teams), idle, devices, rng)
         pending[wl.id] = wl
-    rescan = min(timed(lambda: sorted(pending.values(), key=lambda w: (-w.priority, w.created, w.id)))
-                 for _ in range(5))
+    rescan = min(
+        timed(lambda: sorted(pending.values(), key=lambda w: (-w.priority, w.created, w.id))) for _ in range(5)
+    )
     model = new_model(teams, devices, cpu)
     latencies: list[float] = []  # each pass's wall time, in order
     cpu_times: list[float] = []  # the same passes in CPU time of this process: wall time less what others took
@@ -201,27 +218,43 @@ def churn(jobs: int, n_teams: int, gpus: int, rng: random.Random, budget: float)
     first = latencies[0]
     latencies.sort()
     cpu_times.sort()
-    return {"passes": passes, "jobs": jobs, "drained": not pending and not model.admitted, "left": len(pending),
-            "admissions": admissions, "preemptions": preemptions, "completed": completed, "cycles": cycles,
-            "wall": wall, "cycle_wall": sum(latencies), "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99), "max": latencies[-1], "first": first, "rescan": rescan,
-            "cpu_p50": percentile(cpu_times, 0.5), "cpu_p99": percentile(cpu_times, 0.99),
-            "reading": reading}
+    return {
+        "passes": passes,
+        "jobs": jobs,
+        "drained": not pending and not model.admitted,
+        "left": len(pending),
+        "admissions": admissions,
+        "preemptions": preemptions,
+        "completed": completed,
+        "cycles": cycles,
+        "wall": wall,
+        "cycle_wall": sum(latencies),
+        "p50": percentile(latencies, 0.5),
+        "p99": percentile(latencies, 0.99),
+        "max": latencies[-1],
+        "first": first,
+        "rescan": rescan,
+        "cpu_p50": percentile(cpu_times, 0.5),
+        "cpu_p99": percentile(cpu_times, 0.99),
+        "reading": reading,
+    }
 
 
 def repeated(jobs: int, args, p99s: list[float]) -> dict:
     """:func:`churn` ``args.repeat`` times on the same seed: the median run (by admissions a second), with its
     p50, p99 and max taken over each pass's fastest run (over the passes every run made, when a budget cut
     them short). Appends each run's own p99 to ``p99s``."""
-    runs = [churn(jobs, args.teams, args.gpus, random.Random(SEED + jobs), args.budget)
-            for _ in range(max(1, args.repeat))]
+    runs = [
+        churn(jobs, args.teams, args.gpus, random.Random(SEED + jobs), args.budget) for _ in range(max(1, args.repeat))
+    ]
     p99s.extend(run["p99"] for run in runs)
     runs.sort(key=lambda run: run["admissions"] / run["wall"])
     median = dict(runs[len(runs) // 2])
     common = min(len(run["passes"]) for run in runs)
     best = sorted(min(run["passes"][i] for run in runs) for i in range(common))
-    median.update(p50=percentile(best, 0.5), p99=percentile(best, 0.99), max=best[-1],
-                  first=min(run["passes"][0] for run in runs))
+    median.update(
+        p50=percentile(best, 0.5), p99=percentile(best, 0.99), max=best[-1], first=min(run["passes"][0] for run in runs)
+    )
     return median
 
 
@@ -330,11 +363,21 @@ def simulate(jobs: list[TraceJob], policy, resume: bool = False) -> Outcome:
 class KueueLike:
     """The admission model, driven the way the jobs service drives it."""
 
-    def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: int, preemption: str,
-                 one_cohort: bool = False):
+    def __init__(
+        self, teams: list[Team], devices: dict[str, list[int]], cpu: int, preemption: str, one_cohort: bool = False
+    ):
         within_team, reclaim = PREEMPTION[preemption]
-        teams = [Team(t.name, nominal=t.nominal, cohort="all" if one_cohort else t.cohort, flavors=t.flavors,
-                      within_team=within_team, reclaim=reclaim) for t in teams]
+        teams = [
+            Team(
+                t.name,
+                nominal=t.nominal,
+                cohort="all" if one_cohort else t.cohort,
+                flavors=t.flavors,
+                within_team=within_team,
+                reclaim=reclaim,
+            )
+            for t in teams
+        ]
         self.name = f"model, preemption {preemption}"
         self.model = new_model(teams, devices, cpu)
         self.pending: dict[str, Workload] = {}
@@ -434,75 +477,98 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teams", type=int, default=20, help="teams (5 to a cohort)")
     parser.add_argument("--gpus", type=int, default=64, help="simulated GPUs (two flavors from 8 up)")
     parser.add_argument("--budget", type=float, default=60.0, help="wall seconds for each throughput row at most")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs of each throughput row; a pass counts with its fastest run")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each throughput row; a pass counts with its fastest run"
+    )
     parser.add_argument("--trace-jobs", type=int, default=3000, help="jobs in the allocation trace")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.jobs.split(",")]
 
     flavors = ", ".join(f"{len(ids)} {flavor}" for flavor, ids in machine(args.gpus).items())
-    print(f"machine: {args.gpus} GPUs ({flavors}), "
-          f"{args.gpus * CPU_QUOTA_PER_GPU} CPUs; {args.teams} teams in {max(1, math.ceil(args.teams / 5))} cohorts; "
-          f"{len(PRIORITIES)} priority classes; seed {SEED}")
+    print(
+        f"machine: {args.gpus} GPUs ({flavors}), "
+        f"{args.gpus * CPU_QUOTA_PER_GPU} CPUs; {args.teams} teams in {max(1, math.ceil(args.teams / 5))} cohorts; "
+        f"{len(PRIORITIES)} priority classes; seed {SEED}"
+    )
     print("preemption on: within_team=%s, reclaim=%s" % PREEMPTION["on"])
 
     print("\nthroughput and decision latency (a decision: one pass over every pending job; ms of wall time)")
-    print(f"{'pending':>8}{'passes':>8}{'admitted':>10}{'preempted':>10}{'adm/s':>8}{'adm/s in':>9}{'p50':>7}"
-          f"{'p99':>7}{'max':>7}{'first':>7}{'rescan':>8}{'p50/rescan':>11}{'p99/rescan':>11}")
+    print(
+        f"{'pending':>8}{'passes':>8}{'admitted':>10}{'preempted':>10}{'adm/s':>8}{'adm/s in':>9}{'p50':>7}"
+        f"{'p99':>7}{'max':>7}{'first':>7}{'rescan':>8}{'p50/rescan':>11}{'p99/rescan':>11}"
+    )
     print(f"{'':>8}{'':>8}{'':>10}{'':>10}{'(loop)':>8}{'passes':>9}")
     rows, runs_p99 = {}, {}
     for jobs in sizes:
         c = rows[jobs] = repeated(jobs, args, runs_p99.setdefault(jobs, []))
         rate = c["admissions"] / c["wall"]
-        print(f"{jobs:>8}{c['cycles']:>8}{c['admissions']:>10}{c['preemptions']:>10}{rate:>8.0f}"
-              f"{c['admissions'] / c['cycle_wall']:>9.0f}{c['p50'] * 1e3:>7.2f}{c['p99'] * 1e3:>7.2f}"
-              f"{c['max'] * 1e3:>7.1f}{c['first'] * 1e3:>7.1f}{c['rescan'] * 1e3:>8.2f}"
-              f"{c['p50'] / c['rescan']:>11.2f}{c['p99'] / c['rescan']:>11.2f}"
-              + ("" if c["drained"] else f"   stopped after {args.budget:.0f} s, {c['left']} still pending"))
+        print(
+            f"{jobs:>8}{c['cycles']:>8}{c['admissions']:>10}{c['preemptions']:>10}{rate:>8.0f}"
+            f"{c['admissions'] / c['cycle_wall']:>9.0f}{c['p50'] * 1e3:>7.2f}{c['p99'] * 1e3:>7.2f}"
+            f"{c['max'] * 1e3:>7.1f}{c['first'] * 1e3:>7.1f}{c['rescan'] * 1e3:>8.2f}"
+            f"{c['p50'] / c['rescan']:>11.2f}{c['p99'] / c['rescan']:>11.2f}"
+            + ("" if c["drained"] else f"   stopped after {args.budget:.0f} s, {c['left']} still pending")
+        )
     print(f"p50, p99 and max: each pass's fastest of {args.repeat} identical runs; adm/s: the median run's")
     each = ", ".join(f"{jobs}: " + " ".join(f"{p * 1e3:.2f}" for p in ps) for jobs, ps in runs_p99.items())
     print(f"p99 of each run on its own (ms): {each}")
     cpu = ", ".join(f"{jobs}: p50 {c['cpu_p50'] * 1e3:.2f} p99 {c['cpu_p99'] * 1e3:.2f} ms" for jobs, c in rows.items())
-    print("the median run's passes in CPU time of this process (wall time less the time other processes had the "
-          f"CPU): {cpu}")
+    print(
+        "the median run's passes in CPU time of this process (wall time less the time other processes had the "
+        f"CPU): {cpu}"
+    )
     for jobs, c in rows.items():
         if c["reading"]:
-            print(f"reading every waiting job's reason once (dict(decision.waiting.items())) at {jobs} pending: "
-                  f"{c['reading'] * 1e3:.2f} ms (outside the pass)")
+            print(
+                f"reading every waiting job's reason once (dict(decision.waiting.items())) at {jobs} pending: "
+                f"{c['reading'] * 1e3:.2f} ms (outside the pass)"
+            )
     if 10_000 in rows:
         c = rows[10_000]
         rate, p99 = c["admissions"] / c["wall"], c["p99"]
         rate_ok = "met" if rate >= TARGET_RATE else "NOT met"
         p99_ok = "met" if p99 < TARGET_P99 else "NOT met"
-        print(f"target at 10000 pending: >= {TARGET_RATE:.0f} admissions/s: {rate_ok} ({rate:.0f}); "
-              f"p99 < {TARGET_P99 * 1e3:.0f} ms: {p99_ok} ({p99 * 1e3:.2f} ms)")
+        print(
+            f"target at 10000 pending: >= {TARGET_RATE:.0f} admissions/s: {rate_ok} ({rate:.0f}); "
+            f"p99 < {TARGET_P99 * 1e3:.0f} ms: {p99_ok} ({p99 * 1e3:.2f} ms)"
+        )
         if 50_000 in rows:
             big = rows[50_000]
-            print(f"growth from 10000 to 50000 pending (linear: x5.0): p50 x{big['p50'] / c['p50']:.1f}, "
-                  f"p99 x{big['p99'] / c['p99']:.1f}, rescan baseline x{big['rescan'] / c['rescan']:.1f}")
+            print(
+                f"growth from 10000 to 50000 pending (linear: x5.0): p50 x{big['p50'] / c['p50']:.1f}, "
+                f"p99 x{big['p99'] / c['p99']:.1f}, rescan baseline x{big['rescan'] / c['rescan']:.1f}"
+            )
     print(f"Kueue, published, end to end: {KUEUE_PUBLISHED:.0f} admissions/s (context only: a cluster, not this run)")
 
     results = allocation(args.trace_jobs, args.teams, args.gpus, random.Random(SEED))
     strict = next(out for _, name, out in results if name == "strict FIFO")
     base = strict.allocated / (args.gpus * strict.makespan)
     print(f"\nGPU allocation: {args.trace_jobs}-job trace at ~110% load, simulated time; gap: points below strict FIFO")
-    print(f"{'setup':<22}{'policy':<24}{'alloc':>7}{'useful':>8}{'gap':>7}{'mean wait':>11}{'p95 wait':>10}"
-          f"{'makespan':>10}{'preempted':>11}")
+    print(
+        f"{'setup':<22}{'policy':<24}{'alloc':>7}{'useful':>8}{'gap':>7}{'mean wait':>11}{'p95 wait':>10}"
+        f"{'makespan':>10}{'preempted':>11}"
+    )
     print(f"{'':<22}{'':<24}{'':>7}{'':>8}{'':>7}{'(s)':>11}{'(s)':>10}{'(h)':>10}")
     for setup, name, out in results:
         if not out.finished:
-            print(f"{setup:<22}{name:<24}  did not finish: {len(out.waits)} of {args.trace_jobs} jobs done after "
-                  f"{out.cycles} passes, {out.preemptions} preemptions (jobs preempted and restarted in turn)")
+            print(
+                f"{setup:<22}{name:<24}  did not finish: {len(out.waits)} of {args.trace_jobs} jobs done after "
+                f"{out.cycles} passes, {out.preemptions} preemptions (jobs preempted and restarted in turn)"
+            )
             continue
         span = args.gpus * out.makespan
         p95 = percentile(sorted(out.waits), 0.95)
-        print(f"{setup:<22}{name:<24}{out.allocated / span:>7.1%}{out.useful / span:>8.1%}"
-              f"{(base - out.useful / span) * 100:>7.1f}{statistics.fmean(out.waits):>11.0f}{p95:>10.0f}"
-              f"{out.makespan / 3600:>10.2f}{out.preemptions:>11}")
+        print(
+            f"{setup:<22}{name:<24}{out.allocated / span:>7.1%}{out.useful / span:>8.1%}"
+            f"{(base - out.useful / span) * 100:>7.1f}{statistics.fmean(out.waits):>11.0f}{p95:>10.0f}"
+            f"{out.makespan / 3600:>10.2f}{out.preemptions:>11}"
+        )
     best = next(out for setup, name, out in results if setup == "1 cohort, resume")
     gap = (base - best.useful / (args.gpus * best.makespan)) * 100
-    print(f"target: the model with quotas and preemption (1 cohort, resume) within {TARGET_GAP:.0f} points of "
-          f"strict FIFO: {'met' if best.finished and gap <= TARGET_GAP else 'NOT met'} ({gap:.1f} points)")
+    print(
+        f"target: the model with quotas and preemption (1 cohort, resume) within {TARGET_GAP:.0f} points of "
+        f"strict FIFO: {'met' if best.finished and gap <= TARGET_GAP else 'NOT met'} ({gap:.1f} points)"
+    )
     return 0
 
 

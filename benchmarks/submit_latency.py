@@ -71,8 +71,9 @@ def time_danlu(wb: Workbench, token: str, nb: nbformat.NotebookNode) -> tuple[fl
     r = wb.api("POST", "/jobs", token=token, json=body)
     r.raise_for_status()
     job_id = r.json()["id"]
-    with wb.api("GET", f"/jobs/{job_id}/logs", token=token, params={"follow": "true"}, stream=True,
-                timeout=600) as logs:
+    with wb.api(
+        "GET", f"/jobs/{job_id}/logs", token=token, params={"follow": "true"}, stream=True, timeout=600
+    ) as logs:
         logs.raise_for_status()
         for _chunk in logs.iter_content(chunk_size=None):
             pass  # the stream ends when the job ends
@@ -92,8 +93,7 @@ def runner_kind(wb: Workbench, token: str, job_id: str) -> str:
 def time_papermill(papermill: Path, notebook: Path, output: Path) -> float:
     """Seconds for ``papermill IN OUT -k python3`` as a subprocess."""
     start = time.perf_counter()
-    done = subprocess.run([str(papermill), str(notebook), str(output), "-k", "python3"], capture_output=True,
-                          text=True)
+    done = subprocess.run([str(papermill), str(notebook), str(output), "-k", "python3"], capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"papermill exited with {done.returncode}:\n{done.stderr[-3000:]}")
@@ -122,20 +122,33 @@ class JupyterScheduler:
             return
         print(f"installing {PEER_REQUIREMENT} and ipykernel into {venv} (once) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", PEER_REQUIREMENT,
-                        "ipykernel"], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", PEER_REQUIREMENT, "ipykernel"], check=True
+        )
         (venv / ".danlu-bench-ready").touch()
 
     def start(self) -> None:
-        cmd = [str(self.venv / "bin" / "jupyter-server"), "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
-               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}"]
+        cmd = [
+            str(self.venv / "bin" / "jupyter-server"),
+            "--no-browser",
+            f"--port={self.port}",
+            "--ip=127.0.0.1",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+        ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "JUPYTER_PATH")}
         env["JUPYTER_DATA_DIR"] = str(self.root / ".jupyter-data")  # its database and staging area
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "jupyter-server.log", "wb"), start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "jupyter-server.log", "wb"),
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -158,8 +171,17 @@ class JupyterScheduler:
 
     def time_job(self, notebook: str, name: str) -> float:
         start = time.perf_counter()
-        r = requests.post(f"{self.url}/scheduler/jobs", headers=self.headers, timeout=60, json={
-            "input_uri": notebook, "runtime_environment_name": "python3", "name": name, "output_formats": ["ipynb"]})
+        r = requests.post(
+            f"{self.url}/scheduler/jobs",
+            headers=self.headers,
+            timeout=60,
+            json={
+                "input_uri": notebook,
+                "runtime_environment_name": "python3",
+                "name": name,
+                "output_formats": ["ipynb"],
+            },
+        )
         r.raise_for_status()
         job_id = r.json()["job_id"]
         deadline = time.monotonic() + 300
@@ -193,20 +215,32 @@ def report(samples: dict[str, list[float]], settle: float) -> bool:
     print(f"\nmedian(danlu) / median(papermill) = {ratio:.2f}   goal <= {TARGET}: {'met' if ok else 'NOT met'}")
     if "jupyter-scheduler" in medians:
         print(f"median(danlu) / median(jupyter-scheduler) = {medians['danlu'] / medians['jupyter-scheduler']:.2f}")
-    print(f"median(danlu) - median(python) = {medians['danlu'] - medians['python']:.2f} s (what Danlu adds to the "
-          "cell itself)")
-    print(f"Each round began after a {settle:g} s pause (every tool) so the workbench's warm runner "
-          "was refilled; one warm-up round of each was not counted.")
+    print(
+        f"median(danlu) - median(python) = {medians['danlu'] - medians['python']:.2f} s (what Danlu adds to the "
+        "cell itself)"
+    )
+    print(
+        f"Each round began after a {settle:g} s pause (every tool) so the workbench's warm runner "
+        "was refilled; one warm-up round of each was not counted."
+    )
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7, help="measured rounds of each (default 7)")
-    parser.add_argument("--settle", type=float, default=10.0,
-                        help="pause before each tool's turn, for the warm runner to refill (default 10 s)")
-    parser.add_argument("--peer-venv", type=Path, default=ROOT / ".venv-bench" / "jupyter-scheduler",
-                        help="the virtual environment of jupyter-scheduler (created if missing)")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="pause before each tool's turn, for the warm runner to refill (default 10 s)",
+    )
+    parser.add_argument(
+        "--peer-venv",
+        type=Path,
+        default=ROOT / ".venv-bench" / "jupyter-scheduler",
+        help="the virtual environment of jupyter-scheduler (created if missing)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="leave jupyter-scheduler out")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -226,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         wb = Workbench(tmp / "workbench", profiles=PROFILES)
         peer = None if args.no_peer else JupyterScheduler(args.peer_venv, tmp)
         try:
-            print("starting a workbench (danlu up)" + ("" if peer is None else " and jupyter-scheduler") + " ...",
-                  flush=True)
+            print(
+                "starting a workbench (danlu up)" + ("" if peer is None else " and jupyter-scheduler") + " ...",
+                flush=True,
+            )
             wb.start()
             if peer is not None:
                 peer.start()
@@ -246,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(args.settle)
                     got["jupyter-scheduler"] = peer.time_job(notebook.name, f"round-{round_}")
                 got["python"] = time_python("x = 1 + 1")
-                print(f"{label:<12} danlu {danlu:6.2f} s ({runner_kind(wb, token, job_id)} runner)   "
-                      + "   ".join(f"{name} {value:6.2f} s" for name, value in got.items() if name != "danlu"),
-                      flush=True)
+                print(
+                    f"{label:<12} danlu {danlu:6.2f} s ({runner_kind(wb, token, job_id)} runner)   "
+                    + "   ".join(f"{name} {value:6.2f} s" for name, value in got.items() if name != "danlu"),
+                    flush=True,
+                )
                 if round_ > 0:
                     for name, value in got.items():
                         samples[name].append(value)

@@ -70,18 +70,23 @@ def lookup(username: str) -> Account:
     try:
         entry = pwd.getpwnam(username)
     except KeyError:
-        raise PolicyError(f"there is no Unix account named '{username}' on this machine",
-                          reason="no_unix_account",
-                          fix=f"an admin creates it (useradd -m -K HOME_MODE=0700 {username}), "
-                              "or sets users.unix_accounts: off") from None
+        raise PolicyError(
+            f"there is no Unix account named '{username}' on this machine",
+            reason="no_unix_account",
+            fix=f"an admin creates it (useradd -m -K HOME_MODE=0700 {username}), or sets users.unix_accounts: off",
+        ) from None
     if entry.pw_uid == 0:
-        raise PolicyError(f"'{username}' is the root account; Danlu does not run servers or jobs as root",
-                          reason="root_account", fix="log in with an ordinary account")
+        raise PolicyError(
+            f"'{username}' is the root account; Danlu does not run servers or jobs as root",
+            reason="root_account",
+            fix="log in with an ordinary account",
+        )
     return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
 
 def demote(account: Account):
     """A ``preexec_fn`` that becomes ``account`` (groups, gid, then uid) in the child."""
+
     def preexec():
         os.setgid(account.gid)
         try:

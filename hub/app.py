@@ -79,10 +79,12 @@ class DanluUp(Application):
     ip = Unicode(None, allow_none=True, help="Address to listen on ($DANLU_IP; default 127.0.0.1).").tag(config=True)
     port = Unicode(None, allow_none=True, help="Port of the workbench ($DANLU_PORT; default 8000).").tag(config=True)
     state_dir = Unicode(None, allow_none=True, help="State folder ($DANLU_STATE_DIR; default .danlu/).").tag(
-        config=True)
+        config=True
+    )
     config_file = Unicode(None, allow_none=True, help="A danlu.yaml ($DANLU_CONFIG).").tag(config=True)
-    admin_token = Unicode(help="Admin API token for automation ($DANLU_ADMIN_TOKEN; else generated into "
-                               "<state-dir>/admin-token).").tag(config=True)
+    admin_token = Unicode(
+        help="Admin API token for automation ($DANLU_ADMIN_TOKEN; else generated into <state-dir>/admin-token)."
+    ).tag(config=True)
     quiet_hub = Bool(False, help="Write JupyterHub's log to <state-dir>/logs/jupyterhub.log only.").tag(config=True)
 
     aliases = {
@@ -108,8 +110,9 @@ class DanluUp(Application):
 
         quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
         if not settings.profiles_file.exists():
-            self.log.warning("no profiles file at %s: offering only the built-in 'python' profile",
-                             settings.profiles_file)
+            self.log.warning(
+                "no profiles file at %s: offering only the built-in 'python' profile", settings.profiles_file
+            )
         os.umask(0o077)  # databases, tokens, logs and job files: owner only, from the very first file
         state = settings.state_dir
         state.mkdir(parents=True, exist_ok=True)
@@ -137,8 +140,10 @@ class DanluUp(Application):
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise ConfigError(f"another danlu up (pid {holder}) is already running on {state}",
-                              fix="stop it first, or give this one its own --state-dir") from None
+            raise ConfigError(
+                f"another danlu up (pid {holder}) is already running on {state}",
+                fix="stop it first, or give this one its own --state-dir",
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd  # released when this process ends, however it ends
@@ -148,11 +153,14 @@ class DanluUp(Application):
         done = schema.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
         schema.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
         if done["from"] != done["to"]:
-            self._say(f"jobs database: schema {done['from'] or 'new'} -> {done['to']}"
-                      + (f" (backup: {done['backup']})" if done["backup"] else ""))
+            self._say(
+                f"jobs database: schema {done['from'] or 'new'} -> {done['to']}"
+                + (f" (backup: {done['backup']})" if done["backup"] else "")
+            )
         if done["from"] == schema.BASE_REVISION:
-            carried = schema.import_legacy_inputs(make_sessionmaker(settings.jobs_database_url), settings.jobs_dir,
-                                              log=self.log)
+            carried = schema.import_legacy_inputs(
+                make_sessionmaker(settings.jobs_database_url), settings.jobs_dir, log=self.log
+            )
             if carried:
                 self._say(f"carried over the notebooks of {len(carried)} unfinished job(s)")
 
@@ -174,9 +182,10 @@ class DanluUp(Application):
         venv_bin = Path(sys.executable).parent
         found = shutil.which("configurable-http-proxy", path=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
         if not found:
-            raise ConfigError("configurable-http-proxy was not found",
-                              fix="run 'make install' (it installs it into .venv) or "
-                                  "'npm install -g configurable-http-proxy'")
+            raise ConfigError(
+                "configurable-http-proxy was not found",
+                fix="run 'make install' (it installs it into .venv) or 'npm install -g configurable-http-proxy'",
+            )
         return found
 
     # processes ------------------------------------------------------------------------
@@ -188,14 +197,31 @@ class DanluUp(Application):
         secret = mlflow_auth.ensure_secret(state)  # never in the hub's own environment (its proxy inherits it)
         config = mlflow_auth.write_auth_config(state, settings, secret)
         environ = {**environ, **mlflow_auth.server_environment(config, secret)}
-        cmd = [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
-               "--backend-store-uri", backend, "--artifacts-destination", artifacts,
-               "--host", "127.0.0.1", "--port", str(port),
-               "--static-prefix", "/services/mlflow", "--workers", str(mlflow.workers),
-               "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "danlu.hub.mlflowserver",
+            "--app-name",
+            "basic-auth",
+            "--backend-store-uri",
+            backend,
+            "--artifacts-destination",
+            artifacts,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--static-prefix",
+            "/services/mlflow",
+            "--workers",
+            str(mlflow.workers),
+            "--allowed-hosts",
+            f"127.0.0.1:{port},localhost:{port}",
+        ]
         log = open(state / "logs" / "mlflow.log", "ab")
-        return subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=environ,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=environ, start_new_session=True
+        )
 
     def start_hub(self, settings: Settings, environ: dict) -> subprocess.Popen:
         state = settings.state_dir
@@ -208,15 +234,21 @@ class DanluUp(Application):
             "    load_subconfig(str(settings.extra_config_file))\n"
         )
         out = open(state / "logs" / "jupyterhub.log", "ab") if self.quiet_hub else None
-        return subprocess.Popen([sys.executable, "-m", "danlu.hub.hubmain", "-f", str(config)], cwd=str(state),
-                                env=environ, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "danlu.hub.hubmain", "-f", str(config)],
+            cwd=str(state),
+            env=environ,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def banner(self, settings: Settings, token_source: str) -> None:
         kind = settings.auth.type
         how = {
-            "pam": "your account and password on this machine" + (
-                "" if os.geteuid() == 0 else f" (only '{getpass.getuser()}' can log in unless danlu runs as root)"),
+            "pam": "your account and password on this machine"
+            + ("" if os.geteuid() == 0 else f" (only '{getpass.getuser()}' can log in unless danlu runs as root)"),
             "shared-password": "any allowed name with the shared password",
             "dummy": "any username and password (testing only!)",
         }.get(kind, f"log in with {kind}")
@@ -231,22 +263,29 @@ class DanluUp(Application):
     def isolation(settings: Settings) -> list[str]:
         """What the banner says about who can do what (docs/security.md says the same at length)."""
         if settings.unix_accounts:
-            return ["servers and jobs run as each user's Unix account: the file system keeps users apart "
-                    "(docs/security.md)"]
+            return [
+                "servers and jobs run as each user's Unix account: the file system keeps users apart (docs/security.md)"
+            ]
         me = getpass.getuser()
-        lines = [f"servers and jobs run as '{me}', homes in {settings.state_dir / 'users'} "
-                 "(users.unix_accounts: off)"]
+        lines = [f"servers and jobs run as '{me}', homes in {settings.state_dir / 'users'} (users.unix_accounts: off)"]
         single = settings.auth.type == "pam" and os.geteuid() != 0  # PAM without root: only this account
         if os.geteuid() == 0:
-            why = ("" if accounts.runnable_by_others() else
-                   f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)")
-            lines.append(f"WARNING: that account is root: every user's code runs as root and can do anything on "
-                         f"this machine. Set users.unix_accounts: on{why}")
+            why = (
+                ""
+                if accounts.runnable_by_others()
+                else f"; other accounts cannot run {sys.executable}, so install Danlu where they can (e.g. /opt)"
+            )
+            lines.append(
+                f"WARNING: that account is root: every user's code runs as root and can do anything on "
+                f"this machine. Set users.unix_accounts: on{why}"
+            )
         elif not single:
-            lines.append(f"WARNING: every user's code runs as '{me}': any user can read and change every other "
-                         f"user's files, jobs, logs and the workbench's state, and act as '{me}'. Fine for one "
-                         "person or a team that trusts each other; to keep users apart, run danlu up as root with "
-                         "users.unix_accounts: on (docs/security.md)")
+            lines.append(
+                f"WARNING: every user's code runs as '{me}': any user can read and change every other "
+                f"user's files, jobs, logs and the workbench's state, and act as '{me}'. Fine for one "
+                "person or a team that trusts each other; to keep users apart, run danlu up as root with "
+                "users.unix_accounts: on (docs/security.md)"
+            )
         return lines
 
     # the whole life -----------------------------------------------------------------
@@ -279,7 +318,7 @@ class DanluUp(Application):
             env.GATEWAY_PORT: str(free_port()),
             "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32),
             "PATH": f"{Path(chp).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
-                    f"{os.environ.get('PATH', '')}",
+            f"{os.environ.get('PATH', '')}",
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         }
         procs: list[tuple[str, subprocess.Popen]] = []
@@ -301,9 +340,18 @@ class DanluUp(Application):
             procs.append(("jupyterhub", hub))
             wait_http(f"{settings.local_url}/hub/api/", 180, hub, "JupyterHub")
             wait_http(f"{settings.local_url}/services/danlu/api/v1/health", 120, hub, "the jobs service")
-            write_json_atomic(state / "danlu-up.json", {
-                "pid": os.getpid(), "instance": instance, "url": settings.public_url, "local_url": settings.local_url,
-                "mlflow_url": mlflow_url, "service_port": int(environ[env.SERVICE_PORT]), "version": __version__})
+            write_json_atomic(
+                state / "danlu-up.json",
+                {
+                    "pid": os.getpid(),
+                    "instance": instance,
+                    "url": settings.public_url,
+                    "local_url": settings.local_url,
+                    "mlflow_url": mlflow_url,
+                    "service_port": int(environ[env.SERVICE_PORT]),
+                    "version": __version__,
+                },
+            )
             self.banner(settings, token_source)
             while stop["signal"] is None:
                 for name, proc in procs:
@@ -331,7 +379,6 @@ class DanluUp(Application):
             except subprocess.TimeoutExpired:
                 proctree.kill_matching(hub.pid, grace=0)
         try:
-
             requeued = interrupt_running_jobs(settings)
             if requeued:
                 self._say(f"interrupted and requeued {len(requeued)} running job(s): {', '.join(requeued)}")

@@ -57,10 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = cli.build_parser()
     sub = parser.commands
     sub.add_parser("up", help="start the workbench (JupyterHub, jobs service, MLflow)", add_help=False)
-    cf = sub.add_parser("config", help="every option of danlu.yaml: its help, default and current value",
-                        description="Every option of danlu.yaml, section by section: its type, default, current "
-                                    "value and where that came from (the file, an environment variable, the "
-                                    "default), and its help. Secrets show as (set) or (not set).")
+    cf = sub.add_parser(
+        "config",
+        help="every option of danlu.yaml: its help, default and current value",
+        description="Every option of danlu.yaml, section by section: its type, default, current "
+        "value and where that came from (the file, an environment variable, the "
+        "default), and its help. Secrets show as (set) or (not set).",
+    )
     cf.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
     cf.add_argument("--json", action="store_true", help="one JSON object per option instead of text")
     cf.set_defaults(func=cmd_config)

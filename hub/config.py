@@ -37,6 +37,7 @@ from danlu import env
 from danlu.errors import ConfigError
 from danlu.hub import accounts, yamlconfig
 from danlu.hub.backends import backends
+from danlu.hub.k8s.options import KubernetesConfig
 from danlu.hub.options import (
     DNS_LABEL,
     URL,
@@ -45,7 +46,6 @@ from danlu.hub.options import (
     GpusConfig,
     HubConfig,
     JobsConfig,
-    KubernetesConfig,
     MlflowConfig,
     ModelsConfig,
     Options,
@@ -70,6 +70,7 @@ ENV_OVERRIDES = {
 
 # the root ------------------------------------------------------------------------------------------------------
 
+
 class Settings(Options):
     """danlu.yaml with flags and environment variables on top; every option has a usable default.
 
@@ -77,9 +78,19 @@ class Settings(Options):
     (a dict, for tests and tools); ``Settings()`` is every default.
     """
 
-    sections = {"auth": AuthConfig, "users": UsersConfig, "gpus": GpusConfig, "resources": ResourcesConfig,
-                "jobs": JobsConfig, "mlflow": MlflowConfig, "usage": UsageConfig, "datasets": DatasetsConfig,
-                "models": ModelsConfig, "hub": HubConfig, "kubernetes": KubernetesConfig}
+    sections = {
+        "auth": AuthConfig,
+        "users": UsersConfig,
+        "gpus": GpusConfig,
+        "resources": ResourcesConfig,
+        "jobs": JobsConfig,
+        "mlflow": MlflowConfig,
+        "usage": UsageConfig,
+        "datasets": DatasetsConfig,
+        "models": ModelsConfig,
+        "hub": HubConfig,
+        "kubernetes": KubernetesConfig,
+    }
     auth: AuthConfig
     users: UsersConfig
     gpus: GpusConfig
@@ -92,36 +103,63 @@ class Settings(Options):
     hub: HubConfig
     kubernetes: KubernetesConfig
 
-    ip = Unicode("127.0.0.1", help="The address the proxy listens on (DANLU_IP, --ip); 0.0.0.0 for every "
-                                   "interface.").tag(config=True)
-    port = Integer(8000, min=1, max=65535, help="The port of the proxy, which is the workbench's only public port "
-                                                "(DANLU_PORT, --port).").tag(config=True)
-    state_dir = Path(".danlu", resolve=True,
-                     help="Where the databases, job files, MLflow data, environments and tokens live "
-                          "(DANLU_STATE_DIR, --state-dir). A relative path starts where danlu up runs.").tag(
-        config=True)
-    public_url = Text(pattern=URL, help="The address users reach the workbench at, used in links (job cards, danlu "
-                                        "jobs show, MLflow run links). Set it when users come in by host name or "
-                                        "through a reverse proxy.").tag(config=True,
-                                                                        default_text="http://<ip>:<port>")
-    admin_users = List(Text(pattern=r"^[a-z0-9][a-z0-9._-]*$"),
-                       help="Hub users who are admins: JupyterHub admins, who also see every job, cancel any job, "
-                            "read the GPU ledger and operate the queues.").tag(config=True)
-    groups = Dict(List(Unicode()), key_trait=Unicode(),
-                  help="JupyterHub groups and their members, created at start-up. Profiles are restricted by "
-                       "group, and a group named under teams is a team.").tag(config=True)
-    profiles_file = Path("kernel-images/profiles.yaml",
-                         help="The governed profiles (DANLU_PROFILES_FILE). If the file does not exist, only a "
-                              "built-in python profile on the workbench's own Python is offered.").tag(config=True)
-    teams = Dict(team_record(), key_trait=Text(pattern=DNS_LABEL),
-                 help="Teams are JupyterHub groups; each is a queue with a nominal quota (a Kueue ClusterQueue and "
-                      "its LocalQueue). Without teams, one queue, default, holds the whole machine.").tag(config=True)
+    ip = Unicode(
+        "127.0.0.1", help="The address the proxy listens on (DANLU_IP, --ip); 0.0.0.0 for every interface."
+    ).tag(config=True)
+    port = Integer(
+        8000,
+        min=1,
+        max=65535,
+        help="The port of the proxy, which is the workbench's only public port (DANLU_PORT, --port).",
+    ).tag(config=True)
+    state_dir = Path(
+        ".danlu",
+        resolve=True,
+        help="Where the databases, job files, MLflow data, environments and tokens live "
+        "(DANLU_STATE_DIR, --state-dir). A relative path starts where danlu up runs.",
+    ).tag(config=True)
+    public_url = Text(
+        pattern=URL,
+        help="The address users reach the workbench at, used in links (job cards, danlu "
+        "jobs show, MLflow run links). Set it when users come in by host name or "
+        "through a reverse proxy.",
+    ).tag(config=True, default_text="http://<ip>:<port>")
+    admin_users = List(
+        Text(pattern=r"^[a-z0-9][a-z0-9._-]*$"),
+        help="Hub users who are admins: JupyterHub admins, who also see every job, cancel any job, "
+        "read the GPU ledger and operate the queues.",
+    ).tag(config=True)
+    groups = Dict(
+        List(Unicode()),
+        key_trait=Unicode(),
+        help="JupyterHub groups and their members, created at start-up. Profiles are restricted by "
+        "group, and a group named under teams is a team.",
+    ).tag(config=True)
+    profiles_file = Path(
+        "kernel-images/profiles.yaml",
+        help="The governed profiles (DANLU_PROFILES_FILE). If the file does not exist, only a "
+        "built-in python profile on the workbench's own Python is offered.",
+    ).tag(config=True)
+    teams = Dict(
+        team_record(),
+        key_trait=Text(pattern=DNS_LABEL),
+        help="Teams are JupyterHub groups; each is a queue with a nominal quota (a Kueue ClusterQueue and "
+        "its LocalQueue). Without teams, one queue, default, holds the whole machine.",
+    ).tag(config=True)
     priority_classes = PriorityClasses(
         help="Priority classes (Kueue WorkloadPriorityClasses) jobs may ask for: name -> value (higher runs first), "
-             "default, description. Read as name -> value.").tag(config=True)
+        "default, description. Read as name -> value."
+    ).tag(config=True)
 
-    def __init__(self, config: Config | None = None, *, base_dir: str | os.PathLike | None = None,
-                 source: str | None = None, marks: dict | None = None, origins: dict | None = None):
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        base_dir: str | os.PathLike | None = None,
+        source: str | None = None,
+        marks: dict | None = None,
+        origins: dict | None = None,
+    ):
         # before the options load: relative paths among them start at base_dir
         self.base_dir = FilePath(base_dir) if base_dir else FilePath.cwd()
         self.source = source
@@ -173,8 +211,10 @@ class Settings(Options):
     def job_resources(self) -> dict:
         """CPU and memory jobs may use on this machine (memory: inf when not declared)."""
         cpu, memory = self.resources.cpu, self.resources.memory
-        return {"cpu": float(cpu if cpu is not None else os.cpu_count() or 1),
-                "memory": parse_size(memory) if memory is not None else float("inf")}
+        return {
+            "cpu": float(cpu if cpu is not None else os.cpu_count() or 1),
+            "memory": parse_size(memory) if memory is not None else float("inf"),
+        }
 
     @property
     def default_priority_class(self) -> str | None:
@@ -227,10 +267,12 @@ class Settings(Options):
 
     def walk(self) -> Iterator[Options]:
         """Settings, then every section (and sub-section) in order."""
+
         def down(node: Options):
             yield node
             for key in node.sections:
                 yield from down(getattr(node, key))
+
         return down(self)
 
 
@@ -242,11 +284,16 @@ def schema() -> dict:
 @functools.cache
 def _schema() -> dict:
     # $defs: shapes that other documents validate against too (the queue API's live quota changes: amounts)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "danlu.yaml",
-            "description": "Every key is optional: Danlu runs with no file at all. `danlu config` lists every "
-                           "option with its help.", **_level_schema(Settings),
-            "$defs": {"amounts": schema_of(amounts("Amounts per resource: gpus per flavor, cpu (cores), memory "
-                                                    "(a size)."))}}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "danlu.yaml",
+        "description": "Every key is optional: Danlu runs with no file at all. `danlu config` lists every "
+        "option with its help.",
+        **_level_schema(Settings),
+        "$defs": {
+            "amounts": schema_of(amounts("Amounts per resource: gpus per flavor, cpu (cores), memory (a size)."))
+        },
+    }
 
 
 def _level_schema(cls: type[Options]) -> dict:
@@ -268,14 +315,17 @@ def _classes(cls: type[Options]) -> Iterator[type[Options]]:
 
 def secret_options() -> list[tuple[str, ...]]:
     """Key paths of the options that hold secrets (``("auth", "client_secret")``, ...)."""
+
     def down(cls: type[Options], path: tuple) -> Iterator[tuple[str, ...]]:
         yield from ((*path, name) for name in options(cls) if is_secret(name))
         for key, sub in cls.sections.items():
             yield from down(sub, (*path, key))
+
     return list(down(Settings, ()))
 
 
 # loading --------------------------------------------------------------------------------------------------------
+
 
 def _flatten(data: dict, cls: type[Options] = Settings, path: tuple = ()) -> Iterator[tuple]:
     """(key path, class, option name or None for a section, value) of every key in danlu.yaml-shaped data."""
@@ -321,8 +371,9 @@ def _from_text(key: str, value: str, origin: str) -> Any:
     return value
 
 
-def load_settings(config_file: str | os.PathLike | None = None, overrides: dict | None = None,
-                  *, environ: dict | None = None) -> Settings:
+def load_settings(
+    config_file: str | os.PathLike | None = None, overrides: dict | None = None, *, environ: dict | None = None
+) -> Settings:
     """Read danlu.yaml (if any), then environment variables, then explicit overrides (flags).
 
     ``config_file`` defaults to ``$DANLU_CONFIG``. Relative paths inside the file
@@ -349,36 +400,51 @@ def load_settings(config_file: str | os.PathLike | None = None, overrides: dict 
     layers.append((flags, lambda path: ("flag", "--" + ".".join(path).replace("_", "-"))))
     config, origins = _config(layers)
     base_dir = env.BASE_DIR.get(environ=environ) or FilePath.cwd()
-    return _built(lambda: Settings(config, base_dir=base_dir, source=source, marks=marks, origins=origins),
-                  source or "danlu.yaml")
+    return _built(
+        lambda: Settings(config, base_dir=base_dir, source=source, marks=marks, origins=origins), source or "danlu.yaml"
+    )
 
 
 def _check(settings: Settings) -> None:
     """What the traits cannot say: combinations of options, and the backend's name."""
     auth = settings.auth
     if (auth.manage_groups or auth.allowed_groups) and settings.groups:
-        raise ConfigError(f"{settings.where('groups')}: groups cannot be listed when the identity provider "
-                          "manages them (auth.manage_groups or auth.allowed_groups)",
-                          fix="its groups claim decides membership then; remove 'groups'")
+        raise ConfigError(
+            f"{settings.where('groups')}: groups cannot be listed when the identity provider "
+            "manages them (auth.manage_groups or auth.allowed_groups)",
+            fix="its groups claim decides membership then; remove 'groups'",
+        )
     if auth.allowed_groups and auth.type != "oidc":
-        raise ConfigError(f"{auth.where('allowed_groups')}: auth.allowed_groups is for oidc",
-                          fix="use allowed_organizations (github) or allowed_gitlab_groups (gitlab)")
+        raise ConfigError(
+            f"{auth.where('allowed_groups')}: auth.allowed_groups is for oidc",
+            fix="use allowed_organizations (github) or allowed_gitlab_groups (gitlab)",
+        )
     defaults = settings.priority_classes.defaults
     if len(defaults) > 1:
-        raise ConfigError(f"{settings.where('priority_classes')}: priority classes {', '.join(defaults)} are all "
-                          "marked default", fix="mark only one")
+        raise ConfigError(
+            f"{settings.where('priority_classes')}: priority classes {', '.join(defaults)} are all marked default",
+            fix="mark only one",
+        )
     jobs = settings.jobs
     if jobs.default_retries > jobs.max_retries:
-        raise ConfigError(f"{jobs.where('default_retries')}: jobs.default_retries ({jobs.default_retries}) is above "
-                          f"jobs.max_retries ({jobs.max_retries})", fix="lower default_retries or raise max_retries")
+        raise ConfigError(
+            f"{jobs.where('default_retries')}: jobs.default_retries ({jobs.default_retries}) is above "
+            f"jobs.max_retries ({jobs.max_retries})",
+            fix="lower default_retries or raise max_retries",
+        )
     for name, team in settings.teams.items():
         if team.get("cohort") is None and (team.get("borrowing_limit") or team.get("lending_limit")):
-            raise ConfigError(f"{settings.where('teams', name)}: teams.{name} sets a borrowing or lending limit "
-                              "but belongs to no cohort", fix=f"add teams.{name}.cohort, or remove the limits")
+            raise ConfigError(
+                f"{settings.where('teams', name)}: teams.{name} sets a borrowing or lending limit "
+                "but belongs to no cohort",
+                fix=f"add teams.{name}.cohort, or remove the limits",
+            )
     extra = settings.extra_config_file
     if extra is not None and not extra.exists():
-        raise ConfigError(f"{settings.hub.where('extra_config_file')}: {extra} does not exist",
-                          fix="fix the path (relative paths start where danlu up runs)")
+        raise ConfigError(
+            f"{settings.hub.where('extra_config_file')}: {extra} does not exist",
+            fix="fix the path (relative paths start where danlu up runs)",
+        )
     _check_backend(settings)
 
 
@@ -399,18 +465,20 @@ def _check_backend(settings: Settings) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise ConfigError(f"{where}: jobs.backend: there is no module {module} to import {name} from",
-                              fix="install the package that provides it, or name a backend: "
-                                  + ", ".join(backends.names()))
+            raise ConfigError(
+                f"{where}: jobs.backend: there is no module {module} to import {name} from",
+                fix="install the package that provides it, or name a backend: " + ", ".join(backends.names()),
+            )
         return
     if name in _installed_backends():
         return
     names = backends.names()  # again: one may have been registered since
     if name not in names:
         close = difflib.get_close_matches(name, names, n=1)
-        raise ConfigError(f"{where}: jobs.backend: unknown backend '{name}'"
-                          + (f", did you mean '{close[0]}'?" if close else ""),
-                          fix=f"backends here: {', '.join(names)} (or an import string module:Class)")
+        raise ConfigError(
+            f"{where}: jobs.backend: unknown backend '{name}'" + (f", did you mean '{close[0]}'?" if close else ""),
+            fix=f"backends here: {', '.join(names)} (or an import string module:Class)",
+        )
 
 
 # danlu config ---------------------------------------------------------------------------------------------------
@@ -444,13 +512,19 @@ def describe(settings: Settings) -> list[dict]:
             secret = is_secret(name)
             kind, where = settings.origin(*path)
             fallback = trait.metadata.get("default_text")
-            rows.append({
-                "key": ".".join(path), "section": ".".join(node.key_path), "class": type(node).__name__,
-                "type": type_text(trait),
-                "default": fallback if fallback else _shown(trait.default(), secret=secret),
-                "value": _shown(getattr(node, name), secret=secret),
-                "source": kind, "where": where, "help": " ".join(trait.help.split()),
-            })
+            rows.append(
+                {
+                    "key": ".".join(path),
+                    "section": ".".join(node.key_path),
+                    "class": type(node).__name__,
+                    "type": type_text(trait),
+                    "default": fallback if fallback else _shown(trait.default(), secret=secret),
+                    "value": _shown(getattr(node, name), secret=secret),
+                    "source": kind,
+                    "where": where,
+                    "help": " ".join(trait.help.split()),
+                }
+            )
     return rows
 
 
@@ -464,7 +538,10 @@ def format_options(rows: list[dict], source: str | None) -> str:
         if row["section"] != section:
             section = row["section"]
             out += ["", f"{section or 'top level'} ({row['class']}): {docs[row['class']]}"]
-        out += ["", f"{row['key']} = {json.dumps(row['value'])}  {came[row['source']].format(row['where'])}",
-                f"    {row['type']}; default {json.dumps(row['default'])}"]
+        out += [
+            "",
+            f"{row['key']} = {json.dumps(row['value'])}  {came[row['source']].format(row['where'])}",
+            f"    {row['type']}; default {json.dumps(row['default'])}",
+        ]
         out += textwrap.wrap(row["help"], 100, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(out) + "\n"

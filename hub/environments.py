@@ -47,17 +47,33 @@ def build_environment(state_dir: Path, profile: Profile, *, pip_args: tuple[str,
     log.info("building environment for profile %s from %s", profile.slug, profile.requirements_path)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     query = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    purelib = Path(subprocess.run([str(_python_of(venv)), "-c", query], check=True, capture_output=True,
-                                  text=True).stdout.strip())
+    purelib = Path(
+        subprocess.run([str(_python_of(venv)), "-c", query], check=True, capture_output=True, text=True).stdout.strip()
+    )
     # the workbench's packages come after the environment's own, so pins win
     base = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
     (purelib / "_danlu_base.pth").write_text("\n".join(dict.fromkeys(base)) + "\n")
-    result = subprocess.run([str(_python_of(venv)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                             "-r", str(profile.requirements_path), *pip_args], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            str(_python_of(venv)),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+            str(profile.requirements_path),
+            *pip_args,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
-        raise ConfigError(f"building profile '{profile.slug}' from {profile.requirements_path} failed:\n"
-                          f"{result.stderr.strip()[-2000:]}",
-                          fix="fix the pins in that file (pip's message is above)")
+        raise ConfigError(
+            f"building profile '{profile.slug}' from {profile.requirements_path} failed:\n"
+            f"{result.stderr.strip()[-2000:]}",
+            fix="fix the pins in that file (pip's message is above)",
+        )
     stamp.write_text(digest or "")
     return _python_of(venv)
 

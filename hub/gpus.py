@@ -28,8 +28,14 @@ class GPU:
     declared: bool = False
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "flavor": self.flavor, "name": self.name, "uuid": self.uuid,
-                "memory_gib": self.memory_gib, "declared": self.declared}
+        return {
+            "index": self.index,
+            "flavor": self.flavor,
+            "name": self.name,
+            "uuid": self.uuid,
+            "memory_gib": self.memory_gib,
+            "declared": self.declared,
+        }
 
 
 def flavor_of(name: str) -> str:
@@ -72,7 +78,10 @@ def _detect_nvidia_smi() -> list[GPU] | None:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=index,name,uuid,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError) as e:
         log.warning("nvidia-smi failed: %s", e)
@@ -110,8 +119,15 @@ def inventory(gpu_settings) -> list[GPU]:
         gpus, index = [], 0
         for group in declared:
             for _ in range(group["count"]):
-                gpus.append(GPU(index, group.get("flavor", "gpu"), name=f"declared {group.get('flavor', 'gpu')}",
-                                memory_gib=group.get("memory_gib"), declared=True))
+                gpus.append(
+                    GPU(
+                        index,
+                        group.get("flavor", "gpu"),
+                        name=f"declared {group.get('flavor', 'gpu')}",
+                        memory_gib=group.get("memory_gib"),
+                        declared=True,
+                    )
+                )
                 index += 1
         return gpus
     if gpu_settings.detect:

@@ -63,8 +63,9 @@ def authenticator(c, settings: Settings) -> None:
             c.SharedPasswordAuthenticator.admin_password = auth.admin_password
         c.Authenticator.allow_all = not auth.allowed_users
     else:
-        section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator,
-                   "oidc": c.GenericOAuthenticator}[kind]
+        section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator, "oidc": c.GenericOAuthenticator}[
+            kind
+        ]
         section.client_id = auth.client_id
         section.client_secret = auth.client_secret
         section.oauth_callback_url = auth.oauth_callback_url
@@ -87,8 +88,7 @@ def authenticator(c, settings: Settings) -> None:
                 section.auth_state_groups_key = "oauth_user.groups"
             if auth.allowed_groups:
                 section.allowed_groups = set(auth.allowed_groups)
-        if not (auth.allowed_users or auth.allowed_organizations or auth.allowed_gitlab_groups
-                or auth.allowed_groups):
+        if not (auth.allowed_users or auth.allowed_organizations or auth.allowed_gitlab_groups or auth.allowed_groups):
             c.Authenticator.allow_all = False  # OAuth with no allow-list admits only admin_users
     for key, value in auth.options.items():
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
@@ -125,32 +125,57 @@ def roles(settings: Settings, services, *, service_culls: bool = True) -> list[d
     reachable = [f"access:services!service={name}" for name in ("danlu", "mlflow") if name in services]
     automation = ["danlu-admin"] if "danlu-admin" in services else []
     out = [
-        {"name": "user", "description": "Every user: their own server, jobs and MLflow.",
-         "scopes": ["self", *reachable, f"{WRITE}!user"]},
-        {"name": "danlu-admin", "description": "Operate Danlu: every job, the queue and GPU allocations.",
-         "scopes": [ADMIN, "access:services"], "users": settings.admin_users, "services": automation},
+        {
+            "name": "user",
+            "description": "Every user: their own server, jobs and MLflow.",
+            "scopes": ["self", *reachable, f"{WRITE}!user"],
+        },
+        {
+            "name": "danlu-admin",
+            "description": "Operate Danlu: every job, the queue and GPU allocations.",
+            "scopes": [ADMIN, "access:services"],
+            "users": settings.admin_users,
+            "services": automation,
+        },
     ]
     if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         out.append({"name": "admin", "services": automation})
     scopes = ["read:users", "read:groups", "list:users", "read:servers"]
     if settings.hub.idle_timeout_seconds and service_culls:  # it runs the idle culler (danlu.hub.service.culling)
         scopes += [s for s in CULLER_SCOPES if s not in scopes]
-    out.append({"name": "danlu-service", "description": "The jobs service reads users' groups and stops idle servers.",
-                "scopes": scopes, "services": ["danlu"]})
+    out.append(
+        {
+            "name": "danlu-service",
+            "description": "The jobs service reads users' groups and stops idle servers.",
+            "scopes": scopes,
+            "services": ["danlu"],
+        }
+    )
     return out
 
 
 def audit_logins(jobs_api: str, token: str):
     """A post_auth_hook that records every login in Danlu's audit log (never blocks the login)."""
+
     async def hook(authenticator, handler, auth_model):
 
-
-        body = {"action": "login", "actor": auth_model["name"],
-                "details": {"admin": bool(auth_model.get("admin")), "from": handler.request.remote_ip,
-                            "authenticator": type(authenticator).__name__}}
+        body = {
+            "action": "login",
+            "actor": auth_model["name"],
+            "details": {
+                "admin": bool(auth_model.get("admin")),
+                "from": handler.request.remote_ip,
+                "authenticator": type(authenticator).__name__,
+            },
+        }
         try:
-            await AsyncHTTPClient().fetch(f"{jobs_api}/audit", method="POST", body=json.dumps(body),
-                                          headers={"Authorization": f"token {token}"}, request_timeout=5)
+            await AsyncHTTPClient().fetch(
+                f"{jobs_api}/audit",
+                method="POST",
+                body=json.dumps(body),
+                headers={"Authorization": f"token {token}"},
+                request_timeout=5,
+            )
         except Exception as e:  # the jobs service restarting must not lock people out
             authenticator.log.warning("could not record the login of %s in the audit log: %s", auth_model["name"], e)
         return auth_model
@@ -201,8 +226,9 @@ def configure(c, environ=os.environ) -> Settings:
     service_port = int(environ[names.SERVICE_PORT])
     gateway_port = int(environ[names.GATEWAY_PORT])
     c.JupyterHub.services = [
-        jobs_service(f"http://127.0.0.1:{service_port}", [python, "-m", "danlu.hub.service"],
-                     {**common_env, **mlflow_secret}),
+        jobs_service(
+            f"http://127.0.0.1:{service_port}", [python, "-m", "danlu.hub.service"], {**common_env, **mlflow_secret}
+        ),
         {
             "name": "mlflow",
             "display": True,

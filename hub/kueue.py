@@ -110,8 +110,9 @@ def _metadata(name: str, namespace: str | None = None) -> dict:
     return meta
 
 
-def make_resource_flavor(flavor: str, node_labels: Mapping[str, str] | None = None,
-                         tolerations: Iterable[Mapping] | None = None) -> dict:
+def make_resource_flavor(
+    flavor: str, node_labels: Mapping[str, str] | None = None, tolerations: Iterable[Mapping] | None = None
+) -> dict:
     """A ResourceFlavor; ``node_labels`` (e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``)
     steer the workloads admitted on it to the matching nodes, ``tolerations`` let them onto
     those nodes' taints (danlu.yaml's form: key, operator, value, effect)."""
@@ -132,9 +133,17 @@ def _quota(resource: str, nominal: str, borrowing: str | None = None, lending: s
     return out
 
 
-def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *, cpu: float = UNLIMITED_CPU,
-                       memory: float = UNLIMITED_MEMORY, namespace: str = "danlu", held: bool = False,
-                       resources: Mapping[str, str] | None = None) -> dict:
+def make_cluster_queue(
+    name: str,
+    team_spec: Mapping,
+    flavors: Iterable[str],
+    *,
+    cpu: float = UNLIMITED_CPU,
+    memory: float = UNLIMITED_MEMORY,
+    namespace: str = "danlu",
+    held: bool = False,
+    resources: Mapping[str, str] | None = None,
+) -> dict:
     """A team's ClusterQueue from its danlu.yaml entry (``quota``, ``cohort``, ``borrowing_limit``,
     ``lending_limit``, ``preemption``).
 
@@ -160,10 +169,19 @@ def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *,
         nominal = float((quota.get("gpus") or {}).get(flavor, 0))
         borrow = (borrowing.get("gpus") or {}).get(flavor)
         lend = (lending.get("gpus") or {}).get(flavor)
-        gpu_groups.setdefault(resource, []).append({"name": flavor, "resources": [_quota(
-            resource, count_quantity(nominal),
-            count_quantity(borrow) if borrow is not None else None,
-            count_quantity(min(float(lend), nominal)) if lend is not None else None)]})
+        gpu_groups.setdefault(resource, []).append(
+            {
+                "name": flavor,
+                "resources": [
+                    _quota(
+                        resource,
+                        count_quantity(nominal),
+                        count_quantity(borrow) if borrow is not None else None,
+                        count_quantity(min(float(lend), nominal)) if lend is not None else None,
+                    )
+                ],
+            }
+        )
 
     machine = {"cpu": (float(cpu), cpu_quantity), "memory": (float(memory), memory_quantity)}
     cpu_memory = []
@@ -174,30 +192,39 @@ def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *,
             if resource == "memory":
                 borrow = parse_size(borrow) if borrow is not None else None
                 lend = parse_size(lend) if lend is not None else None
-            cpu_memory.append(_quota(resource, fmt(nominal), fmt(borrow) if borrow is not None else None,
-                                     fmt(min(float(lend), nominal)) if lend is not None else None))
+            cpu_memory.append(
+                _quota(
+                    resource,
+                    fmt(nominal),
+                    fmt(borrow) if borrow is not None else None,
+                    fmt(min(float(lend), nominal)) if lend is not None else None,
+                )
+            )
         elif cohort is not None:
             cpu_memory.append(_quota(resource, fmt(capacity), "0", "0"))
         else:
             cpu_memory.append(_quota(resource, fmt(capacity)))
 
     groups = [{"coveredResources": [resource], "flavors": entries} for resource, entries in gpu_groups.items()]
-    groups.append({"coveredResources": ["cpu", "memory"],
-                   "flavors": [{"name": DEFAULT_FLAVOR, "resources": cpu_memory}]})
+    groups.append(
+        {"coveredResources": ["cpu", "memory"], "flavors": [{"name": DEFAULT_FLAVOR, "resources": cpu_memory}]}
+    )
 
     spec: dict = {}
     if cohort is not None:
         spec["cohortName"] = cohort
-    spec.update({
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "queueingStrategy": "BestEffortFIFO",
-        "resourceGroups": groups,
-        "preemption": {
-            "withinClusterQueue": WITHIN_TEAM[preemption.get("within_team", "lower_priority")],
-            "reclaimWithinCohort": RECLAIM[preemption.get("reclaim", "any")],
-        },
-        "flavorFungibility": {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
-    })
+    spec.update(
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "queueingStrategy": "BestEffortFIFO",
+            "resourceGroups": groups,
+            "preemption": {
+                "withinClusterQueue": WITHIN_TEAM[preemption.get("within_team", "lower_priority")],
+                "reclaimWithinCohort": RECLAIM[preemption.get("reclaim", "any")],
+            },
+            "flavorFungibility": {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
+        }
+    )
     if held:
         spec["stopPolicy"] = "Hold"
     return {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _metadata(name), "spec": spec}
@@ -205,13 +232,16 @@ def make_cluster_queue(name: str, team_spec: Mapping, flavors: Iterable[str], *,
 
 def make_local_queue(team: str, namespace: str) -> dict:
     """The LocalQueue jobs of ``team`` are submitted to: same name as the team and its ClusterQueue."""
-    return {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": _metadata(team, namespace),
-            "spec": {"clusterQueue": team}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "LocalQueue",
+        "metadata": _metadata(team, namespace),
+        "spec": {"clusterQueue": team},
+    }
 
 
 def make_workload_priority_class(name: str, value: int, description: str | None = None) -> dict:
-    obj = {"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": _metadata(name),
-           "value": int(value)}
+    obj = {"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": _metadata(name), "value": int(value)}
     if description:
         obj["description"] = description
     return obj
@@ -229,9 +259,14 @@ def flavor_specs(settings: Settings) -> dict[str, dict]:
     return out
 
 
-def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *,
-           overrides: Mapping[str, dict] | None = None,
-           node_labels: Mapping[str, Mapping[str, str]] | None = None) -> list[dict]:
+def render(
+    settings: Settings,
+    inventory: list[GPU],
+    namespace: str = "danlu",
+    *,
+    overrides: Mapping[str, dict] | None = None,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[dict]:
     """Every Kueue object danlu.yaml stands for: ResourceFlavors, ClusterQueues, LocalQueues,
     WorkloadPriorityClasses, in the order ``kubectl apply`` should create them.
 
@@ -243,8 +278,10 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
     quotas.check(settings, inventory)
     flavors = list(quotas.flavors_of(inventory))
     if DEFAULT_FLAVOR in flavors:
-        raise ConfigError(f"GPU flavor '{DEFAULT_FLAVOR}' is the name of the CPU and memory ResourceFlavor",
-                          fix="give those GPUs another flavor")
+        raise ConfigError(
+            f"GPU flavor '{DEFAULT_FLAVOR}' is the name of the CPU and memory ResourceFlavor",
+            fix="give those GPUs another flavor",
+        )
     declared_flavors = flavor_specs(settings)
     if node_labels is None:
         node_labels = {f: spec["node_labels"] for f, spec in declared_flavors.items() if "node_labels" in spec}
@@ -259,12 +296,23 @@ def render(settings: Settings, inventory: list[GPU], namespace: str = "danlu", *
         counts = quotas.flavors_of(inventory)
         specs = {DEFAULT_QUEUE: {"quota": {"gpus": {f: len(ids) for f, ids in counts.items()}}}}
 
-    objects = [make_resource_flavor(f, node_labels.get(f), declared_flavors.get(f, {}).get("tolerations"))
-               for f in flavors]
+    objects = [
+        make_resource_flavor(f, node_labels.get(f), declared_flavors.get(f, {}).get("tolerations")) for f in flavors
+    ]
     objects.append(make_resource_flavor(DEFAULT_FLAVOR))
-    objects += [make_cluster_queue(name, spec, flavors, cpu=cpu, memory=memory, namespace=namespace,
-                                   held=bool(overrides.get(name, {}).get("held")), resources=gpu_resources)
-                for name, spec in specs.items()]
+    objects += [
+        make_cluster_queue(
+            name,
+            spec,
+            flavors,
+            cpu=cpu,
+            memory=memory,
+            namespace=namespace,
+            held=bool(overrides.get(name, {}).get("held")),
+            resources=gpu_resources,
+        )
+        for name, spec in specs.items()
+    ]
     objects += [make_local_queue(name, namespace) for name in specs]
     classes = settings.priority_classes
     default = settings.default_priority_class

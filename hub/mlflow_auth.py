@@ -55,8 +55,9 @@ def ensure_secret(state_dir: Path) -> str:
     os.chmod(path, 0o600)
     secret = path.read_text().strip()
     if not secret:
-        raise ConfigError(f"{path} is empty", fix="delete it; danlu up creates a new one (every MLflow password "
-                                                   "changes with it)")
+        raise ConfigError(
+            f"{path} is empty", fix="delete it; danlu up creates a new one (every MLflow password changes with it)"
+        )
     return secret
 
 
@@ -115,8 +116,13 @@ def authenticate():
 
     auth = request.authorization
     secret = MLFLOW_AUTH_SECRET.get()
-    if secret and auth is not None and auth.type == "basic" and auth.username and hmac.compare_digest(
-            (auth.password or "").encode(), password(secret, auth.username).encode()):
+    if (
+        secret
+        and auth is not None
+        and auth.type == "basic"
+        and auth.username
+        and hmac.compare_digest((auth.password or "").encode(), password(secret, auth.username).encode())
+    ):
         return auth
     return make_basic_auth_response()
 
@@ -140,7 +146,8 @@ def write_auth_config(state_dir: Path, settings, secret: str) -> Path:
         "authorization_function": AUTHORIZATION_FUNCTION,
     }
     text = "# Written by danlu up on every start; edit danlu.yaml (mlflow:) instead.\n[mlflow]\n" + "".join(
-        f"{key} = {_ini_value(key, value)}\n" for key, value in values.items())
+        f"{key} = {_ini_value(key, value)}\n" for key, value in values.items()
+    )
     path = state_dir / "mlflow-auth.ini"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -151,8 +158,11 @@ def write_auth_config(state_dir: Path, settings, secret: str) -> Path:
 
 def server_environment(config: Path, secret: str) -> dict:
     """The environment the MLflow server needs on top of the workbench's."""
-    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": flask_secret_key(secret),
-            str(MLFLOW_AUTH_SECRET): secret}
+    return {
+        "MLFLOW_AUTH_CONFIG_PATH": str(config),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": flask_secret_key(secret),
+        str(MLFLOW_AUTH_SECRET): secret,
+    }
 
 
 # provisioning, as the workbench's MLflow admin ---------------------------------------------------
@@ -161,8 +171,17 @@ def server_environment(config: Path, secret: str) -> dict:
 MAX_ANSWER = 16 * 2**20
 
 
-async def rest(url: str, headers: dict, method: str, path: str, *, params: dict | None = None,
-               body: dict | None = None, timeout: float = 30.0, max_body: int = MAX_ANSWER) -> tuple[int, dict]:
+async def rest(
+    url: str,
+    headers: dict,
+    method: str,
+    path: str,
+    *,
+    params: dict | None = None,
+    body: dict | None = None,
+    timeout: float = 30.0,
+    max_body: int = MAX_ANSWER,
+) -> tuple[int, dict]:
     """``(status, JSON object)`` of one MLflow REST call, async, with a timeout and at most ``max_body``
     bytes of answer (a non-object answer is ``{}``); Unreachable when MLflow does not answer or fails (5xx).
     The one client of MLflow's REST API on the service side: users, the model registry, run metrics."""
@@ -170,8 +189,14 @@ async def rest(url: str, headers: dict, method: str, path: str, *, params: dict 
     from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
     target = f"{url}{path}" + (f"?{urlencode(params)}" if params else "")
-    request = HTTPRequest(target, method=method, headers=headers, request_timeout=timeout,
-                          body=json.dumps(body) if body is not None else None, allow_nonstandard_methods=True)
+    request = HTTPRequest(
+        target,
+        method=method,
+        headers=headers,
+        request_timeout=timeout,
+        body=json.dumps(body) if body is not None else None,
+        allow_nonstandard_methods=True,
+    )
     client = AsyncHTTPClient(force_instance=True, max_body_size=max_body)
     try:
         response = await client.fetch(request, raise_error=False)
@@ -190,8 +215,9 @@ async def rest(url: str, headers: dict, method: str, path: str, *, params: dict 
 
 def refused(what: str, code: int, data: dict) -> DanluError:
     """MLflow said no to something the workbench needed (a 502: the service's dependency failed)."""
-    return DanluError(f"MLflow refused to {what} ({code}): {str(data.get('message', ''))[:300]}",
-                      reason="mlflow_refused", status=502)
+    return DanluError(
+        f"MLflow refused to {what} ({code}): {str(data.get('message', ''))[:300]}", reason="mlflow_refused", status=502
+    )
 
 
 class MlflowUsers:
@@ -206,8 +232,10 @@ class MlflowUsers:
         self.url = url.rstrip("/")
         self.secret = secret
         self.timeout = timeout
-        self._headers = {"Authorization": basic_authorization(SERVICE_ACCOUNT, secret),
-                         "Content-Type": "application/json"}
+        self._headers = {
+            "Authorization": basic_authorization(SERVICE_ACCOUNT, secret),
+            "Content-Type": "application/json",
+        }
         self._known: dict[str, bool | None] = {}  # user -> their admin flag in MLflow (None: unknown)
 
     async def _call(self, method: str, path: str, params: dict | None = None, body: dict | None = None):
@@ -228,8 +256,9 @@ class MlflowUsers:
         if code == 200:
             current = bool(data["user"]["is_admin"])
         elif data.get("error_code") == "RESOURCE_DOES_NOT_EXIST":
-            code, data = await self._call("POST", "/api/2.0/mlflow/users/create",
-                                          body={"username": name, "password": password(self.secret, name)})
+            code, data = await self._call(
+                "POST", "/api/2.0/mlflow/users/create", body={"username": name, "password": password(self.secret, name)}
+            )
             if code == 200:
                 current = False
             elif data.get("error_code") == "RESOURCE_ALREADY_EXISTS":  # another process was first
@@ -239,15 +268,17 @@ class MlflowUsers:
         else:
             raise self._refused(f"look up the user {name}", code, data)
         if admin is not None and current != admin:
-            code, data = await self._call("PATCH", "/api/2.0/mlflow/users/update-admin",
-                                          body={"username": name, "is_admin": admin})
+            code, data = await self._call(
+                "PATCH", "/api/2.0/mlflow/users/update-admin", body={"username": name, "is_admin": admin}
+            )
             if code != 200:
                 raise self._refused(f"set the admin flag of {name}", code, data)
             current = admin
         self._known[name] = current
 
-    async def check_experiment(self, name: str, owner: str, admin: bool,
-                               user_exists: Callable[[str], Awaitable[bool]]) -> None:
+    async def check_experiment(
+        self, name: str, owner: str, admin: bool, user_exists: Callable[[str], Awaitable[bool]]
+    ) -> None:
         """Refuse a job's experiment its owner could not write to (PolicyError); admins may use any.
 
         Refused: a name under another hub user (``bob/...``), and an existing experiment
@@ -258,20 +289,30 @@ class MlflowUsers:
             return
         head, slash, _ = name.partition("/")
         if slash and head != owner and await user_exists(head):
-            raise PolicyError(f"experiment '{name}' is in {head}'s name space", reason="experiment_not_yours",
-                              field="experiment", fix=f"name it '{owner}/...' or leave it out")
+            raise PolicyError(
+                f"experiment '{name}' is in {head}'s name space",
+                reason="experiment_not_yours",
+                field="experiment",
+                fix=f"name it '{owner}/...' or leave it out",
+            )
         try:
-            code, data = await self._call("GET", "/api/2.0/mlflow/experiments/get-by-name",
-                                          params={"experiment_name": name})
+            code, data = await self._call(
+                "GET", "/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": name}
+            )
             if code != 200:
                 return  # not there yet (the job creates it and gets MANAGE), or MLflow cannot tell
             experiment_id = data["experiment"]["experiment_id"]
-            code, data = await self._call("GET", "/api/3.0/mlflow/users/permissions/get", params={
-                "username": owner, "resource_type": "experiment", "resource_id": experiment_id})
+            code, data = await self._call(
+                "GET",
+                "/api/3.0/mlflow/users/permissions/get",
+                params={"username": owner, "resource_type": "experiment", "resource_id": experiment_id},
+            )
         except Unreachable:
             return
         if code != 200 or data.get("permission") not in WRITE_PERMISSIONS:
-            raise PolicyError(f"you may not log to experiment '{name}' (your permission: "
-                              f"{data.get('permission', 'none')})", reason="experiment_not_yours",
-                              field="experiment", fix="choose another experiment name, or ask its owner for "
-                                                      "EDIT in MLflow")
+            raise PolicyError(
+                f"you may not log to experiment '{name}' (your permission: {data.get('permission', 'none')})",
+                reason="experiment_not_yours",
+                field="experiment",
+                fix="choose another experiment name, or ask its owner for EDIT in MLflow",
+            )

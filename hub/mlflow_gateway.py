@@ -39,8 +39,20 @@ from danlu.hub.hubauth import AsyncHubAuthenticated
 
 log = logging.getLogger("danlu.mlflow_gateway")
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "content-length", "host", "authorization", "cookie"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+    "authorization",
+    "cookie",
+}
 #: dropped from requests for HTML pages: their body is edited, and never answered from a stale cache
 HTML_REQUEST_DROP = {"accept-encoding", "if-none-match", "if-modified-since"}
 
@@ -110,9 +122,12 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
             self.redirect(self.get_login_url())
             return
         status = 403 if self.request.headers.get("Authorization") else 401
-        self._refuse(status, "unauthenticated" if status == 401 else "token_rejected",
-                     "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
-                     "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login")
+        self._refuse(
+            status,
+            "unauthenticated" if status == 401 else "token_rejected",
+            "MLflow on Danlu needs a hub login: send 'Authorization: token <JupyterHub token>' "
+            "(or set MLFLOW_TRACKING_TOKEN) or log in at /hub/login",
+        )
 
     async def prepare(self):
         # A refusal waits for the verb method: finishing before the body is read makes tornado drop
@@ -147,19 +162,27 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
     async def _proxy(self):
         # Content-Length travels: MLflow's server does not read chunked request bodies
         drop = HOP_BY_HOP | (HTML_REQUEST_DROP if self._wants_html() else set())
-        headers = {k: v for k, v in self.request.headers.get_all()
-                   if k.lower() not in drop or k.lower() == "content-length"}
+        headers = {
+            k: v for k, v in self.request.headers.get_all() if k.lower() not in drop or k.lower() == "content-length"
+        }
         headers["X-Forwarded-User"] = self.user["name"]
         headers["Authorization"] = mlflow_auth.basic_authorization(self.mlflow_user, self.users.secret)
         up = urlparse(self.upstream)
         headers["Host"] = up.netloc
         has_body = self.request.method in ("POST", "PUT", "PATCH") or (
-            self.request.method == "DELETE" and self.request.headers.get("Content-Length"))
+            self.request.method == "DELETE" and self.request.headers.get("Content-Length")
+        )
         request = httpclient.HTTPRequest(
-            f"{self.upstream}{self.request.uri}", method=self.request.method, headers=headers,
+            f"{self.upstream}{self.request.uri}",
+            method=self.request.method,
+            headers=headers,
             body_producer=self._body_producer if has_body else None,
-            allow_nonstandard_methods=True, follow_redirects=False, decompress_response=False,
-            request_timeout=3600, header_callback=self._on_header, streaming_callback=self._on_chunk,
+            allow_nonstandard_methods=True,
+            follow_redirects=False,
+            decompress_response=False,
+            request_timeout=3600,
+            header_callback=self._on_header,
+            streaming_callback=self._on_chunk,
         )
         if not has_body:
             self._queue = None
@@ -169,8 +192,15 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
             if not self._headers_written:
                 self.set_status(502)
                 self.set_header("Content-Type", "application/json")
-                self.write(json.dumps({"status": 502, "reason": "mlflow_unreachable",
-                                       "message": f"the MLflow server is not answering: {e}"}))
+                self.write(
+                    json.dumps(
+                        {
+                            "status": 502,
+                            "reason": "mlflow_unreachable",
+                            "message": f"the MLflow server is not answering: {e}",
+                        }
+                    )
+                )
 
     def _on_header(self, line: str):
         line = line.strip()
@@ -233,11 +263,19 @@ def main(argv=None) -> int:
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10102"))
     origin = f"{urlparse(upstream).scheme}://{urlparse(upstream).netloc}"
     hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
-    app = web.Application([
-        (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
-        (f"{prefix.rstrip('/')}(/.*)?", ProxyHandler,
-         {"upstream": origin, "users": mlflow_auth.MlflowUsers(upstream, secret)}),
-    ], hub_auth=hub_auth, cookie_secret=os.urandom(32), log_function=lambda h: None)
+    app = web.Application(
+        [
+            (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
+            (
+                f"{prefix.rstrip('/')}(/.*)?",
+                ProxyHandler,
+                {"upstream": origin, "users": mlflow_auth.MlflowUsers(upstream, secret)},
+            ),
+        ],
+        hub_auth=hub_auth,
+        cookie_secret=os.urandom(32),
+        log_function=lambda h: None,
+    )
     httpclient.AsyncHTTPClient.configure(None, max_body_size=2**34, max_buffer_size=2**30)
 
     async def run():

@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         mlflow.server._exec_cmd = _become
     else:  # pragma: no cover - a future MLflow
         logging.basicConfig()
-        log.warning("mlflow.server._exec_cmd is gone in MLflow %s: the server runs as a child of its launcher",
-                    mlflow.__version__)
+        log.warning(
+            "mlflow.server._exec_cmd is gone in MLflow %s: the server runs as a child of its launcher",
+            mlflow.__version__,
+        )
     cli.main(["server", *(sys.argv[1:] if argv is None else argv)], prog_name="mlflow")
 
 

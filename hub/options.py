@@ -37,72 +37,122 @@ def is_secret(name: str) -> bool:
 
 # the shapes of structured values ------------------------------------------------------------------------------
 
+
 def amounts(help: str) -> Record:
-    return Record({
-        "gpus": Dict(Integer(min=0, max=1_000_000), key_trait=Text(pattern=FLAVOR),
-                     help="GPUs per flavor; the flavors must exist. Their order is the order in which the team's "
-                          "jobs try flavors."),
-        "cpu": Float(min=0, max=1_000_000, help="CPUs (cores)."),
-        "memory": Size(help="Memory: 512M, 64G, 1T, 64Gi, or bytes."),
-    }, help=help)
+    return Record(
+        {
+            "gpus": Dict(
+                Integer(min=0, max=1_000_000),
+                key_trait=Text(pattern=FLAVOR),
+                help="GPUs per flavor; the flavors must exist. Their order is the order in which the team's "
+                "jobs try flavors.",
+            ),
+            "cpu": Float(min=0, max=1_000_000, help="CPUs (cores)."),
+            "memory": Size(help="Memory: 512M, 64G, 1T, 64Gi, or bytes."),
+        },
+        help=help,
+    )
 
 
 def team_record() -> Record:
-    return Record({
-        "quota": amounts("The nominal quota: what the team is guaranteed."),
-        "cohort": Text(pattern=DNS_LABEL, help="The cohort whose members lend each other unused nominal quota."),
-        "borrowing_limit": amounts("The most the team may borrow from its cohort beyond its quota, per resource "
-                                    "(default unlimited). Needs cohort."),
-        "lending_limit": amounts("The most of its unused quota the team lends to its cohort (default all of it). "
-                                  "Needs cohort."),
-        "preemption": Record({
-            "within_team": Enum(["lower_priority", "never"],
-                                help="lower_priority (default): a job may preempt lower-priority jobs of its own "
-                                     "team; never: it may not."),
-            "reclaim": Enum(["any", "lower_priority", "never"],
-                            help="any (default): a job that fits the team's nominal quota may preempt jobs of teams "
-                                 "that borrow from the cohort; lower_priority: only lower-priority ones; never."),
-        }, help="Whom the team's jobs may preempt."),
-    }, required=("quota",))
+    return Record(
+        {
+            "quota": amounts("The nominal quota: what the team is guaranteed."),
+            "cohort": Text(pattern=DNS_LABEL, help="The cohort whose members lend each other unused nominal quota."),
+            "borrowing_limit": amounts(
+                "The most the team may borrow from its cohort beyond its quota, per resource "
+                "(default unlimited). Needs cohort."
+            ),
+            "lending_limit": amounts(
+                "The most of its unused quota the team lends to its cohort (default all of it). Needs cohort."
+            ),
+            "preemption": Record(
+                {
+                    "within_team": Enum(
+                        ["lower_priority", "never"],
+                        help="lower_priority (default): a job may preempt lower-priority jobs of its own "
+                        "team; never: it may not.",
+                    ),
+                    "reclaim": Enum(
+                        ["any", "lower_priority", "never"],
+                        help="any (default): a job that fits the team's nominal quota may preempt jobs of teams "
+                        "that borrow from the cohort; lower_priority: only lower-priority ones; never.",
+                    ),
+                },
+                help="Whom the team's jobs may preempt.",
+            ),
+        },
+        required=("quota",),
+    )
 
 
 def gpu_group_record() -> Record:
-    return Record({
-        "count": Integer(min=1, max=1024, help="The number of devices in this group."),
-        "flavor": Text(pattern=FLAVOR, help="The resource flavor (GPU type) these devices are, e.g. a100 or sim "
-                                            "(default gpu). Team quotas are given per flavor."),
-        "memory_gib": Float(min=0, help="The memory per device, reported in the ledger."),
-        "resource": Text(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$",
-                         help="Kubernetes: the extended resource these GPUs are (default nvidia.com/gpu)."),
-        "node_labels": Dict(Text(pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"),
-                            key_trait=Text(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?"
-                                                   r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"),
-                            maxlen=16,
-                            help="Kubernetes: labels of the nodes that have this flavor (the ResourceFlavor's "
-                                 "nodeLabels and the nodeSelector of notebook and job pods), e.g. "
-                                 "nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3."),
-        "tolerations": List(Record({
-            "key": Text(min_length=1, max_length=316),
-            "operator": Enum(["Exists", "Equal"]),
-            "value": Text(max_length=63),
-            "effect": Enum(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
-        }, required=("key",)), maxlen=16,
-            help="Kubernetes: tolerations for the taints of those nodes (the ResourceFlavor's and the pods')."),
-    }, required=("count",))
+    return Record(
+        {
+            "count": Integer(min=1, max=1024, help="The number of devices in this group."),
+            "flavor": Text(
+                pattern=FLAVOR,
+                help="The resource flavor (GPU type) these devices are, e.g. a100 or sim "
+                "(default gpu). Team quotas are given per flavor.",
+            ),
+            "memory_gib": Float(min=0, help="The memory per device, reported in the ledger."),
+            "resource": Text(
+                pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$",
+                help="Kubernetes: the extended resource these GPUs are (default nvidia.com/gpu).",
+            ),
+            "node_labels": Dict(
+                Text(pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"),
+                key_trait=Text(
+                    pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?"
+                    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+                ),
+                maxlen=16,
+                help="Kubernetes: labels of the nodes that have this flavor (the ResourceFlavor's "
+                "nodeLabels and the nodeSelector of notebook and job pods), e.g. "
+                "nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3.",
+            ),
+            "tolerations": List(
+                Record(
+                    {
+                        "key": Text(min_length=1, max_length=316),
+                        "operator": Enum(["Exists", "Equal"]),
+                        "value": Text(max_length=63),
+                        "effect": Enum(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+                    },
+                    required=("key",),
+                ),
+                maxlen=16,
+                help="Kubernetes: tolerations for the taints of those nodes (the ResourceFlavor's and the pods').",
+            ),
+        },
+        required=("count",),
+    )
 
 
 def evaluation_record() -> Record:
-    return Record({
-        "notebook": Text(min_length=1, help="The evaluation notebook (.ipynb), read at every registration of a "
-                                            "version (at most 16 MiB); relative paths start where danlu up runs. "
-                                            "Keep it where only admins can write."),
-        "profile": Unicode(help="The profile the evaluation job runs on (default the registrant's default "
-                                "profile); the registrant must be allowed to use it."),
-        "thresholds": Dict(Text(pattern=r"^\s*(>=|<=|==|>|<)\s*-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?\s*$"),
-                           key_trait=Text(min_length=1, max_length=250), minlen=1, maxlen=50,
-                           help='Metric name -> "OP VALUE", OP one of >= <= > < ==, e.g. accuracy: ">= 0.9". A '
-                                "metric the evaluation run did not log fails its threshold."),
-    }, required=("notebook", "thresholds"))
+    return Record(
+        {
+            "notebook": Text(
+                min_length=1,
+                help="The evaluation notebook (.ipynb), read at every registration of a "
+                "version (at most 16 MiB); relative paths start where danlu up runs. "
+                "Keep it where only admins can write.",
+            ),
+            "profile": Unicode(
+                help="The profile the evaluation job runs on (default the registrant's default "
+                "profile); the registrant must be allowed to use it."
+            ),
+            "thresholds": Dict(
+                Text(pattern=r"^\s*(>=|<=|==|>|<)\s*-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?\s*$"),
+                key_trait=Text(min_length=1, max_length=250),
+                minlen=1,
+                maxlen=50,
+                help='Metric name -> "OP VALUE", OP one of >= <= > < ==, e.g. accuracy: ">= 0.9". A '
+                "metric the evaluation run did not log fails its threshold.",
+            ),
+        },
+        required=("notebook", "thresholds"),
+    )
 
 
 class PriorityClassTable(dict):
@@ -131,12 +181,18 @@ class PriorityClasses(Dict):
     BUILTIN = {"normal": {"value": 0, "default": True}}
 
     def __init__(self, **kwargs):
-        entry = Record({
-            "value": Integer(min=-1_000_000_000, max=1_000_000_000,
-                             help="Higher values are admitted first and may preempt lower ones."),
-            "default": Bool(help="The class of jobs that name none. At most one class may set it."),
-            "description": Unicode(help="Written into the rendered Kueue WorkloadPriorityClass."),
-        }, required=("value",))
+        entry = Record(
+            {
+                "value": Integer(
+                    min=-1_000_000_000,
+                    max=1_000_000_000,
+                    help="Higher values are admitted first and may preempt lower ones.",
+                ),
+                "default": Bool(help="The class of jobs that name none. At most one class may set it."),
+                "description": Unicode(help="Written into the rendered Kueue WorkloadPriorityClass."),
+            },
+            required=("value",),
+        )
         super().__init__(entry, key_trait=Text(pattern=DNS_LABEL), default_value=self.BUILTIN, **kwargs)
 
     def validate(self, obj, value):
@@ -146,6 +202,7 @@ class PriorityClasses(Dict):
 
 
 # the sections ---------------------------------------------------------------------------------------------------
+
 
 class Options(Configurable):
     """Options of danlu.yaml at one level: traits, plus ``sections`` (key -> class) built as children."""
@@ -186,242 +243,313 @@ class Section(Options):
         return self.root.where(*self.key_path, name)
 
 
-
 class AuthConfig(Section):
     """How users log in (JupyterHub's authenticator)."""
 
-    type = Enum(["pam", "github", "gitlab", "oidc", "shared-password", "dummy"], "pam",
-                help="The authenticator: pam (the machine's Unix accounts and passwords), github, gitlab, oidc "
-                     "(OAuthenticator), shared-password (JupyterHub's, for workshops: anyone with the password may "
-                     "log in as any non-admin user), dummy (any password; tests only).").tag(config=True)
+    type = Enum(
+        ["pam", "github", "gitlab", "oidc", "shared-password", "dummy"],
+        "pam",
+        help="The authenticator: pam (the machine's Unix accounts and passwords), github, gitlab, oidc "
+        "(OAuthenticator), shared-password (JupyterHub's, for workshops: anyone with the password may "
+        "log in as any non-admin user), dummy (any password; tests only).",
+    ).tag(config=True)
     allowed_users = List(Unicode(), help="Only these users may log in, plus any other allow-list below.").tag(
-        config=True)
+        config=True
+    )
     client_id = Unicode(None, allow_none=True, help="github, gitlab, oidc (required): the OAuth client's id.").tag(
-        config=True)
-    client_secret = Unicode(None, allow_none=True,
-                            help="github, gitlab, oidc (required): the OAuth client's secret.").tag(config=True)
-    oauth_callback_url = Text(None, allow_none=True, pattern=URL,
-                              help="github, gitlab, oidc (required): <public_url>/hub/oauth_callback, registered "
-                                   "with the provider.").tag(config=True)
-    allowed_organizations = List(Unicode(), help="github: members of these GitHub organizations, or org:team, may "
-                                                 "log in.").tag(config=True)
-    allowed_gitlab_groups = List(Unicode(), help="gitlab: members of these GitLab groups may log in.").tag(
-        config=True)
-    gitlab_url = Text(None, allow_none=True, pattern=URL,
-                      help="gitlab: a self-hosted GitLab (default OAuthenticator's, https://gitlab.com).").tag(
-        config=True)
-    authorize_url = Text(None, allow_none=True, pattern=URL,
-                         help="oidc (required): the provider's authorization endpoint.").tag(config=True)
+        config=True
+    )
+    client_secret = Unicode(
+        None, allow_none=True, help="github, gitlab, oidc (required): the OAuth client's secret."
+    ).tag(config=True)
+    oauth_callback_url = Text(
+        None,
+        allow_none=True,
+        pattern=URL,
+        help="github, gitlab, oidc (required): <public_url>/hub/oauth_callback, registered with the provider.",
+    ).tag(config=True)
+    allowed_organizations = List(
+        Unicode(), help="github: members of these GitHub organizations, or org:team, may log in."
+    ).tag(config=True)
+    allowed_gitlab_groups = List(Unicode(), help="gitlab: members of these GitLab groups may log in.").tag(config=True)
+    gitlab_url = Text(
+        None,
+        allow_none=True,
+        pattern=URL,
+        help="gitlab: a self-hosted GitLab (default OAuthenticator's, https://gitlab.com).",
+    ).tag(config=True)
+    authorize_url = Text(
+        None, allow_none=True, pattern=URL, help="oidc (required): the provider's authorization endpoint."
+    ).tag(config=True)
     token_url = Text(None, allow_none=True, pattern=URL, help="oidc (required): the provider's token endpoint.").tag(
-        config=True)
-    userdata_url = Text(None, allow_none=True, pattern=URL,
-                        help="oidc (required): the provider's userinfo endpoint.").tag(config=True)
+        config=True
+    )
+    userdata_url = Text(
+        None, allow_none=True, pattern=URL, help="oidc (required): the provider's userinfo endpoint."
+    ).tag(config=True)
     username_claim = Unicode("preferred_username", help="oidc: the claim that becomes the hub user name.").tag(
-        config=True)
+        config=True
+    )
     scope = List(Unicode(), ["openid", "profile", "email", "groups"], help="oidc: the scopes requested.").tag(
-        config=True)
-    allowed_groups = List(Unicode(), help="oidc: values of the groups claim that may log in. Turns manage_groups "
-                                          "on (OAuthenticator reads groups only when it manages them).").tag(
-        config=True)
-    manage_groups = Bool(False, help="oidc: take JupyterHub group membership (teams) from the groups claim of the "
-                                     "userinfo response at every login.").tag(config=True)
-    user_password = Text(None, allow_none=True, min_length=8,
-                         help="shared-password (required): the password every non-admin user logs in with (8+ "
-                              "characters).").tag(config=True)
-    admin_password = Text(None, allow_none=True, min_length=32,
-                          help="shared-password: the password the admin_users log in with (32+ characters). "
-                               "Without it, admins cannot log in.").tag(config=True)
-    options = Dict(help="Any further traits of the authenticator class, passed through as JupyterHub "
-                        'configuration, e.g. {scope: ["read:org"]} for GitHub.').tag(config=True)
+        config=True
+    )
+    allowed_groups = List(
+        Unicode(),
+        help="oidc: values of the groups claim that may log in. Turns manage_groups "
+        "on (OAuthenticator reads groups only when it manages them).",
+    ).tag(config=True)
+    manage_groups = Bool(
+        False,
+        help="oidc: take JupyterHub group membership (teams) from the groups claim of the "
+        "userinfo response at every login.",
+    ).tag(config=True)
+    user_password = Text(
+        None,
+        allow_none=True,
+        min_length=8,
+        help="shared-password (required): the password every non-admin user logs in with (8+ characters).",
+    ).tag(config=True)
+    admin_password = Text(
+        None,
+        allow_none=True,
+        min_length=32,
+        help="shared-password: the password the admin_users log in with (32+ characters). "
+        "Without it, admins cannot log in.",
+    ).tag(config=True)
+    options = Dict(
+        help="Any further traits of the authenticator class, passed through as JupyterHub "
+        'configuration, e.g. {scope: ["read:org"]} for GitHub.'
+    ).tag(config=True)
 
-    json_schema = {"allOf": [
-        {"if": {"properties": {"type": {"enum": ["github", "gitlab", "oidc"]}}, "required": ["type"]},
-         "then": {"required": ["client_id", "client_secret", "oauth_callback_url"]}},
-        {"if": {"properties": {"type": {"const": "oidc"}}, "required": ["type"]},
-         "then": {"required": ["authorize_url", "token_url", "userdata_url"]}},
-        {"if": {"properties": {"type": {"const": "shared-password"}}, "required": ["type"]},
-         "then": {"required": ["user_password"]}},
-    ]}
+    json_schema = {
+        "allOf": [
+            {
+                "if": {"properties": {"type": {"enum": ["github", "gitlab", "oidc"]}}, "required": ["type"]},
+                "then": {"required": ["client_id", "client_secret", "oauth_callback_url"]},
+            },
+            {
+                "if": {"properties": {"type": {"const": "oidc"}}, "required": ["type"]},
+                "then": {"required": ["authorize_url", "token_url", "userdata_url"]},
+            },
+            {
+                "if": {"properties": {"type": {"const": "shared-password"}}, "required": ["type"]},
+                "then": {"required": ["user_password"]},
+            },
+        ]
+    }
 
 
 class UsersConfig(Section):
     """Which account runs users' servers and jobs."""
 
-    unix_accounts = Enum(["auto", "on", "off"], "auto",
-                         help="on: each user's server and jobs run as the Unix account of the same name (needs "
-                              "root); off: everything runs as the account running danlu up, with homes under "
-                              "<state_dir>/users; auto: on when danlu up runs as root and other accounts can run "
-                              "its Python.").tag(config=True)
+    unix_accounts = Enum(
+        ["auto", "on", "off"],
+        "auto",
+        help="on: each user's server and jobs run as the Unix account of the same name (needs "
+        "root); off: everything runs as the account running danlu up, with homes under "
+        "<state_dir>/users; auto: on when danlu up runs as root and other accounts can run "
+        "its Python.",
+    ).tag(config=True)
 
 
 class GpusConfig(Section):
     """The GPU inventory: detected through NVML / nvidia-smi unless declared."""
 
-    detect = Bool(True, help="Look for NVIDIA GPUs at start, through NVML if pynvml is installed, else "
-                             "nvidia-smi. Ignored when declared is set.").tag(config=True)
-    declared = List(gpu_group_record(), help="Declared devices, in index order: groups of count and flavor. Declared "
-                                       "GPUs are what Danlu allocates, present or not.").tag(config=True)
+    detect = Bool(
+        True,
+        help="Look for NVIDIA GPUs at start, through NVML if pynvml is installed, else "
+        "nvidia-smi. Ignored when declared is set.",
+    ).tag(config=True)
+    declared = List(
+        gpu_group_record(),
+        help="Declared devices, in index order: groups of count and flavor. Declared "
+        "GPUs are what Danlu allocates, present or not.",
+    ).tag(config=True)
 
 
 class ResourcesConfig(Section):
     """What jobs may use besides GPUs (counted, not enforced)."""
 
-    cpu = Positive(None, allow_none=True,
-                   help="The CPUs all running jobs may ask for together (default: this machine's CPU count). It "
-                        "may be set above the number of cores to let more jobs run at once.").tag(config=True)
-    memory = Size(None, allow_none=True, help="The memory all running jobs may ask for together: 512M, 64G, 1T, "
-                                              "64Gi, or bytes (default unlimited).").tag(config=True)
+    cpu = Positive(
+        None,
+        allow_none=True,
+        help="The CPUs all running jobs may ask for together (default: this machine's CPU count). It "
+        "may be set above the number of cores to let more jobs run at once.",
+    ).tag(config=True)
+    memory = Size(
+        None,
+        allow_none=True,
+        help="The memory all running jobs may ask for together: 512M, 64G, 1T, 64Gi, or bytes (default unlimited).",
+    ).tag(config=True)
 
 
 class JobsConfig(Section):
     """Jobs: where they run, their limits, retries and warm runners."""
 
-    backend = Text("local", pattern=r"^([A-Za-z0-9_.-]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
-                   help="Where jobs run: the name of a danlu.backends entry point (local: processes on this "
-                        "machine, admitted by Danlu's own quota model; kubernetes: TrainJobs admitted by Kueue, see "
-                        "docs/kubernetes.md) or an import string module:Class.").tag(config=True)
-    database_url = Unicode(None, allow_none=True,
-                           help="The SQLAlchemy URL of the jobs database, e.g. postgresql+psycopg://danlu@db/danlu "
-                                "(default sqlite:///<state_dir>/danlu.sqlite).").tag(config=True)
-    warm_runners = Integer(1, min=0, max=16,
-                           help="Job runners kept started (papermill and a kernel loaded) per profile while it is in "
-                                "use (with Unix accounts, per user too), so a job starts at once. 0 disables "
-                                "them.").tag(config=True)
-    warm_idle_seconds = Float(600.0, min=1,
-                              help="A profile's warm runners that no job used (and no server start asked for) for "
-                                   "this long are stopped, with their kernels; the next demand starts them "
-                                   "again.").tag(config=True)
-    warm_runners_max = Integer(4, min=0, max=256, help="The most warm runners waiting at once, every profile and "
-                                                       "user together.").tag(config=True)
-    warm_runners_per_user = Integer(2, min=0, max=64, help="With Unix accounts, the most warm runners waiting for "
-                                                           "one user.").tag(config=True)
+    backend = Text(
+        "local",
+        pattern=r"^([A-Za-z0-9_.-]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+        help="Where jobs run: the name of a danlu.backends entry point (local: processes on this "
+        "machine, admitted by Danlu's own quota model; kubernetes: TrainJobs admitted by Kueue, see "
+        "docs/kubernetes.md) or an import string module:Class.",
+    ).tag(config=True)
+    database_url = Unicode(
+        None,
+        allow_none=True,
+        help="The SQLAlchemy URL of the jobs database, e.g. postgresql+psycopg://danlu@db/danlu "
+        "(default sqlite:///<state_dir>/danlu.sqlite).",
+    ).tag(config=True)
+    warm_runners = Integer(
+        1,
+        min=0,
+        max=16,
+        help="Job runners kept started (papermill and a kernel loaded) per profile while it is in "
+        "use (with Unix accounts, per user too), so a job starts at once. 0 disables "
+        "them.",
+    ).tag(config=True)
+    warm_idle_seconds = Float(
+        600.0,
+        min=1,
+        help="A profile's warm runners that no job used (and no server start asked for) for "
+        "this long are stopped, with their kernels; the next demand starts them "
+        "again.",
+    ).tag(config=True)
+    warm_runners_max = Integer(
+        4, min=0, max=256, help="The most warm runners waiting at once, every profile and user together."
+    ).tag(config=True)
+    warm_runners_per_user = Integer(
+        2, min=0, max=64, help="With Unix accounts, the most warm runners waiting for one user."
+    ).tag(config=True)
     max_nproc = Integer(64, min=1, help="The largest --nproc a job may ask for.").tag(config=True)
-    grace_period_seconds = Float(10.0, min=0, help="The time between SIGTERM and SIGKILL when a job is cancelled or "
-                                                   "outruns its time limit.").tag(config=True)
-    preemption_grace_seconds = Float(30.0, min=0, help="The time a preempted job gets between SIGTERM and SIGKILL "
-                                                       "to checkpoint.").tag(config=True)
-    max_runtime_seconds = Integer(7 * 24 * 3600, min=1,
-                                  help="The longest one attempt of a job may run; a job's --timeout may ask for "
-                                       "less, never more. A job that runs longer is stopped and ends "
-                                       "timed_out.").tag(config=True)
-    default_retries = Integer(0, min=0, max=100,
-                              help="How many times a job whose attempt ended by an infrastructure failure (killed, "
-                                   "lost) is retried when it does not say (--retries). At most "
-                                   "max_retries.").tag(config=True)
+    grace_period_seconds = Float(
+        10.0, min=0, help="The time between SIGTERM and SIGKILL when a job is cancelled or outruns its time limit."
+    ).tag(config=True)
+    preemption_grace_seconds = Float(
+        30.0, min=0, help="The time a preempted job gets between SIGTERM and SIGKILL to checkpoint."
+    ).tag(config=True)
+    max_runtime_seconds = Integer(
+        7 * 24 * 3600,
+        min=1,
+        help="The longest one attempt of a job may run; a job's --timeout may ask for "
+        "less, never more. A job that runs longer is stopped and ends "
+        "timed_out.",
+    ).tag(config=True)
+    default_retries = Integer(
+        0,
+        min=0,
+        max=100,
+        help="How many times a job whose attempt ended by an infrastructure failure (killed, "
+        "lost) is retried when it does not say (--retries). At most "
+        "max_retries.",
+    ).tag(config=True)
     max_retries = Integer(10, min=0, max=100, help="The most retries a job may ask for.").tag(config=True)
-    retry_backoff_seconds = Float(10.0, min=0, help="The wait before the first retry; it doubles for each further "
-                                                    "retry, up to an hour.").tag(config=True)
-    starvation_seconds = Float(600.0, min=0, help="A job that has waited this long has what it needs held back from "
-                                                  "younger jobs of its team.").tag(config=True)
+    retry_backoff_seconds = Float(
+        10.0, min=0, help="The wait before the first retry; it doubles for each further retry, up to an hour."
+    ).tag(config=True)
+    starvation_seconds = Float(
+        600.0, min=0, help="A job that has waited this long has what it needs held back from younger jobs of its team."
+    ).tag(config=True)
 
 
 class MlflowConfig(Section):
     """The MLflow tracking server that danlu up starts (passed to mlflow server as they are: use absolute paths)."""
 
-    port = Integer(0, min=0, max=65535, help="The loopback port of the MLflow tracking server (0: a free "
-                                             "one).").tag(config=True)
-    backend_store_uri = Unicode(None, allow_none=True, help="MLflow's backend store (default "
-                                                            "sqlite:///<state_dir>/mlflow.db).").tag(config=True)
-    artifacts_destination = Unicode(None, allow_none=True,
-                                    help="Where MLflow stores artifacts (default <state_dir>/mlartifacts). The "
-                                         "server proxies artifact uploads and downloads.").tag(config=True)
+    port = Integer(0, min=0, max=65535, help="The loopback port of the MLflow tracking server (0: a free one).").tag(
+        config=True
+    )
+    backend_store_uri = Unicode(
+        None, allow_none=True, help="MLflow's backend store (default sqlite:///<state_dir>/mlflow.db)."
+    ).tag(config=True)
+    artifacts_destination = Unicode(
+        None,
+        allow_none=True,
+        help="Where MLflow stores artifacts (default <state_dir>/mlartifacts). The "
+        "server proxies artifact uploads and downloads.",
+    ).tag(config=True)
     workers = Integer(1, min=1, help="The MLflow server's worker processes.").tag(config=True)
-    default_permission = Enum(["READ", "NO_PERMISSIONS"], "READ",
-                              help="What every user may do with experiments (and their runs and artifacts) they "
-                                   "neither created nor were granted: READ lets everyone read everything, "
-                                   "NO_PERMISSIONS hides them.").tag(config=True)
-    auth_database_uri = Unicode(None, allow_none=True,
-                                help="Where MLflow keeps its users and permissions (its basic-auth app's "
-                                     "database_uri; default sqlite:///<state_dir>/mlflow-auth.db).").tag(config=True)
+    default_permission = Enum(
+        ["READ", "NO_PERMISSIONS"],
+        "READ",
+        help="What every user may do with experiments (and their runs and artifacts) they "
+        "neither created nor were granted: READ lets everyone read everything, "
+        "NO_PERMISSIONS hides them.",
+    ).tag(config=True)
+    auth_database_uri = Unicode(
+        None,
+        allow_none=True,
+        help="Where MLflow keeps its users and permissions (its basic-auth app's "
+        "database_uri; default sqlite:///<state_dir>/mlflow-auth.db).",
+    ).tag(config=True)
 
 
 class UsageConfig(Section):
     """Usage reports and what they keep."""
 
-    gpu_hour_cost = Dict(Float(min=0), key_trait=Unicode(),
-                         help="The cost of one GPU-hour per flavor, for usage reports (default cost 0).").tag(
-        config=True)
+    gpu_hour_cost = Dict(
+        Float(min=0),
+        key_trait=Unicode(),
+        help="The cost of one GPU-hour per flavor, for usage reports (default cost 0).",
+    ).tag(config=True)
     currency = Unicode("", help="The currency the costs are in, as reports show it.").tag(config=True)
-    idle_server_minutes = Integer(30, min=1, help="A server that holds GPUs and has had no activity for this long "
-                                                  "is reported as idle.").tag(config=True)
-    sample_retention_days = Integer(14, min=1, max=36600,
-                                    help="Days raw NVML utilization samples are kept. Older ones are deleted once "
-                                         "they are rolled up into hourly and daily usage, which reports read and "
-                                         "which are kept, with the jobs' attempts, for good.").tag(config=True)
+    idle_server_minutes = Integer(
+        30, min=1, help="A server that holds GPUs and has had no activity for this long is reported as idle."
+    ).tag(config=True)
+    sample_retention_days = Integer(
+        14,
+        min=1,
+        max=36600,
+        help="Days raw NVML utilization samples are kept. Older ones are deleted once "
+        "they are rolled up into hourly and daily usage, which reports read and "
+        "which are kept, with the jobs' attempts, for good.",
+    ).tag(config=True)
 
 
 class DatasetsConfig(Section):
     """Named dataset roots."""
 
-    roots = Dict(Path(), key_trait=Unicode(),
-                 help="Named dataset roots: --dataset shared:imagenet/train resolves to imagenet/train under the "
-                      "root named shared. Relative paths start where danlu up runs.").tag(config=True)
+    roots = Dict(
+        Path(),
+        key_trait=Unicode(),
+        help="Named dataset roots: --dataset shared:imagenet/train resolves to imagenet/train under the "
+        "root named shared. Relative paths start where danlu up runs.",
+    ).tag(config=True)
 
 
 class ModelsConfig(Section):
     """Who approves model versions and moves their aliases, and the evaluation that gates approval."""
 
-    approvers = List(Text(min_length=1, max_length=255), maxlen=100,
-                     help="Groups whose members may approve or reject model versions and set or delete aliases "
-                          "(admins always may).").tag(config=True)
+    approvers = List(
+        Text(min_length=1, max_length=255),
+        maxlen=100,
+        help="Groups whose members may approve or reject model versions and set or delete aliases (admins always may).",
+    ).tag(config=True)
     self_approval = Bool(False, help="Whether the user who registered a version may decide on it.").tag(config=True)
-    evaluations = Dict(evaluation_record(), key_trait=Text(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?$"),
-                       help="Per registered model name, the notebook that evaluates each new version, the profile "
-                            "it runs on and the metric thresholds it must meet (notebook paths read as absolute "
-                            "ones).").tag(config=True)
+    evaluations = Dict(
+        evaluation_record(),
+        key_trait=Text(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?$"),
+        help="Per registered model name, the notebook that evaluates each new version, the profile "
+        "it runs on and the metric thresholds it must meet (notebook paths read as absolute "
+        "ones).",
+    ).tag(config=True)
 
     @validate("evaluations")
     def _notebooks_from_base_dir(self, proposal) -> dict:
-        return {name: {**spec, "notebook": str(from_base(spec["notebook"], self.base_dir))}
-                for name, spec in proposal.value.items()}
+        return {
+            name: {**spec, "notebook": str(from_base(spec["notebook"], self.base_dir))}
+            for name, spec in proposal.value.items()
+        }
 
 
 class HubConfig(Section):
     """JupyterHub itself."""
 
     idle_timeout_seconds = Integer(3600, min=0, help="Stop users' servers idle for this long (0 disables).").tag(
-        config=True)
-    extra_config_file = Path(None, allow_none=True,
-                             help="A jupyterhub_config.py loaded after Danlu's settings: the escape hatch for any "
-                                  "JupyterHub option. A relative path starts where danlu up runs; a missing file "
-                                  "stops start-up.").tag(config=True)
-
-
-class KubernetesMlflowConfig(Section):
-    """MLflow and its PostgreSQL on the cluster (danlu render k8s)."""
-
-    image = Text(None, allow_none=True, pattern=DIGEST,
-                 help="The MLflow server image, pinned by digest (default the hub image, which has MLflow and "
-                      "danlu).").tag(config=True)
-    postgres_image = Text(None, allow_none=True, pattern=DIGEST,
-                          help="The PostgreSQL image for MLflow's and Danlu's databases, pinned by digest (default a "
-                               "placeholder that no registry serves).").tag(config=True)
-    storage_class = Unicode(None, allow_none=True, help="The StorageClass of the database and artifact volumes "
-                                                        "(default the cluster's default).").tag(config=True)
-    database_size = Size("10Gi", help="The size of the database volume.").tag(config=True)
-    artifacts_size = Size("50Gi", help="The size of the artifacts volume (none with "
-                                       "artifacts_destination).").tag(config=True)
-    artifacts_destination = Text(None, allow_none=True, pattern=r"^(s3|gs|wasbs)://",
-                                 help="An object store for artifacts instead of a volume (s3://bucket/prefix, "
-                                      "gs://...).").tag(config=True)
-
-
-class KubernetesConfig(Section):
-    """How Danlu runs on a Kubernetes cluster (danlu render k8s; jobs.backend kubernetes). See docs/kubernetes.md."""
-
-    sections = {"mlflow": KubernetesMlflowConfig}
-    mlflow: KubernetesMlflowConfig
-
-    namespace = Text("danlu", pattern=DNS_LABEL, help="The one namespace of the hub, user pods, jobs and "
-                                                      "LocalQueues.").tag(config=True)
-    hub_image = Text(None, allow_none=True, pattern=DIGEST,
-                     help="The hub image (the chart's hub image plus danlu), pinned by digest (default a placeholder "
-                          "that no registry serves).").tag(config=True)
-    runtime = Text("danlu-torch", pattern=DNS_LABEL,
-                   help="The ClusterTrainingRuntime jobs run on (rendered by danlu render k8s).").tag(config=True)
-    home_storage_class = Unicode(None, allow_none=True,
-                                 help="The StorageClass of user homes (default the cluster's default). Jobs mount "
-                                      "their owner's home, so it must be ReadWriteMany (NFS, CephFS, a cloud file "
-                                      "store) for a job to run on another node than its notebook.").tag(config=True)
-    home_size = Size("10Gi", help="The size of each user's home volume.").tag(config=True)
-    shm_size = Size("8Gi", help="The size of the memory-backed /dev/shm of notebook and job pods.").tag(config=True)
+        config=True
+    )
+    extra_config_file = Path(
+        None,
+        allow_none=True,
+        help="A jupyterhub_config.py loaded after Danlu's settings: the escape hatch for any "
+        "JupyterHub option. A relative path starts where danlu up runs; a missing file "
+        "stops start-up.",
+    ).tag(config=True)

@@ -19,8 +19,10 @@ from pathlib import Path
 from danlu.errors import ConfigError, NotFound, PolicyError, ValidationError
 from danlu.hub import yamlconfig
 
-PIN = re.compile(r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*==\s*[^=<>~!\s,;*]+"
-                 r"(\s*;[^-]*)?(\s+--hash=[a-z0-9]+:[0-9a-f]+)*\s*$")
+PIN = re.compile(
+    r"^\s*[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*==\s*[^=<>~!\s,;*]+"
+    r"(\s*;[^-]*)?(\s+--hash=[a-z0-9]+:[0-9a-f]+)*\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,16 @@ class ProfileSet:
         allowed = self.for_user(groups, admin=admin)
         return next((p for p in allowed if p.default), allowed[0] if allowed else None)
 
-    def authorize(self, slug: str | None, groups, *, admin: bool = False, gpus: int = 0,
-                  server_choice: bool = False, gpu_field: str = "gpus") -> Profile:
+    def authorize(
+        self,
+        slug: str | None,
+        groups,
+        *,
+        admin: bool = False,
+        gpus: int = 0,
+        server_choice: bool = False,
+        gpu_field: str = "gpus",
+    ) -> Profile:
         """The profile a user may use, or a PolicyError that says why not.
 
         ``server_choice`` restricts ``gpus`` to the exact choices offered for a
@@ -114,8 +124,12 @@ class ProfileSet:
         if slug is None:
             profile = self.default_for(groups, admin=admin)
             if profile is None:
-                raise PolicyError("no profile is open to your groups", reason="no_profile",
-                                  field="profile", fix="ask an admin to add you to a group")
+                raise PolicyError(
+                    "no profile is open to your groups",
+                    reason="no_profile",
+                    field="profile",
+                    fix="ask an admin to add you to a group",
+                )
         else:
             profile = self.get(slug)
         if not profile.allows(groups, admin=admin):
@@ -131,11 +145,16 @@ class ProfileSet:
         if server_choice and gpus not in profile.gpu_choices:
             raise PolicyError(
                 f"profile '{profile.slug}' offers {', '.join(map(str, profile.gpu_choices))} GPUs, not {gpus}",
-                reason="gpus_not_offered", field=gpu_field)
+                reason="gpus_not_offered",
+                field=gpu_field,
+            )
         if gpus > profile.max_gpus:
             raise PolicyError(
                 f"profile '{profile.slug}' allows at most {profile.max_gpus} GPUs, {gpus} asked",
-                reason="too_many_gpus", field=gpu_field, fix=f"ask for {profile.max_gpus} or fewer")
+                reason="too_many_gpus",
+                field=gpu_field,
+                fix=f"ask for {profile.max_gpus} or fewer",
+            )
         return profile
 
 
@@ -143,15 +162,18 @@ def _check_requirements(path: Path, where: str) -> None:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise ConfigError(f"{where}: requirements file {path} does not exist",
-                          fix="create it or fix the path") from None
+        raise ConfigError(
+            f"{where}: requirements file {path} does not exist", fix="create it or fix the path"
+        ) from None
     for number, line in enumerate(lines, 1):
         text = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
         if not text:
             continue
         if text.startswith(("-r", "--requirement", "-c", "--constraint", "-e", "--editable")):
-            raise ConfigError(f"{path}:{number}: '{text}' is not allowed in a governed environment",
-                              fix="list every package in this file, pinned with ==")
+            raise ConfigError(
+                f"{path}:{number}: '{text}' is not allowed in a governed environment",
+                fix="list every package in this file, pinned with ==",
+            )
         if text.startswith("--"):  # pip options such as --index-url
             continue
         if not PIN.match(text):
@@ -173,15 +195,18 @@ def load_profiles(path: str | Path) -> ProfileSet:
         where = yamlconfig.line_of(marks, ("profiles", i, "slug"), str(path))
         slug = raw["slug"]
         if slug in seen:
-            raise ConfigError(f"{where}: profiles[{i}].slug: '{slug}' is already used by profiles[{seen[slug]}]",
-                              fix="give every profile its own slug")
+            raise ConfigError(
+                f"{where}: profiles[{i}].slug: '{slug}' is already used by profiles[{seen[slug]}]",
+                fix="give every profile its own slug",
+            )
         seen[slug] = i
         env = raw["environment"]
         if len(env) > 1 and set(env) not in ({"requirements", "image"}, {"current", "image"}):
             raise ConfigError(
                 f"{yamlconfig.line_of(marks, ('profiles', i, 'environment'), str(path))}: "
                 f"profiles[{i}].environment: choose one of current or requirements (image, for Kubernetes, "
-                "may accompany either)")
+                "may accompany either)"
+            )
         req = None
         if "requirements" in env:
             req = (path.parent / env["requirements"]).resolve()
@@ -192,18 +217,20 @@ def load_profiles(path: str | Path) -> ProfileSet:
         resources = raw.get("resources", {})
         if raw.get("default"):
             defaults.append(slug)
-        profiles.append(Profile(
-            slug=slug,
-            display_name=raw["display_name"],
-            description=raw.get("description", ""),
-            default=bool(raw.get("default")),
-            environment=dict(env),
-            cpu=resources.get("cpu"),
-            memory=resources.get("memory"),
-            gpu_choices=tuple(sorted(set(resources.get("gpus", [0])))),
-            groups=tuple(raw.get("groups", [])),
-            requirements_path=req,
-        ))
+        profiles.append(
+            Profile(
+                slug=slug,
+                display_name=raw["display_name"],
+                description=raw.get("description", ""),
+                default=bool(raw.get("default")),
+                environment=dict(env),
+                cpu=resources.get("cpu"),
+                memory=resources.get("memory"),
+                gpu_choices=tuple(sorted(set(resources.get("gpus", [0])))),
+                groups=tuple(raw.get("groups", [])),
+                requirements_path=req,
+            )
+        )
     if len(defaults) > 1:
         raise ConfigError(f"{path}: profiles {', '.join(defaults)} are all marked default", fix="mark only one")
     return ProfileSet(tuple(profiles), source=str(path))
@@ -211,6 +238,16 @@ def load_profiles(path: str | Path) -> ProfileSet:
 
 def builtin_profiles() -> ProfileSet:
     """Used when no profiles file exists: one profile on the workbench's own Python."""
-    return ProfileSet((Profile(slug="python", display_name="Python (workbench environment)",
-                               description="The Python environment Danlu runs in.", default=True,
-                               environment={"current": True}, gpu_choices=(0,)),), source="(built in)")
+    return ProfileSet(
+        (
+            Profile(
+                slug="python",
+                display_name="Python (workbench environment)",
+                description="The Python environment Danlu runs in.",
+                default=True,
+                environment={"current": True},
+                gpu_choices=(0,),
+            ),
+        ),
+        source="(built in)",
+    )

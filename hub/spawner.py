@@ -40,19 +40,28 @@ from danlu.lab import server_args
 
 class DanluLocalSpawner(LocalProcessSpawner):
     """JupyterLab servers from governed profiles, as local processes."""
+
     profiles_file = Unicode(help="The governed profiles file (kernel-images/profiles.yaml).").tag(config=True)
     home_root = Unicode(help="Folder holding one home folder per user (when unix_accounts is off).").tag(config=True)
     unix_accounts = Bool(False, help="Run each server as the user's Unix account (needs root).").tag(config=True)
     jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
     jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
-    load_lab_extension = Bool(True, help="Load Danlu's lab extension into every server: the server extension "
-                                         "danlu.lab and the prebuilt JupyterLab extension danlu-lab.").tag(config=True)
-    labextensions_dir = Unicode(help="A folder where the prebuilt lab extension is linked in as danlu-lab/ and "
-                                     "which servers get as an extra labextensions path (default: a folder beside "
-                                     "home_root).").tag(config=True)
-    umask = Integer(0o077, help="The umask of every user server (and so of its kernels and terminals): by default "
-                               "what a user creates is theirs alone.").tag(config=True)
+    load_lab_extension = Bool(
+        True,
+        help="Load Danlu's lab extension into every server: the server extension "
+        "danlu.lab and the prebuilt JupyterLab extension danlu-lab.",
+    ).tag(config=True)
+    labextensions_dir = Unicode(
+        help="A folder where the prebuilt lab extension is linked in as danlu-lab/ and "
+        "which servers get as an extra labextensions path (default: a folder beside "
+        "home_root)."
+    ).tag(config=True)
+    umask = Integer(
+        0o077,
+        help="The umask of every user server (and so of its kernels and terminals): by default "
+        "what a user creates is theirs alone.",
+    ).tag(config=True)
     profiles = Any(help="The loaded ProfileSet (read from profiles_file on first use).")
 
     @default("profiles")
@@ -111,9 +120,13 @@ class DanluLocalSpawner(LocalProcessSpawner):
         except OSError:
             return
         if mode & 0o077:
-            self.log.warning("%s's home %s has mode %o: other accounts can look into it. chmod 700 it "
-                             "(create accounts with useradd -m -K HOME_MODE=0700)", self.user.name, self.home_dir,
-                             mode)
+            self.log.warning(
+                "%s's home %s has mode %o: other accounts can look into it. chmod 700 it "
+                "(create accounts with useradd -m -K HOME_MODE=0700)",
+                self.user.name,
+                self.home_dir,
+                mode,
+            )
 
     def user_env(self, env):
         if self.unix_accounts:
@@ -133,16 +146,18 @@ class DanluLocalSpawner(LocalProcessSpawner):
         for p in allowed:
             checked = " checked" if p is default else ""
             gpu_options = "".join(f'<option value="{n}">{n}</option>' for n in p.gpu_choices)
-            limits = ", ".join(x for x in (f"{p.cpu:g} CPU" if p.cpu else "", f"{p.memory} memory" if p.memory
-                                                                                 else "") if x)
+            limits = ", ".join(
+                x for x in (f"{p.cpu:g} CPU" if p.cpu else "", f"{p.memory} memory" if p.memory else "") if x
+            )
             rows.append(
                 f'<label class="danlu-profile" style="display:block;border:1px solid #ddd;padding:.6em;margin:.4em 0">'
                 f'<input type="radio" name="profile" value="{html.escape(p.slug)}"{checked}> '
-                f'<strong>{html.escape(p.display_name)}</strong> <code>{html.escape(p.slug)}</code>'
+                f"<strong>{html.escape(p.display_name)}</strong> <code>{html.escape(p.slug)}</code>"
                 f'<div style="margin-left:1.6em;color:#555">{html.escape(p.description)}'
-                f'{" (" + html.escape(limits) + ")" if limits else ""}</div>'
+                f"{' (' + html.escape(limits) + ')' if limits else ''}</div>"
                 f'<div style="margin-left:1.6em">GPUs: <select name="gpus-{html.escape(p.slug)}" '
-                f'aria-label="GPUs for {html.escape(p.display_name)}">{gpu_options}</select></div></label>')
+                f'aria-label="GPUs for {html.escape(p.display_name)}">{gpu_options}</select></div></label>'
+            )
         return "<fieldset><legend>Profile</legend>" + "".join(rows) + "</fieldset>"
 
     @default("options_form")
@@ -168,8 +183,9 @@ class DanluLocalSpawner(LocalProcessSpawner):
         if isinstance(gpus, str) and gpus.isdigit():
             gpus = int(gpus)
         try:
-            profile = self.profiles.authorize(options.get("profile"), self._groups(), admin=self._is_admin,
-                                              gpus=gpus, server_choice=True)
+            profile = self.profiles.authorize(
+                options.get("profile"), self._groups(), admin=self._is_admin, gpus=gpus, server_choice=True
+            )
         except DanluError as e:
             raise web.HTTPError(e.status if e.status < 500 else 400, str(e)) from None
         if self.unix_accounts:
@@ -190,10 +206,11 @@ class DanluLocalSpawner(LocalProcessSpawner):
             args.append("--allow-root")  # servers run as the hub's account (see the module docstring)
         profile = getattr(self, "profile", None)
         if profile is not None:  # only the profile's kernel is offered
-            args += [f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
-                     f"--MultiKernelManager.default_kernel_name={profile.kernel_name}"]
+            args += [
+                f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
+                f"--MultiKernelManager.default_kernel_name={profile.kernel_name}",
+            ]
         if self.load_lab_extension:
-
             folder = self.labextensions_dir or str(Path(self.home_root or ".").parent / "labextensions")
             args += server_args(Path(folder))
         return args
@@ -202,20 +219,26 @@ class DanluLocalSpawner(LocalProcessSpawner):
     async def _jobs_api(self, method: str, path: str, body: dict | None = None):
         try:
             response = await AsyncHTTPClient().fetch(
-                f"{self.jobs_api_url.rstrip('/')}{path}", method=method,
+                f"{self.jobs_api_url.rstrip('/')}{path}",
+                method=method,
                 body=json.dumps(body) if body is not None else None,
                 headers={"Authorization": f"token {self.jobs_api_token}", "Content-Type": "application/json"},
-                request_timeout=30, allow_nonstandard_methods=True)
+                request_timeout=30,
+                allow_nonstandard_methods=True,
+            )
         except HTTPClientError as e:
             if e.response is None or e.code == 599:
-                raise web.HTTPError(503, f"the Danlu jobs service did not answer to allocate GPUs ({e.message}); "
-                                         "try again") from None
+                raise web.HTTPError(
+                    503, f"the Danlu jobs service did not answer to allocate GPUs ({e.message}); try again"
+                ) from None
             error = error_from(e.code, e.response.body, "Danlu jobs service")
-            raise web.HTTPError(error.status if error.status < 500 else 503, f"GPU allocation failed: {error}") \
-                from None
+            raise web.HTTPError(
+                error.status if error.status < 500 else 503, f"GPU allocation failed: {error}"
+            ) from None
         except OSError as e:
-            raise web.HTTPError(503, f"the Danlu jobs service is not reachable to allocate GPUs ({e}); try again") \
-                from None
+            raise web.HTTPError(
+                503, f"the Danlu jobs service is not reachable to allocate GPUs ({e}); try again"
+            ) from None
         return json.loads(response.body) if response.body else None
 
     def get_env(self):
@@ -234,9 +257,17 @@ class DanluLocalSpawner(LocalProcessSpawner):
             self._apply_profile(self.user_options)
         self.devices = []
         if self.gpus_requested:
-            result = await self._jobs_api("POST", "/allocations", {
-                "holder": self.holder, "owner": self.user.name, "gpus": self.gpus_requested,
-                "profile": self.profile.slug, "groups": self._groups()})
+            result = await self._jobs_api(
+                "POST",
+                "/allocations",
+                {
+                    "holder": self.holder,
+                    "owner": self.user.name,
+                    "gpus": self.gpus_requested,
+                    "profile": self.profile.slug,
+                    "groups": self._groups(),
+                },
+            )
             self.devices = result["devices"]
         if not self.unix_accounts:
             Path(self.home_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -252,6 +283,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
 
     def _warm_soon(self) -> None:
         """Ask the jobs service for a warm runner of this profile: the user's first %%train need not start one."""
+
         async def warm():
             try:
                 await self._jobs_api("POST", "/runners/warm", {"user": self.user.name, "profile": self.profile.slug})

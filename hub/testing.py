@@ -35,8 +35,16 @@ from tornado.websocket import websocket_connect
 from danlu import env as names
 
 #: One profile running on the workbench's own Python: what a benchmark's workbench needs, and nothing to build
-CURRENT_PYTHON_PROFILES = {"profiles": [{"slug": "python", "display_name": "Python (workbench environment)",
-                                         "default": True, "environment": {"current": True}}]}
+CURRENT_PYTHON_PROFILES = {
+    "profiles": [
+        {
+            "slug": "python",
+            "display_name": "Python (workbench environment)",
+            "default": True,
+            "environment": {"current": True},
+        }
+    ]
+}
 
 
 def free_port() -> int:
@@ -48,17 +56,36 @@ def free_port() -> int:
 def run_as(user: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     """Run a command as a Unix account (needs root), in its home, with its groups; output captured as text."""
     entry = pwd.getpwnam(user)
-    env = {"HOME": entry.pw_dir, "USER": user, "LOGNAME": user, "PATH": "/usr/local/bin:/usr/bin:/bin",
-           **kwargs.pop("env", {})}
-    return subprocess.run(argv, user=entry.pw_uid, group=entry.pw_gid,
-                          extra_groups=os.getgrouplist(user, entry.pw_gid), env=env,
-                          cwd=kwargs.pop("cwd", entry.pw_dir), capture_output=True, text=True,
-                          timeout=kwargs.pop("timeout", 120), **kwargs)
+    env = {
+        "HOME": entry.pw_dir,
+        "USER": user,
+        "LOGNAME": user,
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        **kwargs.pop("env", {}),
+    }
+    return subprocess.run(
+        argv,
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=os.getgrouplist(user, entry.pw_gid),
+        env=env,
+        cwd=kwargs.pop("cwd", entry.pw_dir),
+        capture_output=True,
+        text=True,
+        timeout=kwargs.pop("timeout", 120),
+        **kwargs,
+    )
 
 
 class Workbench:
-    def __init__(self, tmp: Path, config: dict | None = None, profiles: dict | None = None,
-                 extra_env: dict | None = None, python: str | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        config: dict | None = None,
+        profiles: dict | None = None,
+        extra_env: dict | None = None,
+        python: str | None = None,
+    ):
         """``python``: the interpreter that runs ``danlu up`` (default: this one); the tests stay here.
         ``profiles``: the profiles file's content (default :data:`CURRENT_PYTHON_PROFILES`), unless ``config``
         names a ``profiles_file``. Nothing is read from a source checkout: the harness works from an installed
@@ -75,8 +102,9 @@ class Workbench:
         config.setdefault("users", {"unix_accounts": "off"})  # test users have no Unix accounts
         config.setdefault("hub", {"idle_timeout_seconds": 0})
         if profiles is not None or "profiles_file" not in config:
-            (self.tmp / "profiles.yaml").write_text(yaml.safe_dump(CURRENT_PYTHON_PROFILES if profiles is None
-                                                                   else profiles))
+            (self.tmp / "profiles.yaml").write_text(
+                yaml.safe_dump(CURRENT_PYTHON_PROFILES if profiles is None else profiles)
+            )
             config["profiles_file"] = str(self.tmp / "profiles.yaml")
         self.config_file = self.tmp / "danlu.yaml"
         self.config_file.write_text(yaml.safe_dump(config))
@@ -93,9 +121,25 @@ class Workbench:
                 env.pop(name, None)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [self.python, "-m", "danlu.hub", "up", "--config", str(self.config_file), "--state-dir", str(self.state),
-             "--port", str(self.port), "--quiet-hub"],
-            cwd=str(self.tmp), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                self.python,
+                "-m",
+                "danlu.hub",
+                "up",
+                "--config",
+                str(self.config_file),
+                "--state-dir",
+                str(self.state),
+                "--port",
+                str(self.port),
+                "--quiet-hub",
+            ],
+            cwd=str(self.tmp),
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -111,8 +155,10 @@ class Workbench:
         found = []
         for proc in psutil.process_iter():
             try:
-                if proc.environ().get(names.INSTANCE) == self.info["instance"] and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    proc.environ().get(names.INSTANCE) == self.info["instance"]
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     found.append(proc)
             except (psutil.Error, OSError):
                 continue
@@ -169,15 +215,21 @@ class Workbench:
     # Danlu API ------------------------------------------------------------------
     def api(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {token or self.admin_token}", **kwargs.pop("headers", {})}
-        return requests.request(method, f"{self.url}/services/danlu/api/v1{path}", headers=headers,
-                                timeout=kwargs.pop("timeout", 120), **kwargs)
+        return requests.request(
+            method,
+            f"{self.url}/services/danlu/api/v1{path}",
+            headers=headers,
+            timeout=kwargs.pop("timeout", 120),
+            **kwargs,
+        )
 
     def mlflow(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
         headers = {"Authorization": f"token {token or self.admin_token}"}
         return requests.request(method, f"{self.url}/services/mlflow{path}", headers=headers, timeout=60, **kwargs)
 
-    def wait_job(self, job_id: str, token: str, timeout: float = 300,
-                 states=("succeeded", "failed", "cancelled", "timed_out")):
+    def wait_job(
+        self, job_id: str, token: str, timeout: float = 300, states=("succeeded", "failed", "cancelled", "timed_out")
+    ):
         deadline = time.monotonic() + timeout
         job = {"state": "unknown"}
         while time.monotonic() < deadline:
@@ -192,8 +244,10 @@ class Workbench:
 
 class RemoteKernel:
     """A kernel in a user's server, driven over the websocket like JupyterLab does."""
-    def __init__(self, wb: Workbench, user: str, token: str, path: str = "work/train.ipynb",
-                 kernel_name: str | None = None):
+
+    def __init__(
+        self, wb: Workbench, user: str, token: str, path: str = "work/train.ipynb", kernel_name: str | None = None
+    ):
         self.wb, self.user, self.token = wb, user, token
         base = f"{wb.url}/user/{user}/api"
         headers = {"Authorization": f"token {token}"}
@@ -201,8 +255,9 @@ class RemoteKernel:
         if folder not in ("", "."):
             requests.put(f"{base}/contents/{folder}", headers=headers, json={"type": "directory"}, timeout=30)
         nb = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-        r = requests.put(f"{base}/contents/{path}", headers=headers, json={"type": "notebook", "content": nb},
-                         timeout=30)
+        r = requests.put(
+            f"{base}/contents/{path}", headers=headers, json={"type": "notebook", "content": nb}, timeout=30
+        )
         assert r.status_code in (200, 201), r.text
         body = {"path": path, "type": "notebook", "name": Path(path).name, "kernel": {}}
         if kernel_name:
@@ -216,18 +271,31 @@ class RemoteKernel:
     def execute(self, code: str, timeout: float = 600, cell_id: str | None = None) -> dict:
         """Run code; return {'status', 'stdout', 'stderr', 'error', 'outputs'}."""
 
-
         async def run():
             request = HTTPRequest(self.ws_url, headers={"Authorization": f"token {self.token}"})
             ws = await websocket_connect(request)
             msg_id = uuid.uuid4().hex
             msg = {
-                "header": {"msg_id": msg_id, "username": self.user, "session": self.session, "msg_type":
-                           "execute_request", "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {"cellId": cell_id or uuid.uuid4().hex[:8]},
-                "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-                            "allow_stdin": False, "stop_on_error": True},
-                "channel": "shell", "buffers": [],
+                "header": {
+                    "msg_id": msg_id,
+                    "username": self.user,
+                    "session": self.session,
+                    "msg_type": "execute_request",
+                    "version": "5.3",
+                    "date": "",
+                },
+                "parent_header": {},
+                "metadata": {"cellId": cell_id or uuid.uuid4().hex[:8]},
+                "content": {
+                    "code": code,
+                    "silent": False,
+                    "store_history": True,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+                "channel": "shell",
+                "buffers": [],
             }
             await ws.write_message(json.dumps(msg))
             result = {"status": None, "stdout": "", "stderr": "", "error": None, "outputs": []}

@@ -25,8 +25,16 @@ from traitlets import Bool, Enum, Integer, TraitError, TraitType, Undefined, Uni
 
 class Text(Unicode):
     """A string that matches ``pattern`` (``re.search``, as JSON Schema does) and has a bounded length."""
-    def __init__(self, default_value: Any = Undefined, *, pattern: str | None = None, min_length: int | None = None,
-                 max_length: int | None = None, **kwargs):
+
+    def __init__(
+        self,
+        default_value: Any = Undefined,
+        *,
+        pattern: str | None = None,
+        min_length: int | None = None,
+        max_length: int | None = None,
+        **kwargs,
+    ):
         self.pattern = pattern
         self.min_length = min_length
         self.max_length = max_length
@@ -45,6 +53,7 @@ class Text(Unicode):
 
 class Positive(traitlets.Float):
     """A number above zero (and at most ``max``)."""
+
     def validate(self, obj, value):
         value = super().validate(obj, value)
         if value <= 0:
@@ -89,12 +98,12 @@ class Size(Union):
     """
 
     def __init__(self, default_value: Any = Undefined, **kwargs):
-        super().__init__([Integer(min=0, max=2**60), Text(pattern=SIZE_PATTERN)], default_value=default_value,
-                         **kwargs)
+        super().__init__([Integer(min=0, max=2**60), Text(pattern=SIZE_PATTERN)], default_value=default_value, **kwargs)
 
 
 class _ReadsAsCopy:
     """Every read of the option is a deep copy: one reader changing what it got changes nothing for the next."""
+
     def get(self, obj, cls=None):
         return copy.deepcopy(super().get(obj, cls))
 
@@ -105,8 +114,18 @@ class List(_ReadsAsCopy, traitlets.List):
 
 class Dict(_ReadsAsCopy, traitlets.Dict):
     """traitlets' ``Dict`` with at least ``minlen`` and at most ``maxlen`` entries, read as a copy."""
-    def __init__(self, value_trait=None, per_key_traits=None, key_trait=None, default_value=Undefined, *,
-                 minlen: int = 0, maxlen: int | None = None, **kwargs):
+
+    def __init__(
+        self,
+        value_trait=None,
+        per_key_traits=None,
+        key_trait=None,
+        default_value=Undefined,
+        *,
+        minlen: int = 0,
+        maxlen: int | None = None,
+        **kwargs,
+    ):
         self.minlen = minlen
         self.maxlen = maxlen
         super().__init__(value_trait, per_key_traits, key_trait, default_value, **kwargs)
@@ -120,6 +139,7 @@ class Dict(_ReadsAsCopy, traitlets.Dict):
 
 class Record(Dict):
     """A mapping with named fields, each one a trait: the ``required`` ones present, no others."""
+
     def __init__(self, fields: dict[str, TraitType], *, required: tuple[str, ...] = (), **kwargs):
         self.fields = fields
         self.required = tuple(required)
@@ -192,8 +212,11 @@ def _schema(trait: TraitType) -> dict:
             out["maxItems"] = trait._maxlen
         return out
     if isinstance(trait, Record):
-        out = {"type": "object", "additionalProperties": False,
-               "properties": {key: schema_of(field) for key, field in trait.fields.items()}}
+        out = {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {key: schema_of(field) for key, field in trait.fields.items()},
+        }
         if trait.required:
             out["required"] = list(trait.required)
         return out
@@ -209,8 +232,9 @@ def _schema(trait: TraitType) -> dict:
         if getattr(trait, "maxlen", None) is not None:
             out["maxProperties"] = trait.maxlen
         return out
-    raise TypeError(f"{type(trait).__name__} has no JSON Schema: give it schema= metadata or use a type of "
-                    "danlu.hub.traits")
+    raise TypeError(
+        f"{type(trait).__name__} has no JSON Schema: give it schema= metadata or use a type of danlu.hub.traits"
+    )
 
 
 def options(cls: type) -> dict[str, TraitType]:
@@ -230,8 +254,14 @@ def _words(schema: dict) -> str:
         return " or ".join(_words(s) for s in schema["oneOf"])
     if "enum" in schema:
         return "|".join(str(v) for v in schema["enum"])
-    kind = {"integer": "integer", "number": "number", "boolean": "boolean", "string": "string",
-            "array": "list", "object": "map"}.get(schema.get("type", ""), "value")
+    kind = {
+        "integer": "integer",
+        "number": "number",
+        "boolean": "boolean",
+        "string": "string",
+        "array": "list",
+        "object": "map",
+    }.get(schema.get("type", ""), "value")
     low = schema.get("minimum")
     high = schema.get("maximum")
     if schema.get("exclusiveMinimum") is not None:

@@ -102,8 +102,11 @@ def _unknown_keys(error: jsonschema.ValidationError) -> list[tuple[Path_, str, s
     for key in (k for k in error.instance if k not in allowed):
         close = difflib.get_close_matches(str(key), allowed, n=1)
         message = f"unknown key, did you mean '{close[0]}'?" if close else "unknown key"
-        fix = (f"{owner} {', '.join(allowed)}" if allowed else "remove it") if close else (
-            f"remove '{key}'; {owner} {', '.join(allowed)}" if allowed else f"remove '{key}'")
+        fix = (
+            (f"{owner} {', '.join(allowed)}" if allowed else "remove it")
+            if close
+            else (f"remove '{key}'; {owner} {', '.join(allowed)}" if allowed else f"remove '{key}'")
+        )
         out.append((parent + (key,), message, fix))
     return out
 

@@ -37,10 +37,21 @@ from danlu import env, seeds
 from danlu.importhooks import when_imported
 
 #: top-level modules whose import turns on mlflow.autolog (mlflow's LIBRARY_TO_AUTOLOG_MODULE)
-AUTOLOG_FRAMEWORKS = frozenset({
-    "tensorflow", "keras", "xgboost", "lightgbm", "statsmodels", "sklearn", "pyspark",
-    "pytorch_lightning", "lightning", "setfit", "transformers",
-})
+AUTOLOG_FRAMEWORKS = frozenset(
+    {
+        "tensorflow",
+        "keras",
+        "xgboost",
+        "lightgbm",
+        "statsmodels",
+        "sklearn",
+        "pyspark",
+        "pytorch_lightning",
+        "lightning",
+        "setfit",
+        "transformers",
+    }
+)
 
 _writers: "weakref.WeakSet" = weakref.WeakSet()
 _lock = threading.Lock()

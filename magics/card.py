@@ -18,15 +18,24 @@ from IPython.display import display
 
 from danlu.states import FINAL_STATES as FINAL
 
-COLORS = {"queued": "#8a6d00", "running": "#1565c0", "succeeded": "#2e7d32", "failed": "#c62828",
-          "cancelled": "#616161", "preempted": "#6a1b9a", "timed_out": "#c62828"}
+COLORS = {
+    "queued": "#8a6d00",
+    "running": "#1565c0",
+    "succeeded": "#2e7d32",
+    "failed": "#c62828",
+    "cancelled": "#616161",
+    "preempted": "#6a1b9a",
+    "timed_out": "#c62828",
+}
 
 
 def summary_html(job: dict) -> str:
     state = job["state"]
-    parts = [f'<b>{html.escape(job["name"])}</b> <code>{job["id"]}</code> '
-             f'<span style="color:#fff;background:{COLORS.get(state, "#444")};padding:1px 6px;border-radius:3px">'
-             f'{state}</span>']
+    parts = [
+        f"<b>{html.escape(job['name'])}</b> <code>{job['id']}</code> "
+        f'<span style="color:#fff;background:{COLORS.get(state, "#444")};padding:1px 6px;border-radius:3px">'
+        f"{state}</span>"
+    ]
     if state == "queued":
         pos = job.get("queue_position")
         parts.append(f"position {pos} in {html.escape(job.get('queue', 'default'))}" if pos else "queued")
@@ -42,9 +51,12 @@ def summary_html(job: dict) -> str:
     if tracking.get("state") == "degraded":
         dropped = tracking.get("points_dropped") or 0
         detail = "; ".join(str(n) for n in (tracking.get("notes") or [])[:3])
-        parts.append('<span style="color:#8a6d00">MLflow: '
-                     + (f"{dropped} metric point(s) not recorded" if dropped else "see notes")
-                     + (f" ({html.escape(detail)})" if detail else "") + "</span>")
+        parts.append(
+            '<span style="color:#8a6d00">MLflow: '
+            + (f"{dropped} metric point(s) not recorded" if dropped else "see notes")
+            + (f" ({html.escape(detail)})" if detail else "")
+            + "</span>"
+        )
     elif tracking.get("state") == "none" and state in FINAL:
         parts.append('<span style="color:#8a6d00">no MLflow run</span>')
     links = []
@@ -67,11 +79,13 @@ class JobCard:
 
         self.header = w.HTML(summary_html(self.job))
         self.log = w.HTML("")
-        self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop",
-                                      tooltip=f"Cancel job {self.job['id']}")
+        self.cancel_button = w.Button(
+            description="Cancel job", button_style="danger", icon="stop", tooltip=f"Cancel job {self.job['id']}"
+        )
         self.cancel_button.on_click(self._cancel)
-        self.box = w.VBox([self.header, self.log, self.cancel_button],
-                          layout=w.Layout(border="1px solid #ccc", padding="6px"))
+        self.box = w.VBox(
+            [self.header, self.log, self.cancel_button], layout=w.Layout(border="1px solid #ccc", padding="6px")
+        )
         return self.box
 
     def _cancel(self, _button):
@@ -85,8 +99,9 @@ class JobCard:
     def _render(self, tail: str):
         self.header.value = summary_html(self.job)
         if tail:
-            self.log.value = ('<pre style="max-height:14em;overflow:auto;font-size:85%;margin:4px 0">'
-                              f"{html.escape(tail)}</pre>")
+            self.log.value = (
+                f'<pre style="max-height:14em;overflow:auto;font-size:85%;margin:4px 0">{html.escape(tail)}</pre>'
+            )
         if self.job["state"] in FINAL:
             self.cancel_button.layout.display = "none"
 

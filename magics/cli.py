@@ -85,8 +85,10 @@ def cmd_queues(args) -> int:
     for q in data["queues"]:
         held = " (held)" if q["held"] else ""
         borrowed = "".join(f" +{n:g} {f} borrowed" for f, n in q.get("borrowing", {}).items())
-        print(f"{q['name'] + held:<12} {q.get('cohort') or '-':<10} {_amount(q['quota']):<22} "
-              f"{_amount(q['usage']) + borrowed:<18} {q['running']:>7} {q['pending']:>7}")
+        print(
+            f"{q['name'] + held:<12} {q.get('cohort') or '-':<10} {_amount(q['quota']):<22} "
+            f"{_amount(q['usage']) + borrowed:<18} {q['running']:>7} {q['pending']:>7}"
+        )
     return 0
 
 
@@ -126,12 +128,16 @@ def cmd_usage(args) -> int:
     print(f"{data['by']:<16} {'GPU-hours':>10} {cost:>12} {'jobs':>6} {'servers':>8} {'measured util':>14}")
     for row in data["rows"]:
         util = f"{row['measured_utilization']:.0f}%" if row["measured_utilization"] is not None else "n/a"
-        print(f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>12.2f} {row['jobs']:>6} "
-              f"{row['servers']:>8} {util:>14}")
+        print(
+            f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>12.2f} {row['jobs']:>6} "
+            f"{row['servers']:>8} {util:>14}"
+        )
     print(f"{'total':<16} {data['total']['gpu_hours']:>10.2f} {data['total']['cost']:>12.2f}")
     for server in data.get("idle_gpu_servers", []):
-        print(f"idle: server {server['server']} holds {server['gpus']} GPU(s), no activity for "
-              f"{server['idle_minutes']:.0f} min")
+        print(
+            f"idle: server {server['server']} holds {server['gpus']} GPU(s), no activity for "
+            f"{server['idle_minutes']:.0f} min"
+        )
     return 0
 
 

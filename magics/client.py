@@ -57,8 +57,11 @@ def error_from(status: int, body: bytes | str | None, service: str = "Danlu jobs
     if status >= 500:
         return DanluError(f"the {service} failed: {message}", status=502, reason="upstream_error")
     if status == 401:
-        return DanluError(f"{message} (no valid token: set JUPYTERHUB_API_TOKEN or {env.TOKEN})", status=401,
-                          reason=reason or "unauthenticated")
+        return DanluError(
+            f"{message} (no valid token: set JUPYTERHUB_API_TOKEN or {env.TOKEN})",
+            status=401,
+            reason=reason or "unauthenticated",
+        )
     cls = _BY_STATUS.get(status, DanluError)
     if status == 403 and reason and reason not in ("forbidden", "token_rejected", "not_admin"):
         cls = PolicyError
@@ -76,8 +79,15 @@ def default_token() -> str | None:
 class DanluClient:
     """The jobs API over HTTP: ``url`` is the workbench (the hub's base URL), or, with ``api``, the API itself."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, *,
-                 api: str | None = None, scheme: str = "token"):
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        *,
+        api: str | None = None,
+        scheme: str = "token",
+    ):
         self.url = (url or default_url()).rstrip("/")
         self.api = (api or f"{self.url}/services/danlu/api/v1").rstrip("/")
         self.token = token or default_token()
@@ -86,17 +96,35 @@ class DanluClient:
         if self.token:
             self.session.headers["Authorization"] = f"{scheme} {self.token}"
 
-    def request(self, method: str, path: str, *, json=None, params=None, stream: bool = False,
-                timeout: float | tuple | None = None, data: bytes | None = None) -> requests.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json=None,
+        params=None,
+        stream: bool = False,
+        timeout: float | tuple | None = None,
+        data: bytes | None = None,
+    ) -> requests.Response:
         if not self.token:
             raise UsageError(f"no API token: set JUPYTERHUB_API_TOKEN (inside a Danlu server it is set) or {env.TOKEN}")
         try:
-            response = self.session.request(method, f"{self.api}{path}", json=json, params=params, stream=stream,
-                                            timeout=timeout or self.timeout, data=data,
-                                            headers={"Content-Type": "application/json"} if data is not None else None)
+            response = self.session.request(
+                method,
+                f"{self.api}{path}",
+                json=json,
+                params=params,
+                stream=stream,
+                timeout=timeout or self.timeout,
+                data=data,
+                headers={"Content-Type": "application/json"} if data is not None else None,
+            )
         except requests.ConnectionError:
-            raise Unreachable(f"cannot reach the Danlu jobs service at {self.url}",
-                              fix=f"is 'danlu up' running there? set {env.URL} to the workbench's address") from None
+            raise Unreachable(
+                f"cannot reach the Danlu jobs service at {self.url}",
+                fix=f"is 'danlu up' running there? set {env.URL} to the workbench's address",
+            ) from None
         except requests.Timeout:
             raise Unreachable(f"the Danlu jobs service at {self.url} did not answer in time") from None
         if response.status_code >= 400:
@@ -107,20 +135,37 @@ class DanluClient:
     def submit(self, body: dict) -> dict:
         return self.request("POST", "/jobs", json=body, timeout=120).json()
 
-    def jobs_page(self, state: str | None = None, owner: str | None = None, queue: str | None = None,
-                  limit: int | None = None, cursor: str | None = None) -> dict:
+    def jobs_page(
+        self,
+        state: str | None = None,
+        owner: str | None = None,
+        queue: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> dict:
         """One page of ``GET /jobs``: ``{"jobs": [...], "next_cursor": str | None}``, newest first."""
-        params = {k: v for k, v in {"state": state, "owner": owner, "queue": queue, "limit": limit,
-                                    "cursor": cursor}.items() if v}
+        params = {
+            k: v
+            for k, v in {"state": state, "owner": owner, "queue": queue, "limit": limit, "cursor": cursor}.items()
+            if v
+        }
         return self.request("GET", "/jobs", params=params).json()
 
     def jobs(self, state: str | None = None, owner: str | None = None, queue: str | None = None) -> list[dict]:
         """The first page of jobs (the service's default size)."""
         return self.jobs_page(state, owner, queue)["jobs"]
 
-    def iter_jobs(self, state: str | None = None, owner: str | None = None, queue: str | None = None, *,
-                  limit: int | None = None, cursor: str | None = None, page_size: int = 1000,
-                  pages: list | None = None) -> Iterator[dict]:
+    def iter_jobs(
+        self,
+        state: str | None = None,
+        owner: str | None = None,
+        queue: str | None = None,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        page_size: int = 1000,
+        pages: list | None = None,
+    ) -> Iterator[dict]:
         """Jobs newest first, following ``next_cursor`` page by page (one page in memory at a time), until
         ``limit`` jobs (None: all of them). ``pages``, if given, gets the cursor after each page read
         (None once the last page was read)."""
@@ -143,16 +188,22 @@ class DanluClient:
     def cancel(self, job_id: str) -> dict:
         return self.request("POST", f"/jobs/{job_id}/cancel", timeout=120).json()
 
-    def logs(self, job_id: str, *, follow: bool = False, tail: int | None = None,
-             offset: int | None = None) -> Iterator[str]:
+    def logs(
+        self, job_id: str, *, follow: bool = False, tail: int | None = None, offset: int | None = None
+    ) -> Iterator[str]:
         params = {"follow": "true" if follow else "false"}
         if tail is not None:
             params["tail"] = str(tail)
         if offset is not None:
             params["offset"] = str(offset)
         # a followed log may be quiet for as long as the job computes: no read timeout then
-        response = self.request("GET", f"/jobs/{job_id}/logs", params=params, stream=True,
-                                timeout=(self.timeout, None) if follow else self.timeout)
+        response = self.request(
+            "GET",
+            f"/jobs/{job_id}/logs",
+            params=params,
+            stream=True,
+            timeout=(self.timeout, None) if follow else self.timeout,
+        )
         response.encoding = "utf-8"
         try:
             yield from response.iter_content(chunk_size=None, decode_unicode=True)
@@ -192,8 +243,9 @@ class DanluClient:
         # while for millions of records
         return self.request("GET", "/audit/verify", timeout=(self.timeout, 3600)).json()
 
-    def usage(self, start: str | None = None, end: str | None = None, by: str = "user",
-              user: str | None = None) -> dict:
+    def usage(
+        self, start: str | None = None, end: str | None = None, by: str = "user", user: str | None = None
+    ) -> dict:
         params = {k: v for k, v in {"from": start, "to": end, "by": by, "user": user}.items() if v}
         return self.request("GET", "/usage", params=params).json()
 
@@ -219,6 +271,7 @@ class DanluClient:
     def compare(self, job_id: str, other: str) -> dict:
         """What differs between two jobs (parameters, environment, source, datasets, metrics)."""
         return self.request("GET", f"/jobs/{job_id}/compare/{other}", timeout=60).json()
+
     def register_model(self, body: dict) -> dict:
         # the service reads the run from MLflow and may submit the evaluation job before it answers
         return self.request("POST", "/models", json=body, timeout=(self.timeout, 300)).json()
@@ -233,12 +286,16 @@ class DanluClient:
         return self.request("GET", f"/models/{quote(name, safe='')}/versions/{version}").json()
 
     def decide_model(self, name: str, version: int, decision: str, comment: str) -> dict:
-        return self.request("POST", f"/models/{quote(name, safe='')}/versions/{version}/decisions",
-                            json={"decision": decision, "comment": comment}).json()
+        return self.request(
+            "POST",
+            f"/models/{quote(name, safe='')}/versions/{version}/decisions",
+            json={"decision": decision, "comment": comment},
+        ).json()
 
     def set_model_alias(self, name: str, alias: str, version: int) -> dict:
-        return self.request("PUT", f"/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}",
-                            json={"version": version}).json()
+        return self.request(
+            "PUT", f"/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}", json={"version": version}
+        ).json()
 
     def delete_model_alias(self, name: str, alias: str) -> dict:
         return self.request("DELETE", f"/models/{quote(name, safe='')}/aliases/{quote(alias, safe='')}").json()

@@ -49,16 +49,23 @@ def use(ref: str, context: str = TRAINING) -> Path:
     """
     match = REF.match(ref) if isinstance(ref, str) else None
     if match is None:
-        raise UsageError(f"danlu.dataset({str(ref)[:80]!r}): not a catalog version; write NAME@VERSION (e.g. "
-                         "mnist@3), NAME@latest or NAME", reason="bad_ref",
-                         fix="see the datasets you may read with 'danlu datasets list'")
+        raise UsageError(
+            f"danlu.dataset({str(ref)[:80]!r}): not a catalog version; write NAME@VERSION (e.g. "
+            "mnist@3), NAME@latest or NAME",
+            reason="bad_ref",
+            fix="see the datasets you may read with 'danlu datasets list'",
+        )
     if context not in CONTEXTS:
-        raise UsageError(f"danlu.dataset: context {str(context)[:40]!r} is not one of {', '.join(CONTEXTS)}",
-                         reason="bad_context", fix=f"use context={TRAINING!r} or context={EVALUATION!r}")
+        raise UsageError(
+            f"danlu.dataset: context {str(context)[:40]!r} is not one of {', '.join(CONTEXTS)}",
+            reason="bad_context",
+            fix=f"use context={TRAINING!r} or context={EVALUATION!r}",
+        )
     name, version = match.group(1), match.group(2) or "latest"
     answer = _resolve_in_job(f"{name}@{version}", context) if _in_job() else _resolve_outside(name, version)
-    found = verify(answer["path"], answer["ref"], answer["digest"], answer.get("manifest") or [],
-                   cache_file=default_cache())
+    found = verify(
+        answer["path"], answer["ref"], answer["digest"], answer.get("manifest") or [], cache_file=default_cache()
+    )
     _log_input(found, context)
     return Path(answer["path"])
 
@@ -70,11 +77,14 @@ def _in_job() -> bool:
 def _resolve_in_job(ref: str, context: str) -> dict:
     api, token, attempt, job = env.RUNNER_API.get(), env.JOB_TOKEN.get(), env.ATTEMPT.get(), env.JOB_ID.get()
     if not (api and token and attempt):
-        raise Unreachable("danlu.dataset: this job's kernel was not told where the jobs service's runner API is",
-                          fix="name the version with --dataset NAME@VERSION when submitting instead")
+        raise Unreachable(
+            "danlu.dataset: this job's kernel was not told where the jobs service's runner API is",
+            fix="name the version with --dataset NAME@VERSION when submitting instead",
+        )
     client = DanluClient(api=api, token=token, scheme="Bearer", url=api)
-    return client.request("POST", f"/runner/jobs/{job}/attempts/{attempt}/datasets",
-                          json={"ref": ref, "context": context}).json()
+    return client.request(
+        "POST", f"/runner/jobs/{job}/attempts/{attempt}/datasets", json={"ref": ref, "context": context}
+    ).json()
 
 
 def _resolve_outside(name: str, version: str) -> dict:

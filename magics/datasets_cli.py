@@ -38,8 +38,10 @@ def _users(used_by: list[dict]) -> None:
         return
     print(f"{'used by':>12}: {'job':<12} {'owner':<12} {'state':<10} {'context':<10} mlflow run")
     for u in used_by:
-        print(f"{'':>12}  {u['job_id']:<12} {u['owner'][:12]:<12} {u['state']:<10} {u['context']:<10} "
-              f"{u.get('mlflow_run_id') or '-'}")
+        print(
+            f"{'':>12}  {u['job_id']:<12} {u['owner'][:12]:<12} {u['state']:<10} {u['context']:<10} "
+            f"{u.get('mlflow_run_id') or '-'}"
+        )
 
 
 def cmd_register(args) -> int:
@@ -55,8 +57,9 @@ def cmd_register(args) -> int:
         print(json.dumps(version, indent=1))
         return 0
     what = "registered" if created else "unchanged: already registered as"
-    print(f"{what} {version['ref']}  {version['files']} files, {_size(version['bytes'])}, "
-          f"digest {version['digest'][:16]}")
+    print(
+        f"{what} {version['ref']}  {version['files']} files, {_size(version['bytes'])}, digest {version['digest'][:16]}"
+    )
     return 0
 
 
@@ -71,8 +74,10 @@ def cmd_list(args) -> int:
     print(f"{'name':<24} {'latest':>6} {'files':>8} {'size':>10} {'digest':<16}  description")
     for ds in datasets:
         v = ds.get("latest") or {}
-        print(f"{ds['name']:<24} {v.get('version', '-'):>6} {v.get('files', '-'):>8} "
-              f"{_size(v['bytes']) if v else '-':>10} {v.get('digest', '-')[:16]:<16}  {ds['description'][:40]}")
+        print(
+            f"{ds['name']:<24} {v.get('version', '-'):>6} {v.get('files', '-'):>8} "
+            f"{_size(v['bytes']) if v else '-':>10} {v.get('digest', '-')[:16]:<16}  {ds['description'][:40]}"
+        )
     return 0
 
 
@@ -102,8 +107,10 @@ def cmd_show(args) -> int:
     print(f"{'register groups':>15}: {', '.join(data['register_groups']) or 'everyone'}")
     print(f"{'version':>7} {'files':>8} {'size':>10} {'digest':<16}  {'created':<19} {'by':<12} source")
     for v in data.get("versions") or []:
-        print(f"{v['version']:>7} {v['files']:>8} {_size(v['bytes']):>10} {v['digest'][:16]:<16}  "
-              f"{v['created_at'][:19]:<19} {v['created_by'][:12]:<12} {v['source']}")
+        print(
+            f"{v['version']:>7} {v['files']:>8} {_size(v['bytes']):>10} {v['digest'][:16]:<16}  "
+            f"{v['created_at'][:19]:<19} {v['created_by'][:12]:<12} {v['source']}"
+        )
     return 0
 
 
@@ -115,15 +122,26 @@ def add_parser(sub) -> None:
     rg.add_argument("name", help="the dataset's name (lowercase letters, digits, - _ .)")
     rg.add_argument("path", help="PATH relative to your home, or ROOT:PATH under a dataset root")
     rg.add_argument("--description")
-    rg.add_argument("--read-group", action="append", default=[], metavar="GROUP",
-                    help="who may read it (first registration; default everyone)")
-    rg.add_argument("--register-group", action="append", default=[], metavar="GROUP",
-                    help="who may add versions (first registration; default everyone)")
+    rg.add_argument(
+        "--read-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="who may read it (first registration; default everyone)",
+    )
+    rg.add_argument(
+        "--register-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="who may add versions (first registration; default everyone)",
+    )
     rg.set_defaults(func=cmd_register)
     dl = dsub.add_parser("list", help="the datasets you may read")
     dl.set_defaults(func=cmd_list)
-    dw = dsub.add_parser("show", help="a dataset and its versions, or one version and the jobs that used it "
-                                      "(NAME@VERSION)")
+    dw = dsub.add_parser(
+        "show", help="a dataset and its versions, or one version and the jobs that used it (NAME@VERSION)"
+    )
     dw.add_argument("ref", metavar="NAME[@VERSION]")
     dw.set_defaults(func=cmd_show)
     for p in (rg, dl, dw):

@@ -98,8 +98,13 @@ class LinkOut(ValueError):
     """A file of a confined folder is a symbolic link to somewhere outside it (``args[0]``: its relative path)."""
 
 
-def scan(path: str | os.PathLike, name: str | None = None, cache_file: Path | None = None,
-         max_files: int | None = None, confine: bool = False) -> tuple[DatasetDigest, list[list]]:
+def scan(
+    path: str | os.PathLike,
+    name: str | None = None,
+    cache_file: Path | None = None,
+    max_files: int | None = None,
+    confine: bool = False,
+) -> tuple[DatasetDigest, list[list]]:
     """The digest of a file or folder and its manifest, ``[relative path, size, sha256]`` per file.
 
     With ``max_files``, a folder of more files raises :class:`TooManyFiles` as soon as the walk finds
@@ -158,12 +163,15 @@ def changes(registered: list[list], found: list[list], limit: int = 10) -> list[
     return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
 
 
-def verify(path: str | os.PathLike, name: str, expected: str, manifest: list[list],
-           cache_file: Path | None = None) -> DatasetDigest:
+def verify(
+    path: str | os.PathLike, name: str, expected: str, manifest: list[list], cache_file: Path | None = None
+) -> DatasetDigest:
     """The digest of a registered version's files, or :class:`DatasetChanged` naming what changed."""
     found, now = scan(path, name, cache_file)
     if found.digest != expected:
         what = changes(manifest, now) or ["its digest differs"]
-        raise DatasetChanged(f"dataset {name} changed since it was registered: {', '.join(what)}; register the "
-                             "data again for a new version, or restore it")
+        raise DatasetChanged(
+            f"dataset {name} changed since it was registered: {', '.join(what)}; register the "
+            "data again for a new version, or restore it"
+        )
     return found

@@ -47,15 +47,20 @@ class Var(str):
 CONFIG = Var("DANLU_CONFIG", "The danlu.yaml every process reads (absolute path; empty: built-in defaults).")
 STATE_DIR = Var("DANLU_STATE_DIR", "The state folder: databases, job folders, MLflow data, tokens, logs.")
 BASE_DIR = Var("DANLU_BASE_DIR", "The folder danlu up ran in; relative paths in danlu.yaml start there.")
-PROFILES_FILE = Var("DANLU_PROFILES_FILE", "The governed profiles file, over danlu.yaml's profiles_file (on "
-                                           "Kubernetes: the profiles.yaml beside danlu.yaml).")
+PROFILES_FILE = Var(
+    "DANLU_PROFILES_FILE",
+    "The governed profiles file, over danlu.yaml's profiles_file (on Kubernetes: the profiles.yaml beside danlu.yaml).",
+)
 IP = Var("DANLU_IP", "The address the public proxy listens on.")
 PORT = Var("DANLU_PORT", "The port of the public proxy.")
-ADMIN_TOKEN = Var("DANLU_ADMIN_TOKEN", "The admin API token (for automation); generated into <state>/admin-token "
-                                       "when unset.")
+ADMIN_TOKEN = Var(
+    "DANLU_ADMIN_TOKEN", "The admin API token (for automation); generated into <state>/admin-token when unset."
+)
 MLFLOW_URL = Var("DANLU_MLFLOW_URL", "Loopback URL of the MLflow tracking server (behind the gateway for users).")
-MLFLOW_AUTH_SECRET = Var("DANLU_MLFLOW_AUTH_SECRET", "The secret MLflow credentials are derived from; only the "
-                                                     "MLflow server, its gateway and the jobs service see it.")
+MLFLOW_AUTH_SECRET = Var(
+    "DANLU_MLFLOW_AUTH_SECRET",
+    "The secret MLflow credentials are derived from; only the MLflow server, its gateway and the jobs service see it.",
+)
 HUB_PORT = Var("DANLU_HUB_PORT", "Loopback port of JupyterHub's own API.")
 PROXY_API_PORT = Var("DANLU_PROXY_API_PORT", "Loopback port of configurable-http-proxy's REST API.")
 SERVICE_PORT = Var("DANLU_SERVICE_PORT", "Loopback port of the jobs service.")
@@ -70,29 +75,50 @@ PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (
 
 # inside a job ----------------------------------------------------------------------------
 JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")
-RUNNER_ID = Var("DANLU_RUNNER_ID", "A marker every job runner and its kernels carry from their start, so a runner "
-                                   "that dies takes its kernels and ranks with it.")
-ATTEMPT = Var("DANLU_ATTEMPT", "In a job pod, and every kernel of a job: the attempt it runs (the launch message of a "
-                               "local runner says it).")
-RUNNER_API = Var("DANLU_RUNNER_API", "In a job pod, and every kernel of a job: the service's runner API (.../api/v1) "
-                                     "the runner reports to and danlu.dataset() asks.")
-JOB_TOKEN = Var("DANLU_JOB_TOKEN", "In a job pod (from the attempt's Secret), and every kernel of a job: the attempt's "
-                                   "job token (never logged).")
+RUNNER_ID = Var(
+    "DANLU_RUNNER_ID",
+    "A marker every job runner and its kernels carry from their start, so a runner "
+    "that dies takes its kernels and ranks with it.",
+)
+ATTEMPT = Var(
+    "DANLU_ATTEMPT",
+    "In a job pod, and every kernel of a job: the attempt it runs (the launch message of a local runner says it).",
+)
+RUNNER_API = Var(
+    "DANLU_RUNNER_API",
+    "In a job pod, and every kernel of a job: the service's runner API (.../api/v1) "
+    "the runner reports to and danlu.dataset() asks.",
+)
+JOB_TOKEN = Var(
+    "DANLU_JOB_TOKEN",
+    "In a job pod (from the attempt's Secret), and every kernel of a job: the attempt's job token (never logged).",
+)
 JOB_DIR = Var("DANLU_JOB_DIR", "The job's folder: log, output notebooks, TensorBoard events.")
 CHECKPOINT_DIR = Var("DANLU_CHECKPOINT_DIR", "Where a job saves checkpoints; kept across its attempts.")
 
 # tests and their tools -----------------------------------------------------------------------
-TEST_POSTGRES_URL = Var("DANLU_TEST_POSTGRES_URL", "Tests: a PostgreSQL database the service tests also run "
-                                                   "against (.ci/run starts one).")
-TEST_UNIX_PYTHON = Var("DANLU_TEST_UNIX_PYTHON", "Tests: a Python with Danlu installed that every account can "
-                                                 "run, for the unix-accounts tier (.ci/run builds one in /opt).")
-TEST_REQUIRE = Var("DANLU_TEST_REQUIRE", "Tests: the tiers that must run, comma-separated (unix, postgres, ui): "
-                                         "each fails instead of skipping when it cannot (.ci/run sets all three).")
-TEST_CLUSTER_URL = Var("DANLU_TEST_CLUSTER_URL", "Tests: the public URL of Danlu deployed on a real cluster (with "
-                       "KUBECONFIG); the cluster tier skips without it.")
+TEST_POSTGRES_URL = Var(
+    "DANLU_TEST_POSTGRES_URL", "Tests: a PostgreSQL database the service tests also run against (.ci/run starts one)."
+)
+TEST_UNIX_PYTHON = Var(
+    "DANLU_TEST_UNIX_PYTHON",
+    "Tests: a Python with Danlu installed that every account can "
+    "run, for the unix-accounts tier (.ci/run builds one in /opt).",
+)
+TEST_REQUIRE = Var(
+    "DANLU_TEST_REQUIRE",
+    "Tests: the tiers that must run, comma-separated (unix, postgres, ui): "
+    "each fails instead of skipping when it cannot (.ci/run sets all three).",
+)
+TEST_CLUSTER_URL = Var(
+    "DANLU_TEST_CLUSTER_URL",
+    "Tests: the public URL of Danlu deployed on a real cluster (with KUBECONFIG); the cluster tier skips without it.",
+)
 TEST_CLUSTER_TOKEN = Var("DANLU_TEST_CLUSTER_TOKEN", "Tests: a hub API token of a user in a team there.")
-BENCH_POSTGRES_URL = Var("DANLU_BENCH_POSTGRES_URL", "Benchmarks: a PostgreSQL database benchmarks/history.py "
-                                                       "fills (in schemas of its own, dropped afterwards).")
+BENCH_POSTGRES_URL = Var(
+    "DANLU_BENCH_POSTGRES_URL",
+    "Benchmarks: a PostgreSQL database benchmarks/history.py fills (in schemas of its own, dropped afterwards).",
+)
 UI_CHROMIUM = Var("DANLU_UI_CHROMIUM", "Browser tests: the Chromium binary Playwright drives.")
 UI_HUB_URL = Var("DANLU_UI_HUB_URL", "Browser tests: the workbench under test.")
 UI_USER = Var("DANLU_UI_USER", "Browser tests: the user who logs in.")

@@ -24,20 +24,35 @@ from danlu.states import FINAL_STATES
 def _row(job: dict) -> str:
     where = f"#{job['queue_position']}" if job.get("queue_position") else ""
     eta = f" (est. start {job['estimated_start'][:16]})" if job.get("estimated_start") else ""
-    return (f"{job['id']}  {job['state']:<10} {where:<4} {job['name'][:24]:<24} {job['owner'][:10]:<10} "
-            f"{job.get('queue', ''):<10} {job['resources']['nproc']}p {job['resources']['gpus']}g  "
-            f"{job.get('reason') or ''}{eta}").rstrip()
+    return (
+        f"{job['id']}  {job['state']:<10} {where:<4} {job['name'][:24]:<24} {job['owner'][:10]:<10} "
+        f"{job.get('queue', ''):<10} {job['resources']['nproc']}p {job['resources']['gpus']}g  "
+        f"{job.get('reason') or ''}{eta}"
+    ).rstrip()
 
 
 def cmd_submit(args) -> int:
     from danlu import submit  # deferred: nbformat (and jsonschema) take ~1.4 s; only submit needs them
 
     options = submit.JobOptions(
-        nproc=args.nproc, nodes=args.nnodes, gpus=args.gpus, gpu_type=args.gpu_type, cpu=args.cpu,
-        memory=args.memory, profile=args.profile, queue=args.queue, priority=args.priority, name=args.name or None,
-        experiment=args.experiment, params=dict(submit.parse_param(f"{k}={v}") for k, v in args.param),
-        datasets=args.dataset, eval_datasets=args.eval_dataset, retries=args.retries, timeout=args.timeout,
-        dry_run=args.dry_run)
+        nproc=args.nproc,
+        nodes=args.nnodes,
+        gpus=args.gpus,
+        gpu_type=args.gpu_type,
+        cpu=args.cpu,
+        memory=args.memory,
+        profile=args.profile,
+        queue=args.queue,
+        priority=args.priority,
+        name=args.name or None,
+        experiment=args.experiment,
+        params=dict(submit.parse_param(f"{k}={v}") for k, v in args.param),
+        datasets=args.dataset,
+        eval_datasets=args.eval_dataset,
+        retries=args.retries,
+        timeout=args.timeout,
+        dry_run=args.dry_run,
+    )
     client = cliclient.client(args)
     job = submit.submit_notebook(Path(args.notebook), options, client=client, cwd=args.cwd)
     if args.dry_run:
@@ -59,8 +74,14 @@ def cmd_list(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit}: give at least 1 (or --all)")
     cursors: list = []
-    jobs = cliclient.client(args).iter_jobs(state=args.state, owner=args.owner, queue=args.queue, cursor=args.cursor,
-                                            limit=None if args.all else (args.limit or 200), pages=cursors)
+    jobs = cliclient.client(args).iter_jobs(
+        state=args.state,
+        owner=args.owner,
+        queue=args.queue,
+        cursor=args.cursor,
+        limit=None if args.all else (args.limit or 200),
+        pages=cursors,
+    )
     count = 0
     for job in jobs:
         if args.json:
@@ -82,9 +103,27 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(job, indent=1))
         return 0
-    for key in ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority", "queue_position",
-                "estimated_start", "retry_at", "created_at", "started_at", "finished_at", "elapsed_seconds",
-                "mlflow_run_url", "output_url", "reproduces"):
+    for key in (
+        "id",
+        "name",
+        "owner",
+        "state",
+        "reason",
+        "failure",
+        "profile",
+        "queue",
+        "priority",
+        "queue_position",
+        "estimated_start",
+        "retry_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "elapsed_seconds",
+        "mlflow_run_url",
+        "output_url",
+        "reproduces",
+    ):
         if job.get(key) not in (None, ""):
             print(f"{key:>15}: {job[key]}")
     print(f"{'resources':>15}: {job['resources']['nproc']} process(es), {job['resources']['gpus']} GPU(s)")
@@ -128,13 +167,16 @@ def _short(value, width: int = 30) -> str:
     if isinstance(value, dict):  # a dataset: its ref and digest
         value = f"{value.get('ref')} {(value.get('digest') or 'no digest')[:12]}"
     text = value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def print_comparison(data: dict) -> None:
     """A comparison of two jobs as a table of what differs, then a line that sums each part up."""
-    rows = [(part, row["name"], _short(row["a"]), _short(row["b"]), "")
-            for part in ("parameters", "environment", "datasets") for row in data[part]]
+    rows = [
+        (part, row["name"], _short(row["a"]), _short(row["b"]), "")
+        for part in ("parameters", "environment", "datasets")
+        for row in data[part]
+    ]
     diffs = {}
     for row in data["source"]:
         rows.append(("source", row["what"], _short(row["a"], 14), _short(row["b"], 14), ""))
@@ -148,8 +190,12 @@ def print_comparison(data: dict) -> None:
         for line in diffs.get(i, []):
             print(f"{'':<15}{line}".rstrip())
     verdicts = {True: "identical", False: "differ", None: "unknown"}
-    print("; ".join(f"{part} {verdicts[data['identical'][part]]}"
-                    for part in ("parameters", "environment", "source", "datasets", "metrics")))
+    print(
+        "; ".join(
+            f"{part} {verdicts[data['identical'][part]]}"
+            for part in ("parameters", "environment", "source", "datasets", "metrics")
+        )
+    )
 
 
 def cmd_reproduce(args) -> int:
@@ -204,10 +250,19 @@ def add_parser(sub) -> None:
     s.add_argument("--memory", help="memory, e.g. 16G")
     s.add_argument("--name")
     s.add_argument("--experiment")
-    s.add_argument("--dataset", action="append", default=[],
-                   help="PATH (relative to --cwd), ROOT:PATH, or a catalog version NAME@VERSION, NAME@latest or NAME")
-    s.add_argument("--eval-dataset", action="append", default=[], metavar="DATASET",
-                   help="like --dataset, recorded in MLflow with context evaluation")
+    s.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        help="PATH (relative to --cwd), ROOT:PATH, or a catalog version NAME@VERSION, NAME@latest or NAME",
+    )
+    s.add_argument(
+        "--eval-dataset",
+        action="append",
+        default=[],
+        metavar="DATASET",
+        help="like --dataset, recorded in MLflow with context evaluation",
+    )
     s.add_argument("--cwd", help="working directory relative to your home")
     s.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"))
     s.add_argument("--wait", action="store_true", help="stream the log until the job ends")
@@ -237,8 +292,7 @@ def add_parser(sub) -> None:
     pp.add_argument("id")
     pp.add_argument("priority", help="a priority class")
     pp.set_defaults(func=cmd_priority)
-    df = jsub.add_parser("diff", help="what differs between two jobs (parameters, environment, source, data, "
-                                      "metrics)")
+    df = jsub.add_parser("diff", help="what differs between two jobs (parameters, environment, source, data, metrics)")
     df.add_argument("a", metavar="A", help="a job id")
     df.add_argument("b", metavar="B", help="another job id")
     df.add_argument("--json", action="store_true")
@@ -246,8 +300,9 @@ def add_parser(sub) -> None:
     for p in (s, ls, sh, lg, cc, pp, df):
         add_client_args(p)
     ls.add_argument("--queue", help="only this queue")
-    rp = sub.add_parser("reproduce", help="run a job again exactly (same notebook, parameters, profile, data) "
-                                          "and compare")
+    rp = sub.add_parser(
+        "reproduce", help="run a job again exactly (same notebook, parameters, profile, data) and compare"
+    )
     rp.add_argument("id", metavar="JOB", help="the job to run again")
     rp.add_argument("--wait", action="store_true", help="wait for the new job, then print what differs")
     rp.add_argument("--json", action="store_true")

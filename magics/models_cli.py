@@ -27,12 +27,15 @@ def _gate(v: dict) -> str:
 
 
 def _version_row(v: dict) -> str:
-    return (f"{v['version']:>7} {v['approval']:<9} {v['evaluation']['state']:<12} {v['registered_by'][:12]:<12} "
-            f"{v['registered_at'][:19]:<19} {','.join(v['aliases']) or '-':<16} {v['source']}")
+    return (
+        f"{v['version']:>7} {v['approval']:<9} {v['evaluation']['state']:<12} {v['registered_by'][:12]:<12} "
+        f"{v['registered_at'][:19]:<19} {','.join(v['aliases']) or '-':<16} {v['source']}"
+    )
 
 
-VERSION_HEADER = (f"{'version':>7} {'approval':<9} {'evaluation':<12} {'by':<12} {'registered':<19} "
-                  f"{'aliases':<16} source")
+VERSION_HEADER = (
+    f"{'version':>7} {'approval':<9} {'evaluation':<12} {'by':<12} {'registered':<19} {'aliases':<16} source"
+)
 
 
 def _show_version(v: dict) -> None:
@@ -47,8 +50,10 @@ def _show_version(v: dict) -> None:
     for failure in evaluation["failures"]:
         print(f"{'':>14}  ! {failure}")
     for d in v["decisions"]:
-        print(f"{'decision':>14}: {d['decision']} by {d['actor']} at {d['at'][:19]} (audit #{d['audit_seq']}): "
-              f"{d['comment']}")
+        print(
+            f"{'decision':>14}: {d['decision']} by {d['actor']} at {d['at'][:19]} (audit #{d['audit_seq']}): "
+            f"{d['comment']}"
+        )
 
 
 def cmd_register(args) -> int:
@@ -60,8 +65,10 @@ def cmd_register(args) -> int:
     v = cliclient.client(args).register_model(body)
     if args.json:
         return _print_json(v)
-    print(f"registered {v['name']} version {v['version']} from {v['source']}; approval {v['approval']}, "
-          f"evaluation {_gate(v)}")
+    print(
+        f"registered {v['name']} version {v['version']} from {v['source']}; approval {v['approval']}, "
+        f"evaluation {_gate(v)}"
+    )
     return 0
 
 
@@ -76,8 +83,10 @@ def cmd_list(args) -> int:
     for m in models:
         v = m.get("latest") or {}
         aliases = ", ".join(f"{a}={n}" for a, n in sorted(m["aliases"].items())) or "-"
-        print(f"{m['name'][:28]:<28} {v.get('version', '-'):>6} {v.get('approval', '-'):<9} "
-              f"{v['evaluation']['state'] if v else '-':<12} {aliases[:24]:<24} {m['description'][:40]}")
+        print(
+            f"{m['name'][:28]:<28} {v.get('version', '-'):>6} {v.get('approval', '-'):<9} "
+            f"{v['evaluation']['state'] if v else '-':<12} {aliases[:24]:<24} {m['description'][:40]}"
+        )
     return 0
 
 
@@ -126,8 +135,17 @@ def cmd_alias(args) -> int:
     return 0
 
 
-LINEAGE_ORDER = ("model_version", "approval", "evaluation", "run", "job", "notebook", "cell", "dataset_version",
-                 "environment")
+LINEAGE_ORDER = (
+    "model_version",
+    "approval",
+    "evaluation",
+    "run",
+    "job",
+    "notebook",
+    "cell",
+    "dataset_version",
+    "environment",
+)
 
 
 def cmd_lineage(args) -> int:
@@ -159,8 +177,9 @@ def add_parser(sub) -> None:
     rg = msub.add_parser("register", help="register a model version from an MLflow run of yours")
     rg.add_argument("run", metavar="RUN", help="the MLflow run id (a job's mlflow_run_id)")
     rg.add_argument("name", metavar="NAME", help="the registered model's name")
-    rg.add_argument("--artifact-path", help="the logged model's name, or the artifact folder (default: its only "
-                                            "logged model)")
+    rg.add_argument(
+        "--artifact-path", help="the logged model's name, or the artifact folder (default: its only logged model)"
+    )
     rg.add_argument("--description")
     rg.set_defaults(func=cmd_register)
     ls = msub.add_parser("list", help="the registered models, their aliases and latest versions")
@@ -187,8 +206,10 @@ def add_parser(sub) -> None:
     for p in parsers:
         p.add_argument("--json", action="store_true")
         add_client_args(p)
-    li = sub.add_parser("lineage", help="what made a model version: run, job, notebook and cell, datasets, "
-                                        "environment, evaluation, approvals")
+    li = sub.add_parser(
+        "lineage",
+        help="what made a model version: run, job, notebook and cell, datasets, environment, evaluation, approvals",
+    )
     li.add_argument("ref", metavar="NAME", help="the model (or NAME@VERSION)")
     li.add_argument("version", nargs="?", help="the version number")
     li.add_argument("--json", action="store_true", help="the API's answer: {model, nodes, edges}")

@@ -61,8 +61,12 @@ def _markers(env) -> list[dict]:
     return [env] if isinstance(env, dict) else [m for m in env if m]
 
 
-def matching(root_pid: int | None = None, root_create_time: float | None = None,
-             env: dict[str, str] | list[dict[str, str]] | None = None, uid: int | None = None) -> list[psutil.Process]:
+def matching(
+    root_pid: int | None = None,
+    root_create_time: float | None = None,
+    env: dict[str, str] | list[dict[str, str]] | None = None,
+    uid: int | None = None,
+) -> list[psutil.Process]:
     """Processes descending from ``root_pid`` or carrying every item of one of the ``env`` markers.
 
     With ``uid``, only processes whose real user id is ``uid``: a marker is an environment
@@ -107,9 +111,14 @@ def _signal_all(procs, sig) -> None:
             log.warning("not allowed to signal pid %s", proc.pid)
 
 
-def kill_matching(root_pid: int | None = None, root_create_time: float | None = None,
-                  env: dict[str, str] | list[dict[str, str]] | None = None, grace: float = 10.0, rounds: int = 5,
-                  uid: int | None = None) -> int:
+def kill_matching(
+    root_pid: int | None = None,
+    root_create_time: float | None = None,
+    env: dict[str, str] | list[dict[str, str]] | None = None,
+    grace: float = 10.0,
+    rounds: int = 5,
+    uid: int | None = None,
+) -> int:
     """SIGTERM, wait ``grace`` seconds, SIGKILL; repeat until no process matches. Returns how many ended."""
     ended: set[int] = set()
     for round_ in range(rounds):

@@ -70,8 +70,13 @@ class JobOptions:
         resources = {"nproc": self.nproc, "gpus": self.gpus}
         if self.nodes != 1:
             resources["nodes"] = self.nodes
-        resources.update({k: v for k, v in (("gpu_type", self.gpu_type), ("cpu", self.cpu), ("memory", self.memory))
-                          if v is not None})
+        resources.update(
+            {
+                k: v
+                for k, v in (("gpu_type", self.gpu_type), ("cpu", self.cpu), ("memory", self.memory))
+                if v is not None
+            }
+        )
         return resources
 
 
@@ -81,14 +86,21 @@ def job_body(notebook: dict, options: JobOptions, *, cwd: str | None, source: di
     if cwd is not None:
         body["cwd"] = cwd
     body["source"] = source
-    for key, value in (("profile", options.profile), ("queue", options.queue), ("name", options.name),
-                       ("experiment", options.experiment), ("priority", options.priority),
-                       ("retries", options.retries), ("timeout_seconds", options.timeout)):
+    for key, value in (
+        ("profile", options.profile),
+        ("queue", options.queue),
+        ("name", options.name),
+        ("experiment", options.experiment),
+        ("priority", options.priority),
+        ("retries", options.retries),
+        ("timeout_seconds", options.timeout),
+    ):
         if value is not None:
             body[key] = value
     if options.datasets or options.eval_datasets:
-        body["datasets"] = (list(options.datasets)
-                            + [{"ref": ref, "context": EVALUATION} for ref in options.eval_datasets])
+        body["datasets"] = list(options.datasets) + [
+            {"ref": ref, "context": EVALUATION} for ref in options.eval_datasets
+        ]
     if options.dry_run:
         body["dry_run"] = True
     return body
@@ -140,19 +152,26 @@ class SetupCells:
             self.cells.pop(cell_id, None)
 
 
-def build_job_notebook(cell: str, params: dict, setup: dict[str, str], *, kernel_name: str,
-                       display_name: str = "Python 3", cell_id: str | None = None) -> nbformat.NotebookNode:
+def build_job_notebook(
+    cell: str,
+    params: dict,
+    setup: dict[str, str],
+    *,
+    kernel_name: str,
+    display_name: str = "Python 3",
+    cell_id: str | None = None,
+) -> nbformat.NotebookNode:
     """The notebook a ``%%train`` cell runs as (see the module docstring for the rule)."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": display_name, "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     lines = [f"{key} = {python_literal(value)}" for key, value in params.items()]
-    parameters = nbformat.v4.new_code_cell("\n".join(lines) or "# no parameters",
-                                           metadata={"tags": ["parameters"]})
+    parameters = nbformat.v4.new_code_cell("\n".join(lines) or "# no parameters", metadata={"tags": ["parameters"]})
     nb.cells.append(parameters)
     for setup_id, source in setup.items():
-        nb.cells.append(nbformat.v4.new_code_cell(source, metadata={"tags": ["danlu-setup"],
-                                                                    "danlu": {"cell_id": setup_id}}))
+        nb.cells.append(
+            nbformat.v4.new_code_cell(source, metadata={"tags": ["danlu-setup"], "danlu": {"cell_id": setup_id}})
+        )
     job_cell = nbformat.v4.new_code_cell(cell, metadata={"tags": ["danlu-cell"]})
     if cell_id and re.match(r"^[a-zA-Z0-9-_]{1,64}$", cell_id):
         job_cell["id"] = cell_id
@@ -162,8 +181,7 @@ def build_job_notebook(cell: str, params: dict, setup: dict[str, str], *, kernel
 
 def _git_commit(folder: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     commit = out.stdout.strip()
@@ -173,8 +191,12 @@ def _git_commit(folder: Path) -> str | None:
 def _git_dirty(folder: Path) -> bool | None:
     """Whether tracked files have uncommitted changes (None: not a git tree, or git did not answer)."""
     try:
-        out = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(folder), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(out.stdout.strip()) if out.returncode == 0 else None
@@ -193,12 +215,15 @@ def where_am_i() -> dict:
         notebook = os.path.relpath(path.resolve(), home) if path.resolve().is_relative_to(home) else None
     folder = Path(session).parent if session and Path(session).is_absolute() else cwd
     commit = _git_commit(folder)
-    return {"cwd": rel_cwd, "notebook_path": notebook, "git_commit": commit,
-            "git_dirty": _git_dirty(folder) if commit else None}
+    return {
+        "cwd": rel_cwd,
+        "notebook_path": notebook,
+        "git_commit": commit,
+        "git_dirty": _git_dirty(folder) if commit else None,
+    }
 
 
-def submit_cell(cell: str, options: JobOptions, *, client: DanluClient, setup: SetupCells,
-                cell_id: str | None) -> dict:
+def submit_cell(cell: str, options: JobOptions, *, client: DanluClient, setup: SetupCells, cell_id: str | None) -> dict:
     """Build the job notebook for a ``%%train`` cell and submit it (or dry-run it); returns the API's answer.
 
     The profile defaults to the server's (``$DANLU_PROFILE``); the working folder and the source (notebook,
@@ -214,9 +239,17 @@ def submit_cell(cell: str, options: JobOptions, *, client: DanluClient, setup: S
     place = where_am_i()
     kernel = f"danlu-{options.profile or 'python'}"  # the service sets the real one
     nb = build_job_notebook(cell, options.params, dict(setup.cells), kernel_name=kernel, cell_id=cell_id)
-    source = {k: v for k, v in {
-        "notebook_path": place["notebook_path"], "cell_id": cell_id, "git_commit": place["git_commit"],
-        "git_dirty": place.get("git_dirty"), "included_cells": list(setup.cells)}.items() if v is not None}
+    source = {
+        k: v
+        for k, v in {
+            "notebook_path": place["notebook_path"],
+            "cell_id": cell_id,
+            "git_commit": place["git_commit"],
+            "git_dirty": place.get("git_dirty"),
+            "included_cells": list(setup.cells),
+        }.items()
+        if v is not None
+    }
     return client.submit(job_body(json.loads(nbformat.writes(nb)), options, cwd=place["cwd"], source=source))
 
 

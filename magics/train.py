@@ -56,8 +56,10 @@ def show_dry_run(result: dict) -> None:
         print(f"# --- cell {i}" + (f" [{tags}]" if tags else "") + " ---")
         print(source)
     verdict = "would start now" if result["admitted"] else f"would wait: {result['reason']}"
-    print(f"# profile {result['profile']}, queue {result.get('queue', 'default')}, "
-          f"{result['resources']['nproc']} process(es), {result['resources']['gpus']} GPU(s): {verdict}")
+    print(
+        f"# profile {result['profile']}, queue {result.get('queue', 'default')}, "
+        f"{result['resources']['nproc']} process(es), {result['resources']['gpus']} GPU(s): {verdict}"
+    )
 
 
 @magics_class
@@ -96,20 +98,43 @@ class TrainMagics(Magics):
     @argument("--memory", help="Memory for the job, e.g. 16G; default the profile's.")
     @argument("--name", help="Job name (letters, digits, . _ -); default: the notebook's name.")
     @argument("--experiment", help="MLflow experiment; default <user>/<notebook name>.")
-    @argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
-              help="A parameter, injected by papermill (repeatable).")
-    @argument("--dataset", action="append", default=[], metavar="PATH",
-              help="A training dataset (path relative to the notebook's folder, <root>:<path>, or a catalog "
-                   "version NAME@VERSION, NAME@latest or NAME, re-verified at start) recorded with its content "
-                   "digest (repeatable).")
-    @argument("--eval-dataset", action="append", default=[], metavar="PATH",
-              help="Like --dataset, recorded in MLflow with context evaluation (repeatable).")
-    @argument("--wait", dest="wait", action="store_true", default=False,
-              help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).")
+    @argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A parameter, injected by papermill (repeatable).",
+    )
+    @argument(
+        "--dataset",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="A training dataset (path relative to the notebook's folder, <root>:<path>, or a catalog "
+        "version NAME@VERSION, NAME@latest or NAME, re-verified at start) recorded with its content "
+        "digest (repeatable).",
+    )
+    @argument(
+        "--eval-dataset",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="Like --dataset, recorded in MLflow with context evaluation (repeatable).",
+    )
+    @argument(
+        "--wait",
+        dest="wait",
+        action="store_true",
+        default=False,
+        help="Stream the job's log here until it ends (Ctrl-C stops following, not the job).",
+    )
     @argument("--no-wait", dest="wait", action="store_false", help="Return at once with a live job card (default).")
-    @argument("--quiet", action="store_true",
-              help="Print only the job's id, with no job card, and return at once (for tools: see "
-                   "danlu.last_job_id()).")
+    @argument(
+        "--quiet",
+        action="store_true",
+        help="Print only the job's id, with no job card, and return at once (for tools: see danlu.last_job_id()).",
+    )
     @argument("--dry-run", action="store_true", help="Show the notebook that would run and whether it would start now.")
     @cell_magic
     def train(self, line, cell):
@@ -136,12 +161,25 @@ class TrainMagics(Magics):
             if args.quiet and args.wait:
                 raise UsageError("--quiet returns at once with the job's id; it does not go with --wait")
             options = JobOptions(
-                nproc=args.nproc, nodes=args.nnodes, gpus=args.gpus, gpu_type=args.gpu_type, cpu=args.cpu,
-                memory=args.memory, params=dict(parse_param(p) for p in args.param), datasets=args.dataset,
-                eval_datasets=args.eval_dataset, retries=args.retries, timeout=args.timeout, dry_run=args.dry_run,
+                nproc=args.nproc,
+                nodes=args.nnodes,
+                gpus=args.gpus,
+                gpu_type=args.gpu_type,
+                cpu=args.cpu,
+                memory=args.memory,
+                params=dict(parse_param(p) for p in args.param),
+                datasets=args.dataset,
+                eval_datasets=args.eval_dataset,
+                retries=args.retries,
+                timeout=args.timeout,
+                dry_run=args.dry_run,
                 # an empty one of these is its default, as %%train has always read them
-                profile=args.profile or None, queue=args.queue or None, priority=args.priority or None,
-                name=args.name or None, experiment=args.experiment or None)
+                profile=args.profile or None,
+                queue=args.queue or None,
+                priority=args.priority or None,
+                name=args.name or None,
+                experiment=args.experiment or None,
+            )
             client = self.client_factory()
             self.setup.forget(_deleted_cells(self.shell))
             result = submit_cell(cell, options, client=client, setup=self.setup, cell_id=_cell_id(self.shell))
@@ -153,11 +191,16 @@ class TrainMagics(Magics):
                 print(result["id"])
                 return None
             if args.wait:
-                print(f"Job {result['id']} submitted ({result['state']}); following its log. "
-                      "Ctrl-C stops following, not the job.")
+                print(
+                    f"Job {result['id']} submitted ({result['state']}); following its log. "
+                    "Ctrl-C stops following, not the job."
+                )
                 job = follow(client, result)
-                print(f"Job {job['id']} {job['state']}" + (f": {job['reason']}" if job.get("reason") else "")
-                      + (f"\nMLflow run: {job['mlflow_run_url']}" if job.get("mlflow_run_url") else ""))
+                print(
+                    f"Job {job['id']} {job['state']}"
+                    + (f": {job['reason']}" if job.get("reason") else "")
+                    + (f"\nMLflow run: {job['mlflow_run_url']}" if job.get("mlflow_run_url") else "")
+                )
                 if job["state"] in ("failed", "cancelled", "timed_out"):
                     raise UsageError(f"job {job['id']} {job['state']}: {job.get('reason') or 'see its log'}")
                 return None

@@ -14,12 +14,26 @@ import pytest
 from danlu import env
 from danlu.hub.testing import Workbench
 
-PROFILES = {"profiles": [
-    {"slug": "python", "display_name": "Python", "description": "Everyone's profile.", "default": True,
-     "environment": {"current": True}, "resources": {"gpus": [0, 1]}},
-    {"slug": "gpu-vision", "display_name": "Vision GPUs", "description": "For the vision team.",
-     "environment": {"current": True}, "resources": {"gpus": [1, 2]}, "groups": ["vision"]},
-]}
+PROFILES = {
+    "profiles": [
+        {
+            "slug": "python",
+            "display_name": "Python",
+            "description": "Everyone's profile.",
+            "default": True,
+            "environment": {"current": True},
+            "resources": {"gpus": [0, 1]},
+        },
+        {
+            "slug": "gpu-vision",
+            "display_name": "Vision GPUs",
+            "description": "For the vision team.",
+            "environment": {"current": True},
+            "resources": {"gpus": [1, 2]},
+            "groups": ["vision"],
+        },
+    ]
+}
 
 CONFIG = {
     "admin_users": ["admin"],
@@ -66,8 +80,10 @@ def workbench(request, tmp_path_factory):
         config["jobs"]["database_url"] = POSTGRES_URL
     wb = Workbench(tmp_path_factory.mktemp(f"wb-{request.param}"), config=config, profiles=PROFILES)
     wb.start()
-    wb.tokens = {name: wb.create_user(name, groups) for name, groups in
-                 (("alice", ["research"]), ("bob", []), ("carol", ["vision"]), ("admin", []))}
+    wb.tokens = {
+        name: wb.create_user(name, groups)
+        for name, groups in (("alice", ["research"]), ("bob", []), ("carol", ["vision"]), ("admin", []))
+    }
     yield wb
     code = wb.stop()
     leftovers = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in wb.processes()]

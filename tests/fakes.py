@@ -57,8 +57,9 @@ UNUSED_API = "http://127.0.0.1:1/unused"
 
 def user(name: str, *groups: str) -> Principal:
     """A hub user calling with the scopes every user holds: their own jobs."""
-    return Principal(name, "user", frozenset({f"{scopes.WRITE}!user={name}", f"{scopes.READ}!user={name}"}),
-                     tuple(groups))
+    return Principal(
+        name, "user", frozenset({f"{scopes.WRITE}!user={name}", f"{scopes.READ}!user={name}"}), tuple(groups)
+    )
 
 
 def admin(name: str = "admin") -> Principal:
@@ -67,8 +68,10 @@ def admin(name: str = "admin") -> Principal:
 
 def notebook(*sources: str) -> dict:
     """An nbformat 4 notebook with one code cell per source."""
-    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None,
-              "source": source} for i, source in enumerate(sources, 1)]
+    cells = [
+        {"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+        for i, source in enumerate(sources, 1)
+    ]
     return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
@@ -127,13 +130,21 @@ class FakeRun:
             self.running.set()
         return self.spec
 
-    async def report(self, state: str, reason: str = "", *, infrastructure: bool = False,
-                     exit_code: int | None = 0) -> bool:
+    async def report(
+        self, state: str, reason: str = "", *, infrastructure: bool = False, exit_code: int | None = 0
+    ) -> bool:
         launch = self.launch
-        event = {"event": "finished", "state": state, "reason": reason, "exit_code": exit_code,
-                 "infrastructure": infrastructure, "notes": []}
-        answer = await self.call(f"finished {state}",
-                                 lambda api: api.event(launch.job_id, launch.attempt, launch.token, event))
+        event = {
+            "event": "finished",
+            "state": state,
+            "reason": reason,
+            "exit_code": exit_code,
+            "infrastructure": infrastructure,
+            "notes": [],
+        }
+        answer = await self.call(
+            f"finished {state}", lambda api: api.event(launch.job_id, launch.attempt, launch.token, event)
+        )
         return answer is not None
 
     async def ask_stop(self) -> dict | None:
@@ -193,8 +204,10 @@ class FakeMachine:
     async def running(self, job_id: str, attempt: int = 1) -> FakeRun:
         """Wait until that attempt's runner has fetched its spec."""
         key = run_key(job_id, attempt)
-        await until(lambda: key in self.runs and (self.runs[key].running.is_set() or self.runs[key].task.done()),
-                    f"job {job_id} attempt {attempt} to be launched and running")
+        await until(
+            lambda: key in self.runs and (self.runs[key].running.is_set() or self.runs[key].task.done()),
+            f"job {job_id} attempt {attempt} to be launched and running",
+        )
         run = self.runs[key]
         assert run.running.is_set(), f"job {job_id} attempt {attempt} ended without its spec: {run.answers}"
         return run
@@ -247,8 +260,9 @@ class FakeBackend(Backend):
         if not run.task.done():
             return None
         how = f"exit code {run.exit_code}" if run.exit_code >= 0 else f"killed by signal {-run.exit_code}"
-        return Outcome("failed", f"the job runner ended without reporting ({how})", exit_code=run.exit_code,
-                       infrastructure=True)
+        return Outcome(
+            "failed", f"the job runner ended without reporting ({how})", exit_code=run.exit_code, infrastructure=True
+        )
 
     async def wait(self, job_id: str, state: dict) -> None:
         run = self._run(state)
@@ -271,12 +285,13 @@ class FakeBackend(Backend):
 
     async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
         data = self.machine.folders.get(job_id, {}).get("job.log", b"")
-        return data[offset:offset + max(0, limit)], len(data)
+        return data[offset : offset + max(0, limit)], len(data)
 
-    async def read_output(self, job_id: str, state: dict, rank: int, offset: int,
-                          limit: int) -> tuple[bytes, int] | None:
+    async def read_output(
+        self, job_id: str, state: dict, rank: int, offset: int, limit: int
+    ) -> tuple[bytes, int] | None:
         data = self.machine.folders.get(job_id, {}).get("output.ipynb" if rank == 0 else f"ranks/rank-{rank}.ipynb")
-        return None if data is None else (data[offset:offset + max(0, limit)], len(data))
+        return None if data is None else (data[offset : offset + max(0, limit)], len(data))
 
     def load_state(self, job_id: str, state: dict) -> None:
         self.loaded[job_id] = dict(state)
@@ -473,8 +488,7 @@ class FakeGroups:
     """The hub's users and their groups (what GroupDirectory answers), from a dict."""
 
     def __init__(self, groups: dict[str, list[str]] | None = None):
-        self.groups = {"alice": ["research"], "bob": [], "carol": ["vision"], "admin": []} if groups is None \
-            else groups
+        self.groups = {"alice": ["research"], "bob": [], "carol": ["vision"], "admin": []} if groups is None else groups
 
     async def user(self, username: str) -> dict | None:
         if username not in self.groups:
@@ -515,17 +529,31 @@ def gpu_profiles() -> ProfileSet:
     return ProfileSet((dataclasses.replace(builtin.default, gpu_choices=(0, 1, 2)),), source=builtin.source)
 
 
-def make_manager(backend: Backend, state_dir: Path, *, settings: Settings | None = None,
-                 profiles: ProfileSet | None = None, service_api: str = UNUSED_API,
-                 groups: FakeGroups | None = None, mlflow=None) -> JobManager:
+def make_manager(
+    backend: Backend,
+    state_dir: Path,
+    *,
+    settings: Settings | None = None,
+    profiles: ProfileSet | None = None,
+    service_api: str = UNUSED_API,
+    groups: FakeGroups | None = None,
+    mlflow=None,
+) -> JobManager:
     """A JobManager as hub/service/app.py wires one, on the database in ``state_dir`` (created if new)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     settings = settings or make_settings(state_dir)
     database = Database(schema.prepare(settings.jobs_database_url))
-    manager = JobManager(settings=settings, profiles=profiles or gpu_profiles(),
-                         inventory=gpus.inventory(settings.gpus), database=database, backend=backend,
-                         groups=groups or FakeGroups(), scheduler_class=scheduler_class_for(type(backend)),
-                         service_api=service_api, mlflow=mlflow)
+    manager = JobManager(
+        settings=settings,
+        profiles=profiles or gpu_profiles(),
+        inventory=gpus.inventory(settings.gpus),
+        database=database,
+        backend=backend,
+        groups=groups or FakeGroups(),
+        scheduler_class=scheduler_class_for(type(backend)),
+        service_api=service_api,
+        mlflow=mlflow,
+    )
     if isinstance(backend, FakeBackend):
         backend.machine.attach(manager.runner_api)
     return manager
@@ -567,6 +595,7 @@ async def until(check: Callable[[], Any], what: str, patience: float = 30.0, eve
 
 async def final(manager: JobManager, job_id: str, patience: float = 30.0, every: float = 0.01) -> dict:
     """The job's API model once it reached a final state."""
+
     async def done():
         job = await manager.get(admin(), job_id)
         return job.state in {s.value for s in FINAL}

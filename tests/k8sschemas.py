@@ -31,8 +31,10 @@ CRD_FILES = {
     ("kueue.x-k8s.io", "WorkloadPriorityClass"): "kueue/v0.19.2/kueue.x-k8s.io_workloadpriorityclasses.yaml",
     ("kueue.x-k8s.io", "Workload"): "kueue/v0.19.2/kueue.x-k8s.io_workloads.yaml.gz",
     ("trainer.kubeflow.org", "TrainJob"): "trainer/v2.3.0/trainer.kubeflow.org_trainjobs.yaml.gz",
-    ("trainer.kubeflow.org", "ClusterTrainingRuntime"):
-        "trainer/v2.3.0/trainer.kubeflow.org_clustertrainingruntimes.yaml.gz",
+    (
+        "trainer.kubeflow.org",
+        "ClusterTrainingRuntime",
+    ): "trainer/v2.3.0/trainer.kubeflow.org_clustertrainingruntimes.yaml.gz",
     ("jobset.x-k8s.io", "JobSet"): "jobset/v0.12.0/jobset.x-k8s.io_jobsets.yaml.gz",
 }
 Z2JH_VALUES_SCHEMA = SCHEMAS / "z2jh" / "4.4.0" / "values.schema.json"
@@ -50,66 +52,98 @@ STRING_KEYWORDS = ("pattern", "maxLength", "minLength", "format", "enum")
 # CRD is reported as untranslated instead of passing silently. Defaults apply before CEL runs.
 CEL_RULES = {
     "!has(self.cohortName) && has(self.resourceGroups) ? self.resourceGroups.all(rg, rg.flavors.all(f, "
-    "f.resources.all(r, !has(r.borrowingLimit)))) : true":
-        lambda s: "cohortName" in s or "resourceGroups" not in s or all(
-            "borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"] for r in f["resources"]),
-    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))":
-        lambda rg: all(len(f["resources"]) == len(rg["coveredResources"]) for f in rg["flavors"]),
+    "f.resources.all(r, !has(r.borrowingLimit)))) : true": lambda s: (
+        "cohortName" in s
+        or "resourceGroups" not in s
+        or all("borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"] for r in f["resources"])
+    ),
+    "self.flavors.all(x, size(x.resources) == size(self.coveredResources))": lambda rg: all(
+        len(f["resources"]) == len(rg["coveredResources"]) for f in rg["flavors"]
+    ),
     "!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) &&  "
-    "self.borrowWithinCohort.policy != 'Never')":
-        lambda p: not (p.get("reclaimWithinCohort", "Never") == "Never" and "borrowWithinCohort" in p
-                       and p["borrowWithinCohort"].get("policy", "Never") != "Never"),
-    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')":
-        lambda f: "preference" not in f or (f.get("whenCanBorrow", "MayStopSearch") == "TryNextFlavor"
-                                            and f.get("whenCanPreempt", "TryNextFlavor") == "TryNextFlavor"),
+    "self.borrowWithinCohort.policy != 'Never')": lambda p: (
+        not (
+            p.get("reclaimWithinCohort", "Never") == "Never"
+            and "borrowWithinCohort" in p
+            and p["borrowWithinCohort"].get("policy", "Never") != "Never"
+        )
+    ),
+    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')": lambda f: (  # noqa: E501 - the CRD's rule, as written
+        "preference" not in f
+        or (
+            f.get("whenCanBorrow", "MayStopSearch") == "TryNextFlavor"
+            and f.get("whenCanPreempt", "TryNextFlavor") == "TryNextFlavor"
+        )
+    ),
     # Kubeflow Trainer v2.3.0 TrainJob: its name is a DNS label that starts with a letter
-    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')":
-        lambda o: bool(re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", o.get("metadata", {}).get("name", ""))),
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda o: bool(
+        re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", o.get("metadata", {}).get("name", ""))
+    ),
     "size(self.metadata.name) <= 63": lambda o: len(o.get("metadata", {}).get("name", "")) <= 63,
-    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']":
-        lambda v: v in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"),
-    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')":
-        lambda v: v == "" or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", v)),
+    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": lambda v: (
+        v in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
+    ),
+    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": lambda v: (
+        v == "" or bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", v))
+    ),
     # Kueue v0.19.2 ResourceFlavor: tolerations (and nodeTaints) as the core API checks them
-    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)":
-        lambda ts: all("key" in t or t.get("operator") == "Exists" for t in ts),
-    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)":
-        lambda ts: all("tolerationSeconds" not in t or t.get("effect") == "NoExecute" for t in ts),
-    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])":
-        lambda ts: all(t.get("operator", "Equal") in ("Equal", "Exists") for t in ts),
-    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)":
-        lambda ts: all(not (t.get("operator") == "Exists" and "value" in t) for t in ts),
-    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
-        lambda ts: all(t.get("effect", "NoSchedule") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
-    "self.all(x, x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])":
-        lambda ts: all(t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts),
+    "self.all(x, !has(x.key) ? x.operator == 'Exists' : true)": lambda ts: all(
+        "key" in t or t.get("operator") == "Exists" for t in ts
+    ),
+    "self.all(x, has(x.tolerationSeconds) ? x.effect == 'NoExecute' : true)": lambda ts: all(
+        "tolerationSeconds" not in t or t.get("effect") == "NoExecute" for t in ts
+    ),
+    "self.all(x, !has(x.operator) || x.operator in ['Equal', 'Exists'])": lambda ts: all(
+        t.get("operator", "Equal") in ("Equal", "Exists") for t in ts
+    ),
+    "self.all(x, has(x.operator) && x.operator == 'Exists' ? !has(x.value) : true)": lambda ts: all(
+        not (t.get("operator") == "Exists" and "value" in t) for t in ts
+    ),
+    "self.all(x, !has(x.effect) || x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])": lambda ts: all(
+        t.get("effect", "NoSchedule") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts
+    ),
+    "self.all(x, x.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])": lambda ts: all(
+        t.get("effect") in ("NoSchedule", "PreferNoSchedule", "NoExecute") for t in ts
+    ),
     # Kubeflow Trainer v2.3.0 ClusterTrainingRuntime: one ML policy at most; JobSet's startup order
-    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1":
-        lambda p: sum(k in p for k in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1,
+    "[has(self.torch), has(self.mpi), has(self.jax), has(self.xgboost),has(self.flux)].filter(x, x).size() <= 1": lambda p: (  # noqa: E501 - the CRD's rule, as written
+        sum(k in p for k in ("torch", "mpi", "jax", "xgboost", "flux")) <= 1
+    ),
     "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
-    "self.replicatedJobs.exists(x, has(x.dependsOn)))":
-        lambda s: not (s.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder"
-                       and any("dependsOn" in j for j in s.get("replicatedJobs", []))),
-    "!has(self.topologyName) || self.nodeLabels.size() >= 1":
-        lambda s: "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1,
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))": lambda s: (
+        not (
+            s.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder"
+            and any("dependsOn" in j for j in s.get("replicatedJobs", []))
+        )
+    ),
+    "!has(self.topologyName) || self.nodeLabels.size() >= 1": lambda s: (
+        "topologyName" not in s or len(s.get("nodeLabels") or {}) >= 1
+    ),
     # Kueue v0.19.2 Workload (the rules of the fields a Workload of a TrainJob has)
     "has(self.status) && has(self.status.conditions) && self.status.conditions.exists(c, c.type == 'QuotaReserved' "
     "&& c.status == 'True') && has(self.status.admission) ? size(self.spec.podSets) == "
-    "size(self.status.admission.podSetAssignments) : true":
-        lambda w: not (any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
-                           for c in (w.get("status") or {}).get("conditions") or [])
-                       and "admission" in (w.get("status") or {}))
-        or len(w["spec"]["podSets"]) == len(w["status"]["admission"].get("podSetAssignments") or []),
+    "size(self.status.admission.podSetAssignments) : true": lambda w: (
+        not (
+            any(
+                c.get("type") == "QuotaReserved" and c.get("status") == "True"
+                for c in (w.get("status") or {}).get("conditions") or []
+            )
+            and "admission" in (w.get("status") or {})
+        )
+        or len(w["spec"]["podSets"]) == len(w["status"]["admission"].get("podSetAssignments") or [])
+    ),
     "!has(self.priorityClassRef) || has(self.priority)": lambda s: "priorityClassRef" not in s or "priority" in s,
-    "has(self.minCount) ? self.minCount <= self.count : true":
-        lambda p: "minCount" not in p or p["minCount"] <= p.get("count", 1),
-    "(self.group == 'scheduling.k8s.io') ? self.kind == 'PriorityClass' : true":
-        lambda r: r.get("group") != "scheduling.k8s.io" or r.get("kind") == "PriorityClass",
-    "(self.group == 'kueue.x-k8s.io') ? self.kind == 'WorkloadPriorityClass' : true":
-        lambda r: r.get("group") != "kueue.x-k8s.io" or r.get("kind") == "WorkloadPriorityClass",
+    "has(self.minCount) ? self.minCount <= self.count : true": lambda p: (
+        "minCount" not in p or p["minCount"] <= p.get("count", 1)
+    ),
+    "(self.group == 'scheduling.k8s.io') ? self.kind == 'PriorityClass' : true": lambda r: (
+        r.get("group") != "scheduling.k8s.io" or r.get("kind") == "PriorityClass"
+    ),
+    "(self.group == 'kueue.x-k8s.io') ? self.kind == 'WorkloadPriorityClass' : true": lambda r: (
+        r.get("group") != "kueue.x-k8s.io" or r.get("kind") == "WorkloadPriorityClass"
+    ),
     "!has(self.clusterName) || (!has(self.nominatedClusterNames) || (has(self.nominatedClusterNames) && "
-    "size(self.nominatedClusterNames) == 0))":
-        lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
+    "size(self.nominatedClusterNames) == 0))": lambda s: "clusterName" not in s or not s.get("nominatedClusterNames"),
 }
 
 
@@ -148,8 +182,12 @@ def structural_to_jsonschema(node: dict) -> dict:
         out.setdefault("maximum", high)
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if (node.get("type") == "object" and "properties" in node and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        node.get("type") == "object"
+        and "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -198,7 +236,8 @@ def _list_type(validator, list_type, instance, schema):
 
 
 KubernetesValidator = jsonschema.validators.extend(
-    jsonschema.Draft7Validator, {"x-kubernetes-validations": _cel, "x-kubernetes-list-type": _list_type})
+    jsonschema.Draft7Validator, {"x-kubernetes-validations": _cel, "x-kubernetes-list-type": _list_type}
+)
 
 
 def raw_schema(crd: dict, version: str) -> dict:
@@ -242,8 +281,10 @@ def errors(obj: dict) -> list[str]:
     api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
     group, _, version = api_version.rpartition("/")
     if (group, kind) in CRD_FILES:
-        return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-                for e in validator_for(group, kind, version).iter_errors(obj)]
+        return [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator_for(group, kind, version).iter_errors(obj)
+        ]
     return builtin_errors(obj)
 
 
@@ -268,6 +309,7 @@ def z2jh_validator() -> jsonschema.Validator:
 def with_chart_defaults(values: dict) -> dict:
     """``values`` merged over the chart's own values.yaml the way Helm merges them (maps deeply,
     lists and scalars replaced, null deletes): what Helm validates against the values schema."""
+
     def merge(base, over):
         if not (isinstance(base, dict) and isinstance(over, dict)):
             return over
@@ -290,9 +332,24 @@ def values_errors(values: dict) -> list[str]:
 # --- quantities ---------------------------------------------------------------------------------
 
 _QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_SUFFIX = {
+    "": 1,
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 
 def parse_quantity(value) -> Fraction:

@@ -65,16 +65,32 @@ class LoopThread:
 class RunnerAPIService:
     """A JobManager on a real backend, its admission loop, and its runner API on ``127.0.0.1:<port>``."""
 
-    def __init__(self, state_dir: Path, backend_factory: BackendFactory, *, profiles=None, settings=None,
-                 groups=None, mlflow=None, **jobs):
+    def __init__(
+        self,
+        state_dir: Path,
+        backend_factory: BackendFactory,
+        *,
+        profiles=None,
+        settings=None,
+        groups=None,
+        mlflow=None,
+        **jobs,
+    ):
         self.state_dir = state_dir
         self.groups = groups
         self.mlflow = mlflow
         self.factory = backend_factory
         self.profiles = profiles
-        self.settings = settings or make_settings(state_dir, jobs={"warm_runners": 1, "grace_period_seconds": 3,
-                                                                   "preemption_grace_seconds": 3,
-                                                                   "retry_backoff_seconds": 0.2, **jobs})
+        self.settings = settings or make_settings(
+            state_dir,
+            jobs={
+                "warm_runners": 1,
+                "grace_period_seconds": 3,
+                "preemption_grace_seconds": 3,
+                "retry_backoff_seconds": 0.2,
+                **jobs,
+            },
+        )
         self.loop = LoopThread()
         self.sockets = bind_sockets(0, "127.0.0.1")  # kept across restarts: runners know this address
         self.port = self.sockets[0].getsockname()[1]
@@ -96,8 +112,15 @@ class RunnerAPIService:
 
     async def _start(self) -> None:
         backend = self.factory(self.settings)
-        self.manager = manager = make_manager(backend, self.state_dir, settings=self.settings, service_api=self.api,
-                                              profiles=self.profiles, groups=self.groups, mlflow=self.mlflow)
+        self.manager = manager = make_manager(
+            backend,
+            self.state_dir,
+            settings=self.settings,
+            service_api=self.api,
+            profiles=self.profiles,
+            groups=self.groups,
+            mlflow=self.mlflow,
+        )
         await manager.recover()  # before runners are answered, as app.py does
         runner_api = [route for route in routes(PREFIX.removesuffix("/api/v1")) if "/runner/" in route[0]]
         self._server = HTTPServer(web.Application(runner_api, danlu_manager=manager))
@@ -125,6 +148,7 @@ class RunnerAPIService:
 
     def close(self) -> None:
         """Cancel whatever has not ended, stop the service and its loop."""
+
         async def finish():
             who = admin()
             for job in await self.manager.list(who, limit=1000):
@@ -152,8 +176,9 @@ class RunnerAPIService:
             if job_id is None and runner_id is None:
                 mine = environ.get("JUPYTER_PATH") == jupyter_path and env.RUNNER_ID in environ
             else:
-                mine = (job_id is not None and environ.get(env.JOB_ID) == job_id) or \
-                       (runner_id is not None and environ.get(env.RUNNER_ID) == runner_id)
+                mine = (job_id is not None and environ.get(env.JOB_ID) == job_id) or (
+                    runner_id is not None and environ.get(env.RUNNER_ID) == runner_id
+                )
             if mine:
                 found.append(proc)
         return found

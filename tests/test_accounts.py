@@ -35,8 +35,9 @@ def test_modes():
 def test_demote_runs_a_child_as_the_account(tmp_path):
     nobody = pwd.getpwnam("nobody")
     account = accounts.Account("nobody", nobody.pw_uid, nobody.pw_gid, "/nonexistent")
-    out = subprocess.run(["id", "-u"], preexec_fn=accounts.demote(account), capture_output=True, text=True,
-                         check=True).stdout.strip()
+    out = subprocess.run(
+        ["id", "-u"], preexec_fn=accounts.demote(account), capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == str(nobody.pw_uid)
     path = tmp_path / "handed"
     path.write_text("x")
@@ -45,12 +46,15 @@ def test_demote_runs_a_child_as_the_account(tmp_path):
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, 0o600)
 
 
-@pytest.mark.parametrize("auth, euid, warns", [
-    ({"type": "pam"}, 1000, None),  # PAM without root: only the account running danlu up can log in
-    ({"type": "dummy"}, 1000, "any user can read and change every other user's files"),
-    ({"type": "shared-password", "user_password": "x" * 8}, 1000, "any user can read and change"),
-    ({"type": "pam"}, 0, "every user's code runs as root"),
-])
+@pytest.mark.parametrize(
+    "auth, euid, warns",
+    [
+        ({"type": "pam"}, 1000, None),  # PAM without root: only the account running danlu up can log in
+        ({"type": "dummy"}, 1000, "any user can read and change every other user's files"),
+        ({"type": "shared-password", "user_password": "x" * 8}, 1000, "any user can read and change"),
+        ({"type": "pam"}, 0, "every user's code runs as root"),
+    ],
+)
 def test_the_banner_says_who_can_do_what(monkeypatch, tmp_path, auth, euid, warns):
     from danlu.hub.app import DanluUp
     from danlu.hub.config import Settings
@@ -62,5 +66,6 @@ def test_the_banner_says_who_can_do_what(monkeypatch, tmp_path, auth, euid, warn
     warnings = [line for line in lines if line.startswith("WARNING")]
     assert (warnings and warns in warnings[0]) if warns else not warnings
     on = Settings.from_data({"users": {"unix_accounts": "on"}})
-    assert DanluUp.isolation(on) == ["servers and jobs run as each user's Unix account: the file system keeps "
-                                     "users apart (docs/security.md)"]
+    assert DanluUp.isolation(on) == [
+        "servers and jobs run as each user's Unix account: the file system keeps users apart (docs/security.md)"
+    ]

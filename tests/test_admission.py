@@ -29,8 +29,9 @@ SIM4 = {"sim": [0, 1, 2, 3]}
 
 
 def job(wid, team, gpus=1, *, priority=NORMAL, created=0.0, cpu=1.0, memory=0.0, flavor=None, kind="job"):
-    return Workload(wid, team, priority, created, Request(gpus=gpus, gpu_flavor=flavor, cpu=cpu, memory=memory),
-                    kind=kind)
+    return Workload(
+        wid, team, priority, created, Request(gpus=gpus, gpu_flavor=flavor, cpu=cpu, memory=memory), kind=kind
+    )
 
 
 def server(wid, team, gpus=1, **kw):
@@ -50,8 +51,9 @@ def pairs(preempted) -> list[tuple[str, str]]:
     return [(victim.id, for_whom.id) for victim, for_whom in preempted]
 
 
-def solo(nominal=None, *, within_team="lower_priority", devices=SIM4, cpu=16, memory=float("inf"),
-         starvation_seconds=600.0) -> Model:
+def solo(
+    nominal=None, *, within_team="lower_priority", devices=SIM4, cpu=16, memory=float("inf"), starvation_seconds=600.0
+) -> Model:
     """One team, ``solo``, in no cohort."""
     team = Team("solo", nominal=dict(nominal or {"gpu/sim": 2}), within_team=within_team)
     return Model([team], devices, cpu=cpu, memory=memory, starvation_seconds=starvation_seconds)
@@ -121,7 +123,8 @@ def test_issue_scenario_high_priority_job_reclaims_the_newest_borrowed_gpu(works
     after = model.cycle([h2, resubmitted(v3)], now=40)
     assert (ids(after.admitted), after.admitted[0].devices, after.preempted) == (["h2"], (2,), [])
     assert after.waiting == {
-        "v3": "waiting for 1 `sim` GPU: vision uses 2/2, cohort has 0 to lend, 0 free on the machine"}
+        "v3": "waiting for 1 `sim` GPU: vision uses 2/2, cohort has 0 to lend, 0 free on the machine"
+    }
     assert after.positions == {"v3": 1}
 
 
@@ -200,8 +203,13 @@ def test_a_cohort_preempts_for_one_workload_per_pass():
     """As Kueue: once a workload of a cohort has preempted in a pass, the cohort's others that do not fit wait
     for what they lack, and look for victims in the next pass."""
     model = shared()
-    fill(model, job("v1", "vision", priority=LOW), job("v2", "vision", priority=LOW, created=1),
-         job("n1", "nlp", priority=LOW), job("n2", "nlp", priority=LOW, created=1))
+    fill(
+        model,
+        job("v1", "vision", priority=LOW),
+        job("v2", "vision", priority=LOW, created=1),
+        job("n1", "nlp", priority=LOW),
+        job("n2", "nlp", priority=LOW, created=1),
+    )
     pending = [job("hv", "vision", priority=HIGH, created=2), job("hn", "nlp", priority=HIGH, created=3)]
 
     first = model.cycle(pending, now=4)
@@ -214,8 +222,13 @@ def test_a_cohort_preempts_for_one_workload_per_pass():
 
 def test_teams_in_no_cohort_each_preempt_in_the_same_pass():
     model = Model([Team("a", nominal={"gpu/sim": 2}), Team("b", nominal={"gpu/sim": 2})], SIM4, cpu=16)
-    fill(model, job("a1", "a", priority=LOW), job("a2", "a", priority=LOW, created=1),
-         job("b1", "b", priority=LOW), job("b2", "b", priority=LOW, created=1))
+    fill(
+        model,
+        job("a1", "a", priority=LOW),
+        job("a2", "a", priority=LOW, created=1),
+        job("b1", "b", priority=LOW),
+        job("b2", "b", priority=LOW, created=1),
+    )
 
     decision = model.cycle([job("ha", "a", priority=HIGH, created=2), job("hb", "b", priority=HIGH, created=3)], now=4)
 
@@ -271,7 +284,8 @@ def test_reclaim_only_for_what_fits_in_the_nominal_quota():
 
     assert decision.preempted == []
     assert decision.waiting == {
-        "n2": "waiting for 2 `sim` GPUs: nlp uses 1/2, cohort has 0 to lend, 0 free on the machine"}
+        "n2": "waiting for 2 `sim` GPUs: nlp uses 1/2, cohort has 0 to lend, 0 free on the machine"
+    }
 
 
 def test_a_team_within_its_quota_is_not_reclaimed_from():
@@ -284,8 +298,11 @@ def test_a_team_within_its_quota_is_not_reclaimed_from():
 
 
 def test_reclaim_takes_only_from_teams_that_borrow():
-    teams = [Team("a", nominal={"gpu/sim": 2}, cohort="c"), Team("b", nominal={"gpu/sim": 1}, cohort="c"),
-             Team("c", nominal={"gpu/sim": 1}, cohort="c")]
+    teams = [
+        Team("a", nominal={"gpu/sim": 2}, cohort="c"),
+        Team("b", nominal={"gpu/sim": 1}, cohort="c"),
+        Team("c", nominal={"gpu/sim": 1}, cohort="c"),
+    ]
     model = Model(teams, SIM4, cpu=16)
     fill(model, job("a1", "a"), job("b1", "b"), job("b2", "b"), now=0)  # b borrows one GPU
     fill(model, job("c1", "c"), now=1)  # c uses its nominal GPU (and CPU, with no CPU quota), admitted last
@@ -328,8 +345,10 @@ def test_reclaim_stops_when_the_borrower_is_back_within_its_quota():
 
 def test_a_reclaiming_job_frees_a_flavor_it_may_use_within_its_quota():
     # a may borrow `f1` but its quota is on `f2`: reclaim frees an `f2` GPU (b borrows there), not b's own `f1`
-    teams = [Team("a", nominal={"gpu/f1": 0.0, "gpu/f2": 2.0}, cohort="c", flavors=("f1", "f2")),
-             Team("b", nominal={"gpu/f1": 1.0, "gpu/f2": 0.0}, cohort="c", flavors=("f2", "f1"))]
+    teams = [
+        Team("a", nominal={"gpu/f1": 0.0, "gpu/f2": 2.0}, cohort="c", flavors=("f1", "f2")),
+        Team("b", nominal={"gpu/f1": 1.0, "gpu/f2": 0.0}, cohort="c", flavors=("f2", "f1")),
+    ]
     model = Model(teams, {"f1": [0], "f2": [1, 2]}, cpu=16)
     fill(model, job("b2", "b"), now=0)
     fill(model, job("b3", "b"), now=1)
@@ -350,7 +369,8 @@ def test_borrowing_limit_caps_what_a_team_takes_from_an_idle_cohort():
 
     assert ids(decision.admitted) == ["v0", "v1", "v2"]
     assert decision.waiting == {
-        "v3": "waiting for 1 `sim` GPU: vision uses 3/2, cohort has 0 to lend, 1 free on the machine"}
+        "v3": "waiting for 1 `sim` GPU: vision uses 3/2, cohort has 0 to lend, 1 free on the machine"
+    }
 
 
 def test_borrowing_limit_zero_keeps_a_team_within_its_quota():
@@ -368,7 +388,8 @@ def test_without_borrowing_limit_a_team_takes_the_whole_idle_cohort():
 
     assert ids(decision.admitted) == ["v0", "v1", "v2", "v3"]
     assert decision.waiting == {
-        "v4": "waiting for 1 `sim` GPU: vision uses 4/2, cohort has 0 to lend, 0 free on the machine"}
+        "v4": "waiting for 1 `sim` GPU: vision uses 4/2, cohort has 0 to lend, 0 free on the machine"
+    }
 
 
 def test_lending_limit_caps_what_a_team_lends():
@@ -423,11 +444,14 @@ def test_a_held_team_admits_nothing_until_released():
     assert ids(model.cycle([job("v", "vision")], now=1).admitted) == ["v"]
 
 
-@pytest.mark.parametrize(("request_", "reason"), [
-    (Request(gpus=5), "asks for 5 GPUs; at most 4 of one flavor exist: it can never start"),
-    (Request(gpus=1, gpu_flavor="h100"), "no GPUs of flavor 'h100': it can never start"),
-    (Request(gpus=0, cpu=32), "asks for 32 CPUs; jobs may use 16: it can never start"),
-])
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (Request(gpus=5), "asks for 5 GPUs; at most 4 of one flavor exist: it can never start"),
+        (Request(gpus=1, gpu_flavor="h100"), "no GPUs of flavor 'h100': it can never start"),
+        (Request(gpus=0, cpu=32), "asks for 32 CPUs; jobs may use 16: it can never start"),
+    ],
+)
 def test_impossible_requests_can_never_start_and_block_nothing(request_, reason):
     model = solo({"gpu/sim": 4})
     never = Workload("never", "solo", HIGH, 0.0, request_)
@@ -451,8 +475,14 @@ def test_a_job_for_an_unknown_team_waits_with_a_reason():
 def test_higher_priority_goes_first_then_the_oldest():
     model = solo({"gpu/sim": 1})
 
-    decision = model.cycle([job("old", "solo", created=0), job("young-high", "solo", priority=HIGH, created=5),
-                            job("young", "solo", created=1)], now=10)
+    decision = model.cycle(
+        [
+            job("old", "solo", created=0),
+            job("young-high", "solo", priority=HIGH, created=5),
+            job("young", "solo", created=1),
+        ],
+        now=10,
+    )
 
     assert ids(decision.admitted) == ["young-high"]
     assert decision.positions == {"old": 1, "young": 2}
@@ -462,8 +492,10 @@ def test_a_big_job_that_does_not_fit_does_not_block_a_small_one():
     model = solo({"gpu/sim": 4})
     fill(model, job("r1", "solo"), job("r2", "solo"))
 
-    decision = model.cycle([job("big", "solo", 4, created=1), job("big2", "solo", 4, created=2),
-                            job("small", "solo", 1, created=3)], now=10)
+    decision = model.cycle(
+        [job("big", "solo", 4, created=1), job("big2", "solo", 4, created=2), job("small", "solo", 1, created=3)],
+        now=10,
+    )
 
     assert ids(decision.admitted) == ["small"]
     assert decision.admitted[0].devices == (2,)
@@ -476,9 +508,16 @@ def test_positions_are_counted_per_team():
     model = Model([Team("vision", nominal={"gpu/sim": 2}), Team("nlp", nominal={"gpu/sim": 2})], SIM4, cpu=16)
     fill(model, job("v0", "vision"), job("v1", "vision"), job("n0", "nlp"), job("n1", "nlp"))
 
-    decision = model.cycle([job("v-old", "vision", created=1), job("n-old", "nlp", created=2),
-                            job("v-high", "vision", priority=HIGH, created=3), job("v-new", "vision", created=4),
-                            job("n-new", "nlp", created=5)], now=10)
+    decision = model.cycle(
+        [
+            job("v-old", "vision", created=1),
+            job("n-old", "nlp", created=2),
+            job("v-high", "vision", priority=HIGH, created=3),
+            job("v-new", "vision", created=4),
+            job("n-new", "nlp", created=5),
+        ],
+        now=10,
+    )
 
     assert decision.positions == {"v-high": 1, "v-old": 2, "v-new": 3, "n-old": 1, "n-new": 2}
 
@@ -491,8 +530,9 @@ def test_a_starving_job_holds_back_what_it_needs_from_younger_jobs_of_its_team()
     early = model.cycle([big, job("s1", "solo", created=50)], now=100)  # big has waited 100 s: best effort
     assert ids(early.admitted) == ["s1"]
 
-    late = model.cycle([big, job("s2", "solo", created=650), job("urgent", "solo", priority=HIGH, created=690)],
-                       now=700)  # big has waited 700 s
+    late = model.cycle(
+        [big, job("s2", "solo", created=650), job("urgent", "solo", priority=HIGH, created=690)], now=700
+    )  # big has waited 700 s
     assert ids(late.admitted) == ["urgent"]  # a higher priority is considered before the starving job
     assert "s2" in late.waiting
 
@@ -546,8 +586,7 @@ def test_without_a_cpu_quota_the_machine_limits_cpu():
 def test_memory_quota_limits_a_team():
     model = solo({"memory": 8 * GIB}, memory=64 * GIB)
 
-    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)],
-                           now=0)
+    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)], now=0)
 
     assert ids(decision.admitted) == ["a"]
     assert decision.waiting["b"].startswith("waiting for 6.0 GiB memory: solo uses ")
@@ -556,8 +595,7 @@ def test_memory_quota_limits_a_team():
 def test_without_a_memory_quota_the_machine_limits_memory():
     model = solo({"gpu/sim": 4}, memory=8 * GIB)
 
-    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)],
-                           now=0)
+    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)], now=0)
 
     assert ids(decision.admitted) == ["a"]
 
@@ -634,8 +672,7 @@ def test_a_borrowing_server_is_never_reclaimed():
 
 def test_devices_are_the_lowest_free_indices_and_never_shared():
     model = solo({"gpu/sim": 4})
-    first = model.cycle([job("a", "solo", 1), job("b", "solo", 2, created=1), job("c", "solo", 1, created=2)],
-                        now=0)
+    first = model.cycle([job("a", "solo", 1), job("b", "solo", 2, created=1), job("c", "solo", 1, created=2)], now=0)
     assert [w.devices for w in first.admitted] == [(0,), (1, 2), (3,)]
 
     model.release("a")
@@ -653,11 +690,15 @@ def test_devices_come_from_the_flavor_the_job_runs_on():
     team = Team("solo", nominal={"gpu/a100": 2, "gpu/h100": 2}, flavors=("h100", "a100"))
     model = Model([team], {"a100": [0, 1], "h100": [2, 3]}, cpu=16)
 
-    decision = model.cycle([job("any1", "solo", 2), job("any2", "solo", 1, created=1),
-                            job("pinned", "solo", 1, flavor="h100", created=2)], now=0)
+    decision = model.cycle(
+        [job("any1", "solo", 2), job("any2", "solo", 1, created=1), job("pinned", "solo", 1, flavor="h100", created=2)],
+        now=0,
+    )
 
     assert [(w.id, w.flavor, w.devices) for w in decision.admitted] == [
-        ("any1", "h100", (2, 3)), ("any2", "a100", (0,))]  # the team's flavor order, then the next flavor
+        ("any1", "h100", (2, 3)),
+        ("any2", "a100", (0,)),
+    ]  # the team's flavor order, then the next flavor
     assert decision.waiting == {"pinned": "waiting for 1 `h100` GPU: solo uses 2/2, 0 free on the machine"}
 
 
@@ -708,8 +749,11 @@ def test_preemption_does_not_churn_for_a_job_held_back_by_a_starving_one():
 
 
 def test_a_job_is_not_admitted_and_preempted_in_the_same_cycle():
-    model = Model([Team("a", nominal={"gpu/sim": 1}, cohort="c"), Team("b", nominal={"gpu/sim": 1}, cohort="c")],
-                  {"sim": [0, 1]}, cpu=16)
+    model = Model(
+        [Team("a", nominal={"gpu/sim": 1}, cohort="c"), Team("b", nominal={"gpu/sim": 1}, cohort="c")],
+        {"sim": [0, 1]},
+        cpu=16,
+    )
 
     decision = model.cycle([job("b-big", "b", 2, priority=HIGH), job("a1", "a", 1, created=1)], now=0)
 
@@ -718,8 +762,11 @@ def test_a_job_is_not_admitted_and_preempted_in_the_same_cycle():
 
 
 def test_reclaim_does_not_admit_and_preempt_the_same_job_forever():
-    model = Model([Team("a", nominal={"gpu/sim": 1}, cohort="c"), Team("b", nominal={"gpu/sim": 1}, cohort="c")],
-                  {"sim": [0, 1]}, cpu=16)
+    model = Model(
+        [Team("a", nominal={"gpu/sim": 1}, cohort="c"), Team("b", nominal={"gpu/sim": 1}, cohort="c")],
+        {"sim": [0, 1]},
+        cpu=16,
+    )
 
     run_service(model, [job("b-big", "b", 2, priority=HIGH), job("a1", "a", 1, created=1)], range(5))
 
@@ -753,8 +800,7 @@ def test_a_job_the_team_can_never_fit_does_not_stall_the_team():
 def test_memory_reason_reads_in_gib():
     model = solo({"memory": 8 * GIB}, memory=64 * GIB)
 
-    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)],
-                           now=0)
+    decision = model.cycle([job("a", "solo", 0, memory=6 * GIB), job("b", "solo", 0, memory=6 * GIB, created=1)], now=0)
 
     assert "e+" not in decision.waiting["b"]
 
@@ -774,8 +820,10 @@ def test_a_lower_priority_job_does_not_take_what_a_preemptor_counted_on():
     # p preempts l next, m comes back into the freed half, and so on for ever.
     model = solo({"gpu/sim": 2}, cpu=1.5)
     fill(model, job("x", "solo", 0, priority=HIGH * 10, cpu=0.5), job("m", "solo", 0, cpu=0.5))
-    p, low = job("p", "solo", 0, priority=HIGH, cpu=1.0, created=1), job("l", "solo", 0, priority=LOW, cpu=0.5,
-                                                                          created=2)
+    p, low = (
+        job("p", "solo", 0, priority=HIGH, cpu=1.0, created=1),
+        job("l", "solo", 0, priority=LOW, cpu=0.5, created=2),
+    )
 
     first = model.cycle([p, low], now=10)
     assert pairs(first.preempted) == [("m", "p")] and first.admitted == []
@@ -792,8 +840,9 @@ def test_a_preemptor_that_finds_no_more_victims_holds_nothing_back_from_other_te
     # preempt: it no longer holds back what it needs from team a's borrowers, or a2 never starts (and with a
     # job of a that preempts its own for that CPU, a's jobs take turns preempting each other for ever: the
     # settling property test found that).
-    model = Model([Team("a", nominal={"gpu/sim": 2}, cohort="c"), Team("b", nominal={"gpu/sim": 2}, cohort="c")],
-                  SIM4, cpu=4)
+    model = Model(
+        [Team("a", nominal={"gpu/sim": 2}, cohort="c"), Team("b", nominal={"gpu/sim": 2}, cohort="c")], SIM4, cpu=4
+    )
     fill(model, job("a1", "a"), job("b1", "b", priority=LOW))
     p = job("p", "b", priority=HIGH, cpu=3.0, created=1)
     assert pairs(model.cycle([p], now=1).preempted) == [("b1", "p")]

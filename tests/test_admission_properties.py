@@ -60,7 +60,7 @@ PRIORITIES = (100, 1000, 10000, 100000)
 @st.composite
 def configs(draw):
     devices, index = {}, 0
-    for flavor in FLAVORS[:draw(st.integers(1, 4))]:
+    for flavor in FLAVORS[: draw(st.integers(1, 4))]:
         count = draw(st.integers(1, 8))
         devices[flavor] = list(range(index, index + count))
         index += count
@@ -83,10 +83,18 @@ def configs(draw):
                     borrowing[resource] = float(draw(st.integers(0, 4)) * unit)
                 if draw(st.integers(0, 2)) == 0:
                     lending[resource] = float(draw(st.integers(0, int(amount / unit))) * unit)
-        teams.append(Team(f"t{i}", nominal=nominal, borrowing_limit=borrowing, lending_limit=lending, cohort=cohort,
-                          flavors=tuple(draw(st.permutations(list(devices)))),
-                          within_team=draw(st.sampled_from(["lower_priority", "never"])),
-                          reclaim=draw(st.sampled_from(["any", "lower_priority", "never"]))))
+        teams.append(
+            Team(
+                f"t{i}",
+                nominal=nominal,
+                borrowing_limit=borrowing,
+                lending_limit=lending,
+                cohort=cohort,
+                flavors=tuple(draw(st.permutations(list(devices)))),
+                within_team=draw(st.sampled_from(["lower_priority", "never"])),
+                reclaim=draw(st.sampled_from(["any", "lower_priority", "never"])),
+            )
+        )
     starvation = draw(st.sampled_from([5.0, 30.0, 600.0]))
     return teams, devices, cpu, memory, starvation
 
@@ -94,8 +102,13 @@ def configs(draw):
 def requests(devices: dict[str, list[int]]):
     gpus = st.sampled_from([0, 0, 1, 1, 1, 2, 2, 4, 8, 9])
     flavor = st.one_of(st.none(), st.none(), st.sampled_from(sorted(devices) + ["nope"]))
-    return st.builds(lambda g, f, c, m: Request(gpus=g, gpu_flavor=f if g else None, cpu=c, memory=m * GIB),
-                     gpus, flavor, st.sampled_from([0.5, 1.0, 1.0, 2.0, 4.0, 64.0]), st.sampled_from([0, 0, 1, 4, 8]))
+    return st.builds(
+        lambda g, f, c, m: Request(gpus=g, gpu_flavor=f if g else None, cpu=c, memory=m * GIB),
+        gpus,
+        flavor,
+        st.sampled_from([0.5, 1.0, 1.0, 2.0, 4.0, 64.0]),
+        st.sampled_from([0, 0, 1, 4, 8]),
+    )
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -121,8 +134,14 @@ class AdmissionMachine(RuleBasedStateMachine):
     def new_workload(self, data, kind: str) -> Workload:
         self.serial += 1
         team = data.draw(st.sampled_from(sorted(self.model.teams)))
-        return Workload(f"w{self.serial}", team, data.draw(st.sampled_from(PRIORITIES)), self.now,
-                        data.draw(requests(self.devices)), kind=kind)
+        return Workload(
+            f"w{self.serial}",
+            team,
+            data.draw(st.sampled_from(PRIORITIES)),
+            self.now,
+            data.draw(requests(self.devices)),
+            kind=kind,
+        )
 
     @rule(data=st.data(), count=st.integers(1, 4))
     def submit(self, data, count):
@@ -173,8 +192,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         victim = self.model.release(wid)
         del self.stopping[wid]
         assert victim is not None and victim.stopping
-        self.pending[wid] = Workload(wid, victim.team, victim.priority, victim.created, victim.request,
-                                     kind=victim.kind)
+        self.pending[wid] = Workload(
+            wid, victim.team, victim.priority, victim.created, victim.request, kind=victim.kind
+        )
 
     def run_cycle(self):
         before = dict(self.model.admitted)
@@ -184,8 +204,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         again = fresh.cycle([copy.copy(w) for w in pending.values()], self.now)
         decision = self.model.cycle(list(pending.values()), self.now)
         admitted = [w.id for w in decision.admitted]
-        assert [(w.id, w.flavor, w.devices) for w in decision.admitted] == \
-            [(w.id, w.flavor, w.devices) for w in again.admitted]
+        assert [(w.id, w.flavor, w.devices) for w in decision.admitted] == [
+            (w.id, w.flavor, w.devices) for w in again.admitted
+        ]
         assert [(v.id, p.id) for v, p in decision.preempted] == [(v.id, p.id) for v, p in again.preempted]
         assert dict(decision.waiting) == dict(again.waiting)
 
@@ -228,8 +249,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert not set(admitted) & set(victims), "admitted and preempted in the same pass"
         # (h) as Kueue: in one pass, a cohort preempts for one workload at most (a team in no cohort for its own)
         preemptors = {for_whom.id: for_whom for _, for_whom in decision.preempted}.values()
-        circles = [("cohort", self.model.teams[p.team].cohort) if self.model.teams[p.team].cohort else ("team", p.team)
-                   for p in preemptors]
+        circles = [
+            ("cohort", self.model.teams[p.team].cohort) if self.model.teams[p.team].cohort else ("team", p.team)
+            for p in preemptors
+        ]
         assert len(circles) == len(set(circles)), f"one cohort preempted for several workloads in a pass: {circles}"
         for wid in self.stopping:
             self.stopping[wid] += 1
@@ -317,8 +340,15 @@ def quoted(team: Team, devices: dict[str, list[int]]) -> list[str]:
 
 # print_blob: Hypothesis draws from the constants of every loaded module, so what CI (the whole suite collected)
 # generates differs from a run of this file alone; `pytest tests -k settles` sees what CI sees, the blob replays it
-SETTINGS = settings(max_examples=150, stateful_step_count=50, deadline=None, derandomize=True, database=None,
-                    print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 AdmissionMachine.TestCase.settings = SETTINGS
 TestAdmission = AdmissionMachine.TestCase
 

@@ -12,13 +12,31 @@ from danlu.hub.service.validation import check_schema
 
 pytestmark = pytest.mark.service
 
-NB = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                 "source": "print('hi')"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+NB = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "c1",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "print('hi')",
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 
 
 def body(**changes) -> dict:
-    out = {"notebook": copy.deepcopy(NB), "parameters": {"lr": 0.1}, "resources": {"nproc": 1, "gpus": 0},
-           "profile": "python", "name": "ok"}
+    out = {
+        "notebook": copy.deepcopy(NB),
+        "parameters": {"lr": 0.1},
+        "resources": {"nproc": 1, "gpus": 0},
+        "profile": "python",
+        "name": "ok",
+    }
     for key, value in changes.items():
         if "." in key:
             outer, inner = key.split(".")
@@ -53,8 +71,7 @@ BAD = [
     ("dataset-encoded", body(datasets=["ok", "%2E%2E/x"]), 422, "datasets[1]"),
     ("dataset-unknown-root", body(datasets=["shared:imagenet"]), 422, "datasets[0]"),
     ("notebook-path-dotdot", body(source={"notebook_path": "../bob/x.ipynb"}), 422, "source.notebook_path"),
-    ("notebook-path-absolute", body(source={"notebook_path": "/home/bob/x.ipynb"}), 422,
-     "source.notebook_path"),
+    ("notebook-path-absolute", body(source={"notebook_path": "/home/bob/x.ipynb"}), 422, "source.notebook_path"),
     ("notebook-path-encoded", body(source={"notebook_path": "%2e%2e%2fbob.ipynb"}), 422, "source.notebook_path"),
     ("missing-notebook", {"parameters": {}}, 422, "notebook"),
     ("notebook-v3", body(notebook={"nbformat": 3, "worksheets": []}), 422, "notebook"),
@@ -82,14 +99,16 @@ def test_bad_submission_names_the_field_and_stores_nothing(workbench, case, payl
 
 @pytest.mark.parametrize("raw", [b"{", b"not json", b'{"notebook": }', b"\xff\xfe"])
 def test_malformed_json_is_a_400(workbench, raw):
-    r = workbench.api("POST", "/jobs", token=workbench.tokens["alice"], data=raw,
-                      headers={"Content-Type": "application/json"})
+    r = workbench.api(
+        "POST", "/jobs", token=workbench.tokens["alice"], data=raw, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 400
     assert r.json()["field"] == "body" and r.json()["reason"] == "malformed_json"
 
 
-@pytest.mark.parametrize("path", ["/jobs/..%2f..%2fetc/output", "/jobs/%2e%2e/logs", "/jobs/0123/cancel",
-                                  "/jobs/ZZZZZZZZZZZZ"])
+@pytest.mark.parametrize(
+    "path", ["/jobs/..%2f..%2fetc/output", "/jobs/%2e%2e/logs", "/jobs/0123/cancel", "/jobs/ZZZZZZZZZZZZ"]
+)
 def test_bad_job_ids(workbench, path):
     method = "POST" if path.endswith("cancel") else "GET"
     r = workbench.api(method, path, token=workbench.tokens["alice"])
@@ -115,8 +134,9 @@ def test_unauthenticated_and_unknown_endpoints(workbench):
 def test_services_cannot_submit_and_users_cannot_allocate(workbench):
     r = workbench.api("POST", "/jobs", token=workbench.admin_token, json=body())
     assert r.status_code == 403 and r.json()["reason"] == "not_a_user"
-    r = workbench.api("POST", "/allocations", token=workbench.tokens["alice"],
-                      json={"holder": "alice", "owner": "alice", "gpus": 1})
+    r = workbench.api(
+        "POST", "/allocations", token=workbench.tokens["alice"], json={"holder": "alice", "owner": "alice", "gpus": 1}
+    )
     assert r.status_code == 403
 
 
@@ -124,8 +144,17 @@ def test_dry_run_says_whether_it_would_start_and_stores_nothing(workbench):
     alice = workbench.tokens["alice"]
     before = workbench.api("GET", "/jobs", token=alice).json()["jobs"]
     nb = copy.deepcopy(NB)
-    nb["cells"].insert(0, {"cell_type": "code", "id": "p", "metadata": {"tags": ["parameters"]}, "outputs": [],
-                           "execution_count": None, "source": "lr = 1.0"})
+    nb["cells"].insert(
+        0,
+        {
+            "cell_type": "code",
+            "id": "p",
+            "metadata": {"tags": ["parameters"]},
+            "outputs": [],
+            "execution_count": None,
+            "source": "lr = 1.0",
+        },
+    )
     r = workbench.api("POST", "/jobs", token=alice, json=body(notebook=nb, dry_run=True, parameters={"lr": 0.25}))
     assert r.status_code == 200, r.text
     answer = r.json()
@@ -133,8 +162,12 @@ def test_dry_run_says_whether_it_would_start_and_stores_nothing(workbench):
     assert answer["dry_run"] is True and answer["admitted"] is True and answer["reason"] == "would start now"
     sources = ["".join(c["source"]) for c in answer["notebook"]["cells"]]
     assert any("lr = 0.25" in s for s in sources)  # papermill's injected parameters
-    r = workbench.api("POST", "/jobs", token=alice,
-                      json=body(dry_run=True, profile="python", **{"resources.gpus": 2, "resources.nproc": 1}))
+    r = workbench.api(
+        "POST",
+        "/jobs",
+        token=alice,
+        json=body(dry_run=True, profile="python", **{"resources.gpus": 2, "resources.nproc": 1}),
+    )
     # 2 GPUs exist but the python profile allows at most 1
     assert r.status_code == 403 and r.json()["field"] == "resources.gpus"
     assert workbench.api("GET", "/jobs", token=alice).json()["jobs"] == before
@@ -143,6 +176,7 @@ def test_dry_run_says_whether_it_would_start_and_stores_nothing(workbench):
 def test_openapi_document_is_served_and_matches_routes(workbench):
     doc = requests.get(f"{workbench.url}/services/danlu/api/v1/openapi.json", timeout=30).json()
     assert doc["openapi"].startswith("3.")
-    assert {"/jobs", "/jobs/{id}", "/jobs/{id}/cancel", "/jobs/{id}/logs", "/jobs/{id}/output",
-            "/profiles"} <= set(doc["paths"])
+    assert {"/jobs", "/jobs/{id}", "/jobs/{id}/cancel", "/jobs/{id}/logs", "/jobs/{id}/output", "/profiles"} <= set(
+        doc["paths"]
+    )
     assert json.dumps(doc)  # serializable as served

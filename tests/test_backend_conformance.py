@@ -70,11 +70,18 @@ def kubernetes_backend(settings: Settings) -> Backend:
         home.mkdir(parents=True, exist_ok=True)
         cluster.volumes[f"claim-{ALICE.name}"] = str(home)
     profiles = gpu_profiles()
-    profiles = ProfileSet(tuple(dataclasses.replace(p, environment={"current": True, "image": IMAGE})
-                                for p in profiles), source=profiles.source)
-    return KubernetesBackend(settings=settings, profiles=profiles, namespace="danlu", poll_interval=0.3,
-                             kubeconfig=cluster.write_kubeconfig(settings.state_dir / "kubeconfig"),
-                             logs_dir=str(settings.state_dir / "job-logs"))
+    profiles = ProfileSet(
+        tuple(dataclasses.replace(p, environment={"current": True, "image": IMAGE}) for p in profiles),
+        source=profiles.source,
+    )
+    return KubernetesBackend(
+        settings=settings,
+        profiles=profiles,
+        namespace="danlu",
+        poll_interval=0.3,
+        kubeconfig=cluster.write_kubeconfig(settings.state_dir / "kubeconfig"),
+        logs_dir=str(settings.state_dir / "job-logs"),
+    )
 
 
 #: every backend the suite runs against: name -> factory (settings -> backend)
@@ -125,6 +132,7 @@ async def log_text(svc: RunnerAPIService, job_id: str) -> str:
 
 def wait_log(svc: RunnerAPIService, job_id: str, text: str) -> dict:
     """Wait until the job's log says ``text``; return its backend state then."""
+
     async def seen():
         return text in await log_text(svc, job_id)
 
@@ -142,6 +150,7 @@ def output_of(svc: RunnerAPIService, job_id: str) -> dict:
 
 def texts(nb: dict) -> str:
     """Every stream text and error value in a notebook's outputs, joined."""
+
     def joined(value) -> str:
         return "".join(value) if isinstance(value, list) else str(value or "")
 
@@ -217,7 +226,7 @@ def test_an_infrastructure_failure_is_retried(service):
 
 
 def test_cancel_ends_every_process_of_the_job(service):
-    local_only(service, 'looks for local processes by marker')
+    local_only(service, "looks for local processes by marker")
     job_id = submit(service, waiting(said="sleeping", then="woke up"))
     state = wait_log(service, job_id, "sleeping")
     assert service.processes(job_id, state["runner_id"]), "the job's processes carry its markers"
@@ -247,7 +256,7 @@ def test_a_restarted_service_picks_up_a_running_job(service):
 
 
 def test_a_runner_that_dies_takes_its_kernel_with_it(service):
-    local_only(service, 'kills a local runner process')
+    local_only(service, "kills a local runner process")
     job_id = submit(service, waiting(said="running", then="woke up"))
     state = wait_log(service, job_id, "running")
     kernels = [p for p in service.processes(job_id, state["runner_id"]) if p.pid != state["pid"]]
@@ -257,8 +266,9 @@ def test_a_runner_that_dies_takes_its_kernel_with_it(service):
     left = service.processes(job_id, state["runner_id"])
 
     assert (done["state"], done["failure"]) == ("failed", "infrastructure")
-    assert done["reason"] == ("infrastructure failure: the job runner ended without reporting (killed by signal 9): "
-                              "killed or lost")
+    assert done["reason"] == (
+        "infrastructure failure: the job runner ended without reporting (killed by signal 9): killed or lost"
+    )
     assert left == []
 
 
@@ -275,7 +285,7 @@ print("planted", flush=True)
 
 
 def test_a_hostile_job_cannot_make_the_service_read_a_link_or_block_on_a_fifo(service):
-    local_only(service, 'plants files in a job folder the service reads; a pod has none')
+    local_only(service, "plants files in a job folder the service reads; a pod has none")
     job_id = submit(service, HOSTILE)
     folder = Path(service.settings.jobs_dir) / job_id
 
@@ -297,22 +307,29 @@ def test_a_hostile_job_cannot_make_the_service_read_a_link_or_block_on_a_fifo(se
                 refused.append(f"{e.status} {e.reason}: {e.message}")
             else:
                 refused.append(f"served: {got!r:.200}")
-        others = (len(await service.manager.list(ALICE)), await service.manager.queues.list(),
-                  await service.manager.counts())
+        others = (
+            len(await service.manager.list(ALICE)),
+            await service.manager.queues.list(),
+            await service.manager.counts(),
+        )
         return refused, others
 
     refused, (listed, queues, counts) = service.run(reads())
-    runner_api = requests.get(f"{service.api}/runner/jobs/{job_id}/attempts/1/stop",
-                              headers={"Authorization": "Bearer " + "x" * 43}, timeout=30)
+    runner_api = requests.get(
+        f"{service.api}/runner/jobs/{job_id}/attempts/1/stop",
+        headers={"Authorization": "Bearer " + "x" * 43},
+        timeout=30,
+    )
     state = dict(service.run(service.manager.get(ADMIN, job_id)).backend_state)
     job = service.run(service.manager.get(ADMIN, job_id))
     if job.state == "running":  # papermill's last save opens the FIFO and waits for a reader: only its own loss
         service.run(service.manager.cancel(ALICE, job_id))
     done = wait_final(service, job_id)
 
-    assert refused == [f"409 unsafe_file: job {job_id}'s log cannot be served: job.log is a link",
-                       f"409 unsafe_file: job {job_id}'s output cannot be served: output.ipynb is not a plain file"], \
-        refused
+    assert refused == [
+        f"409 unsafe_file: job {job_id}'s log cannot be served: job.log is a link",
+        f"409 unsafe_file: job {job_id}'s output cannot be served: output.ipynb is not a plain file",
+    ], refused
     assert not any("root:" in r for r in refused)
     assert listed >= 1 and queues[0]["name"] == "default" and counts
     assert runner_api.status_code == 403

@@ -31,16 +31,19 @@ def test_complete_backend_can_be_defined():
 
 def test_missing_methods_are_named_at_class_definition():
     with pytest.raises(TypeError) as info:
+
         class StartOnlyBackend(Backend):
             async def start(self, job):
                 return {}
 
-    assert str(info.value) == ("StartOnlyBackend must implement poll, cancel, read_log, read_output "
-                               "to be a Danlu backend")
+    assert str(info.value) == (
+        "StartOnlyBackend must implement poll, cancel, read_log, read_output to be a Danlu backend"
+    )
 
 
 def test_empty_backend_names_every_required_method():
     with pytest.raises(TypeError, match="EmptyBackend must implement start, poll, cancel, read_log, read_output"):
+
         class EmptyBackend(Backend):
             pass
 
@@ -55,6 +58,7 @@ def plain_method(self, *args):
 
 def test_blocking_start_is_refused_at_class_definition():
     with pytest.raises(TypeError) as info:
+
         class BlockingBackend(Backend):
             def start(self, job):
                 return {}
@@ -66,8 +70,14 @@ def test_blocking_start_is_refused_at_class_definition():
 
 @pytest.mark.parametrize("method", ["poll", "cancel", "wait", "cleanup", "read_log", "read_output"])
 def test_other_lifecycle_methods_must_be_async(method):
-    namespace = {"start": coroutine_method, "poll": coroutine_method, "cancel": coroutine_method,
-                 "read_log": coroutine_method, "read_output": coroutine_method, method: plain_method}
+    namespace = {
+        "start": coroutine_method,
+        "poll": coroutine_method,
+        "cancel": coroutine_method,
+        "read_log": coroutine_method,
+        "read_output": coroutine_method,
+        method: plain_method,
+    }
 
     with pytest.raises(TypeError) as info:
         type("BlockingBackend", (Backend,), namespace)

@@ -82,7 +82,7 @@ async def test_same_content_is_the_same_version_and_a_changed_file_a_new_one(tmp
         v1 = await manager.datasets.version(ALICE, "mnist", 1)
         with pytest.raises(NotFound) as missing:
             await manager.datasets.version(ALICE, "mnist", 3)
-        records = await manager.audit_records(ADMIN, limit=10, action="register_dataset", target=None)
+        records = await manager.audit.records(ADMIN, limit=10, action="register_dataset", target=None)
 
     assert first[0] == 201 and first[1]["version"] == 1 and first[1]["ref"] == "mnist@1"
     assert again == (200, first[1])
@@ -110,8 +110,9 @@ async def test_read_groups_hide_a_dataset_and_register_groups_refuse_with_the_fi
     write(home(tmp_path), {"faces/a.txt": "a"})
     write(home(tmp_path, "carol"), {"faces/a.txt": "other"})
     async with service(tmp_path) as manager:
-        await register(manager, name="faces", path="faces", read_groups=["research", "vision"],
-                       register_groups=["research"])
+        await register(
+            manager, name="faces", path="faces", read_groups=["research", "vision"], register_groups=["research"]
+        )
         with pytest.raises(NotFound) as hidden:
             await manager.datasets.show(BOB, "faces")
         with pytest.raises(NotFound):
@@ -146,10 +147,18 @@ async def test_paths_that_leave_their_root_are_refused(tmp_path):
     os.symlink(outside / "secret.txt", home(tmp_path) / "data" / "sneaky.txt")
     (tmp_path / "shared" / "inner").mkdir(parents=True)
     os.symlink(outside, tmp_path / "shared" / "inner" / "out")
-    cases = {"../bob": "path_traversal", "/etc": "absolute_path", str(outside): "absolute_path",
-             "shared:../outside": "path_traversal", "nowhere:x": "unknown_dataset_root", "link": "escapes_root",
-             "shared:inner/out": "escapes_root", "data": "escapes_root", "%2e%2e/bob": "path_traversal",
-             "missing": "no_dataset"}
+    cases = {
+        "../bob": "path_traversal",
+        "/etc": "absolute_path",
+        str(outside): "absolute_path",
+        "shared:../outside": "path_traversal",
+        "nowhere:x": "unknown_dataset_root",
+        "link": "escapes_root",
+        "shared:inner/out": "escapes_root",
+        "data": "escapes_root",
+        "%2e%2e/bob": "path_traversal",
+        "missing": "no_dataset",
+    }
     async with service(tmp_path) as manager:
         reasons = {}
         for path, _ in cases.items():
@@ -163,8 +172,10 @@ async def test_paths_that_leave_their_root_are_refused(tmp_path):
 
 @in_loop
 async def test_csv_and_parquet_files_get_columns_and_row_counts(tmp_path, monkeypatch):
-    folder = write(home(tmp_path) / "tab", {"people.csv": 'name,age,note\nann,3,"two\nlines"\nbo,4,x\n\n',
-                                            "empty.csv": "", "readme.txt": "hi"})
+    folder = write(
+        home(tmp_path) / "tab",
+        {"people.csv": 'name,age,note\nann,3,"two\nlines"\nbo,4,x\n\n', "empty.csv": "", "readme.txt": "hi"},
+    )
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -186,8 +197,12 @@ async def test_csv_and_parquet_files_get_columns_and_row_counts(tmp_path, monkey
         _, without = await register(manager, name="tab", path="tab")
         monkeypatch.undo()
     tables = {t["path"]: t for t in version["tables"]}
-    assert tables["people.csv"] == {"path": "people.csv", "format": "csv", "columns": ["name", "age", "note"],
-                                    "rows": 2}
+    assert tables["people.csv"] == {
+        "path": "people.csv",
+        "format": "csv",
+        "columns": ["name", "age", "note"],
+        "rows": 2,
+    }
     assert tables["empty.csv"]["columns"] == [] and tables["empty.csv"]["rows"] == 0
     if pq is not None:
         assert tables["t.parquet"]["columns"] == ["a", "b"] and tables["t.parquet"]["rows"] == 3
@@ -228,8 +243,9 @@ async def test_a_job_names_a_version_and_its_runner_gets_the_digest_and_manifest
         _, v1 = await register(manager, name="mnist", path="mnist", read_groups=["research"])
         (data / "a.txt").write_text("changed")
         _, v2 = await register(manager, name="mnist", path="mnist")
-        status, job = await manager.submit(ALICE, {"notebook": notebook("pass"),
-                                                   "datasets": ["mnist@1", "mnist@latest"]})
+        status, job = await manager.submit(
+            ALICE, {"notebook": notebook("pass"), "datasets": ["mnist@1", "mnist@latest"]}
+        )
         assert status == 201, job
         await until(lambda: backend.launches, "the job to start")
         spec = await manager.runner_api.spec(job["id"], 1, backend.launches[0].token)
@@ -241,8 +257,15 @@ async def test_a_job_names_a_version_and_its_runner_gets_the_digest_and_manifest
             await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": ["./mnist", "mnist@7"]})
     assert job["datasets"] == ["mnist@1", "mnist@2"]
     first, latest = spec["datasets"]
-    assert first == {"name": "mnist@1", "path": v1["path"], "dataset": "mnist", "version": 1, "digest": v1["digest"],
-                     "context": "training", "manifest": [["a.txt", 1, first["manifest"][0][2]]]}
+    assert first == {
+        "name": "mnist@1",
+        "path": v1["path"],
+        "dataset": "mnist",
+        "version": 1,
+        "digest": v1["digest"],
+        "context": "training",
+        "manifest": [["a.txt", 1, first["manifest"][0][2]]],
+    }
     assert latest["digest"] == v2["digest"] and latest["manifest"][0][:2] == ["a.txt", 7]
     assert hidden.value.field == "datasets[0]" and hidden.value.reason == "no_such_dataset"
     assert missing.value.field == "datasets[1]" and missing.value.reason == "no_such_version"
@@ -258,7 +281,8 @@ def test_a_version_whose_files_changed_fails_the_job_naming_them(tmp_path):
     with pytest.raises(DatasetChanged) as changed:
         verify(data, "d@1", registered.digest, manifest)
     assert "dataset d@1 changed since it was registered: edit.txt changed, gone.txt removed, new.txt added" in str(
-        changed.value)
+        changed.value
+    )
     assert describe_error(changed.value) == (str(changed.value), False)  # the user's to fix: no retry
     many = changes([[f"f{i}", 1, "a"] for i in range(12)], [])
     assert len(many) == 11 and many[-1] == "and 2 more"
@@ -301,8 +325,13 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
     backend = SlowBackend()
     async with service(tmp_path, backend) as manager:
         _, v1 = await register(manager, name="faces", path="faces", read_groups=["research", "vision"])
-        _, job = await manager.submit(ALICE, {"notebook": notebook("pass"), "datasets": [
-            "faces@1", {"ref": "faces@1", "context": "evaluation"}, {"ref": "faces@latest"}]})
+        _, job = await manager.submit(
+            ALICE,
+            {
+                "notebook": notebook("pass"),
+                "datasets": ["faces@1", {"ref": "faces@1", "context": "evaluation"}, {"ref": "faces@latest"}],
+            },
+        )
         _, bobs = await manager.submit(BOB, {"notebook": notebook("pass"), "datasets": ["mine.txt"]})
         await until(lambda: len(backend.launches) == 2, "both jobs to start")
         token = {launch.job_id: launch.token for launch in backend.launches}
@@ -318,14 +347,22 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
         with pytest.raises(NotFound) as hidden:  # bob is not in the read groups: his job is not either
             await ask(bobs["id"], {"ref": "faces@1"})
         refused = {}
-        for name, (job_id, tok) in {"wrong token": (job["id"], "x" * 40), "not a token": (job["id"], "a b"),
-                                    "other job's token": (job["id"], token[bobs["id"]])}.items():
+        for name, (job_id, tok) in {
+            "wrong token": (job["id"], "x" * 40),
+            "not a token": (job["id"], "a b"),
+            "other job's token": (job["id"], token[bobs["id"]]),
+        }.items():
             with pytest.raises(DanluError) as e:
                 await reports.owner(job_id, 1, tok)
             refused[name] = e.value.status
         invalid = []
-        for body in ({"ref": "faces"}, {"ref": "../faces@1"}, {"ref": "faces@1", "context": "testing"},
-                     {"ref": "faces@1", "owner": "admin"}, {"ref": ["faces@1"]}):
+        for body in (
+            {"ref": "faces"},
+            {"ref": "../faces@1"},
+            {"ref": "faces@1", "context": "testing"},
+            {"ref": "faces@1", "owner": "admin"},
+            {"ref": ["faces@1"]},
+        ):
             with pytest.raises(ValidationError) as e:
                 await ask(job["id"], body)
             invalid.append(e.value.field)
@@ -342,20 +379,34 @@ async def test_uses_both_ways_and_the_runner_api_resolves_as_the_jobs_owner(tmp_
             uses = catalog.uses_of_job(s, job["id"])
 
     assert [(d["name"], d["context"]) for d in spec["datasets"]] == [
-        ("faces@1", "training"), ("faces@1", "evaluation"), ("faces@1", "training")]
-    assert asked == {"ref": "faces@1", "dataset": "faces", "version": 1, "digest": v1["digest"], "path": v1["path"],
-                     "context": "evaluation", "manifest": asked["manifest"]}
+        ("faces@1", "training"),
+        ("faces@1", "evaluation"),
+        ("faces@1", "training"),
+    ]
+    assert asked == {
+        "ref": "faces@1",
+        "dataset": "faces",
+        "version": 1,
+        "digest": v1["digest"],
+        "path": v1["path"],
+        "context": "evaluation",
+        "manifest": asked["manifest"],
+    }
     assert asked["manifest"][0][:2] == ["a.txt", 1] and again["context"] == "training"
     assert hidden.value.status == 404 and hidden.value.reason == "no_such_dataset" and hidden.value.field == "ref"
     assert refused == {"wrong token": 403, "not a token": 401, "other job's token": 403}
     assert invalid == ["ref", "ref", "context", "owner", "ref"]
-    expected = [{"ref": "faces@1", "dataset": "faces", "version": 1, "digest": v1["digest"], "context": c}
-                for c in ("training", "evaluation")]  # one per version and context, however often asked
+    expected = [
+        {"ref": "faces@1", "dataset": "faces", "version": 1, "digest": v1["digest"], "context": c}
+        for c in ("training", "evaluation")
+    ]  # one per version and context, however often asked
     assert viewed["inputs"] == expected and uses == expected
     assert [j["inputs"] for j in listed if j["id"] == job["id"]] == [expected]
     assert [j["inputs"] for j in sent if j["id"] == job["id"]] == [expected]
     assert [(u["job_id"], u["owner"], u["context"]) for u in for_alice["used_by"]] == [
-        (job["id"], "alice", "evaluation"), (job["id"], "alice", "training")]
+        (job["id"], "alice", "evaluation"),
+        (job["id"], "alice", "training"),
+    ]
     assert {u["attempt"] for u in for_alice["used_by"]} == {None}  # named at submission
     assert for_carol["used_by"] == []  # she reads the dataset, not alice's jobs
     assert [u["job_id"] for u in for_admin["used_by"]] == [job["id"]] * 2
@@ -389,23 +440,52 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
     async def answers():
         async with service(tmp_path) as manager:
             _, registered = await register(manager, name="tab", path="tab", description="a table")
-            return {"register": registered, "list": await manager.datasets.list(ALICE),
-                    "show": await manager.datasets.show(ALICE, "tab"),
-                    "version": await manager.datasets.version(ALICE, "tab", 1)}
+            return {
+                "register": registered,
+                "list": await manager.datasets.list(ALICE),
+                "show": await manager.datasets.show(ALICE, "tab"),
+                "version": await manager.datasets.version(ALICE, "tab", 1),
+            }
 
     client = AnsweringClient(asyncio.run(answers()))
     monkeypatch.setattr(cliclient, "client", lambda args: client)
-    for argv, key in ((["register", "tab", "tab"], "register"), (["list"], "list"), (["show", "tab"], "show"),
-                      (["show", "tab@1"], "version")):
+    for argv, key in (
+        (["register", "tab", "tab"], "register"),
+        (["list"], "list"),
+        (["show", "tab"], "show"),
+        (["show", "tab@1"], "version"),
+    ):
         assert cli.main(["datasets", *argv, "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == client.answers[key]
         assert cli.main(["datasets", *argv]) == 0
         text = capsys.readouterr().out
         assert client.answers["register"]["digest"][:16] in text and "tab" in text
-    assert cli.main(["datasets", "register", "t", "shared:x", "--read-group", "a", "--read-group", "b",
-                     "--register-group", "a", "--description", "d"]) == 0
-    assert client.bodies[-1] == {"name": "t", "path": "shared:x", "description": "d", "read_groups": ["a", "b"],
-                                 "register_groups": ["a"]}
+    assert (
+        cli.main(
+            [
+                "datasets",
+                "register",
+                "t",
+                "shared:x",
+                "--read-group",
+                "a",
+                "--read-group",
+                "b",
+                "--register-group",
+                "a",
+                "--description",
+                "d",
+            ]
+        )
+        == 0
+    )
+    assert client.bodies[-1] == {
+        "name": "t",
+        "path": "shared:x",
+        "description": "d",
+        "read_groups": ["a", "b"],
+        "register_groups": ["a"],
+    }
     capsys.readouterr()
     assert cli.main(["datasets", "show", "tab@latest"]) == 2
     assert "NAME@VERSION" in capsys.readouterr().err
@@ -414,12 +494,38 @@ def test_cli_datasets_commands_print_tables_and_the_apis_json(tmp_path, monkeypa
 def test_cli_shows_who_used_a_version_and_what_a_job_used(monkeypatch, capsys):
     digest = "ab" * 32
     used = {"ref": "faces@1", "dataset": "faces", "version": 1, "digest": digest, "context": "evaluation"}
-    version = {"ref": "faces@1", "digest": digest, "files": 1, "bytes": 1, "source": "faces", "path": "/h/faces",
-               "created_by": "alice", "created_at": "2026-12-01T00:00:00Z", "tables": [], "manifest": [],
-               "used_by": [{"job_id": "0123456789ab", "owner": "alice", "state": "succeeded",
-                            "mlflow_run_id": "r1", "context": "evaluation", "attempt": None, "at": "x"}]}
-    job = {"id": "0123456789ab", "name": "j", "owner": "alice", "state": "succeeded", "resources": {"nproc": 1,
-           "gpus": 0}, "attempts": [], "inputs": [used]}
+    version = {
+        "ref": "faces@1",
+        "digest": digest,
+        "files": 1,
+        "bytes": 1,
+        "source": "faces",
+        "path": "/h/faces",
+        "created_by": "alice",
+        "created_at": "2026-12-01T00:00:00Z",
+        "tables": [],
+        "manifest": [],
+        "used_by": [
+            {
+                "job_id": "0123456789ab",
+                "owner": "alice",
+                "state": "succeeded",
+                "mlflow_run_id": "r1",
+                "context": "evaluation",
+                "attempt": None,
+                "at": "x",
+            }
+        ],
+    }
+    job = {
+        "id": "0123456789ab",
+        "name": "j",
+        "owner": "alice",
+        "state": "succeeded",
+        "resources": {"nproc": 1, "gpus": 0},
+        "attempts": [],
+        "inputs": [used],
+    }
 
     class Client:
         def dataset_version(self, name, number):
@@ -445,16 +551,16 @@ def test_with_unix_accounts_the_files_are_read_in_a_child_process_as_the_user(tm
 
     from danlu.errors import ValidationError
     from danlu.hub.accounts import Account
-    from danlu.hub.service.datasets import catalog
+    from danlu.hub.service.datasets import scan
 
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     (home / "data" / "t.csv").write_text("a,b\n1,2\n3,4\n")
     account = Account(getpass.getuser(), os.getuid(), os.getgid(), str(home))
-    here = catalog._hash("data", home, {}, None)
-    there = catalog._hash_as(account, "data", home, {})
+    here = scan.digest_of("data", home, {}, None)
+    there = scan.hash_as(account, "data", home, {})
     assert there == here and there[3][0]["rows"] == 2
     os.symlink("/etc/hostname", home / "data" / "out")
     with pytest.raises(ValidationError) as escaped:
-        catalog._hash_as(account, "data", home, {})
+        scan.hash_as(account, "data", home, {})
     assert escaped.value.reason == "escapes_root"

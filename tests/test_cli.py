@@ -16,8 +16,7 @@ pytestmark = pytest.mark.service
 def danlu(wb, *args, token=None, url=None):
     env = {**os.environ, "DANLU_URL": url or wb.url, "DANLU_TOKEN": token or wb.tokens["alice"]}
     env.pop("JUPYTERHUB_API_TOKEN", None)
-    return subprocess.run([sys.executable, "-m", "danlu", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "danlu", *args], capture_output=True, text=True, env=env, timeout=600)
 
 
 @pytest.fixture
@@ -31,8 +30,9 @@ def notebook_file(tmp_path):
 
 
 def test_submit_wait_list_show_logs(workbench, notebook_file):
-    done = danlu(workbench, "jobs", "submit", str(notebook_file), "-p", "greeting", "bonjour", "--name", "cli-job",
-                 "--wait")
+    done = danlu(
+        workbench, "jobs", "submit", str(notebook_file), "-p", "greeting", "bonjour", "--name", "cli-job", "--wait"
+    )
     assert done.returncode == 0, done.stderr
     assert "bonjour from the CLI" in done.stdout
     job_id = done.stdout.split()[1]
@@ -77,8 +77,10 @@ def test_profiles_command(workbench):
 
 
 def test_list_follows_pages_and_json_has_the_apis_fields(workbench, notebook_file):
-    mine = [danlu(workbench, "jobs", "submit", str(notebook_file), "--name", f"page-{i}").stdout.split()[1]
-            for i in range(3)]
+    mine = [
+        danlu(workbench, "jobs", "submit", str(notebook_file), "--name", f"page-{i}").stdout.split()[1]
+        for i in range(3)
+    ]
     api = workbench.api("GET", "/jobs", token=workbench.tokens["alice"], params={"limit": 1000}).json()
     assert api["next_cursor"] is None and [j["id"] for j in api["jobs"]][:3] == mine[::-1]
     two = danlu(workbench, "jobs", "list", "--limit", "2")
@@ -88,8 +90,7 @@ def test_list_follows_pages_and_json_has_the_apis_fields(workbench, notebook_fil
     assert [j["id"] for j in json.loads(rest.stdout)] == [j["id"] for j in api["jobs"]][2:] and not rest.stderr
     everything = json.loads(danlu(workbench, "jobs", "list", "--all", "--json").stdout)
     assert [j["id"] for j in everything] == [j["id"] for j in api["jobs"]]
-    assert set(everything[0]) == set(workbench.api("GET", f"/jobs/{mine[-1]}",
-                                                   token=workbench.tokens["alice"]).json())
+    assert set(everything[0]) == set(workbench.api("GET", f"/jobs/{mine[-1]}", token=workbench.tokens["alice"]).json())
     bad = danlu(workbench, "jobs", "list", "--cursor", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "cursor 'nope' is not a cursor of GET /jobs" in bad.stderr

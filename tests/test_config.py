@@ -32,8 +32,11 @@ def config_error(path, **kwargs) -> str:
 
 # valid files and defaults ------------------------------------------------------------
 
+
 def test_valid_file_is_read(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         ip: 0.0.0.0
         port: 8100
         public_url: https://wb.example.org/
@@ -45,7 +48,8 @@ def test_valid_file_is_read(tmp_path):
         datasets:
           roots:
             shared: /data/shared
-    """)
+    """,
+    )
 
     settings = load_settings(path, environ={})
 
@@ -69,8 +73,9 @@ def test_no_file_gives_defaults(tmp_path):
     assert settings.port == 8000
     assert settings.auth.type == "pam"
     assert settings.explicit() == {}
-    assert all(getattr(settings.jobs, name) == trait.default() for name, trait in JobsConfig.class_traits(
-        config=True).items())
+    assert all(
+        getattr(settings.jobs, name) == trait.default() for name, trait in JobsConfig.class_traits(config=True).items()
+    )
     assert settings.state_dir == (tmp_path / ".danlu").resolve()
     assert settings.profiles_file == tmp_path / "kernel-images" / "profiles.yaml"
     assert settings.jobs_database_url == f"sqlite:///{tmp_path.resolve() / '.danlu' / 'danlu.sqlite'}"
@@ -107,6 +112,7 @@ def test_relative_paths_resolve_against_base_dir(tmp_path):
 
 # precedence: flag > environment > file > default -------------------------------------
 
+
 def test_environment_overrides_file(tmp_path):
     path = write_config(tmp_path, "ip: 10.0.0.1\nport: 8100\nstate_dir: from-file\n")
     environ = {"DANLU_IP": "10.0.0.2", "DANLU_PORT": "8200", "DANLU_STATE_DIR": str(tmp_path / "from-env")}
@@ -127,8 +133,9 @@ def test_empty_environment_variable_is_ignored(tmp_path):
 def test_explicit_overrides_beat_environment(tmp_path):
     path = write_config(tmp_path, "port: 8100\n")
 
-    settings = load_settings(path, {"port": 8300, "ip": "10.0.0.3"},
-                             environ={"DANLU_PORT": "8200", "DANLU_IP": "10.0.0.2"})
+    settings = load_settings(
+        path, {"port": 8300, "ip": "10.0.0.3"}, environ={"DANLU_PORT": "8200", "DANLU_IP": "10.0.0.2"}
+    )
 
     assert settings.port == 8300
     assert settings.ip == "10.0.0.3"
@@ -157,11 +164,15 @@ def test_out_of_range_port_flag_is_refused():
 
 # bad files -------------------------------------------------------------------------
 
+
 def test_unknown_key_names_file_line_key_and_suggestion(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         ip: 127.0.0.1
         prot: 8100
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -170,11 +181,14 @@ def test_unknown_key_names_file_line_key_and_suggestion(tmp_path):
 
 
 def test_unknown_nested_key_gives_its_own_line(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         jobs:
           warm_runners: 1
           max_nprc: 4
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -183,10 +197,13 @@ def test_unknown_nested_key_gives_its_own_line(tmp_path):
 
 
 def test_wrong_type_names_line_and_type(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         ip: 127.0.0.1
         port: eighty
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -204,11 +221,14 @@ def test_port_outside_range_is_refused(tmp_path, port):
 
 
 def test_bad_list_item_points_at_its_line(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         admin_users:
           - admin
           - Not A User
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -216,11 +236,14 @@ def test_bad_list_item_points_at_its_line(tmp_path):
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         ip: 127.0.0.1
         jobs: 1
           max_nproc: 2
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -229,14 +252,17 @@ def test_invalid_yaml_names_the_line(tmp_path):
 
 
 def test_oidc_auth_missing_required_keys(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         port: 8000
         auth:
           type: oidc
           client_id: workbench
           client_secret: s3cret
           oauth_callback_url: https://wb.example.org/hub/oauth_callback
-    """)
+    """,
+    )
 
     message = config_error(path)
 
@@ -246,7 +272,9 @@ def test_oidc_auth_missing_required_keys(tmp_path):
 
 
 def test_oidc_auth_with_every_key_loads(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         auth:
           type: oidc
           client_id: workbench
@@ -255,7 +283,8 @@ def test_oidc_auth_with_every_key_loads(tmp_path):
           authorize_url: https://idp.example.org/authorize
           token_url: https://idp.example.org/token
           userdata_url: https://idp.example.org/userinfo
-    """)
+    """,
+    )
 
     assert load_settings(path, environ={}).auth.type == "oidc"
 
@@ -267,6 +296,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 # yamlconfig helpers ----------------------------------------------------------------
+
 
 def test_marks_record_line_of_every_key_and_item():
     data, marks = yamlconfig.parse_with_marks("a:\n  b: 1\n  c:\n    - x\n    - y\n", "f.yaml")

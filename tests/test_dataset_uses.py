@@ -105,8 +105,12 @@ def output(svc, job_id: str) -> str:
 
 
 def run_of(svc, run_id: str, who: str = "alice") -> dict:
-    r = requests.get(f"{svc.mlflow_url}/api/2.0/mlflow/runs/get", params={"run_id": run_id},
-                     auth=(who, password(svc.secret, who)), timeout=30)
+    r = requests.get(
+        f"{svc.mlflow_url}/api/2.0/mlflow/runs/get",
+        params={"run_id": run_id},
+        auth=(who, password(svc.secret, who)),
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     return r.json()["run"]
 
@@ -119,17 +123,21 @@ def versions(svc):
     write(home / "data" / "extra", {"e.txt": "extra"})
     out = {}
     for name, groups in (("faces", ["research"]), ("holdout", []), ("extra", [])):
-        status, out[name] = svc.run(svc.manager.datasets.register(ALICE, {"name": name, "path": f"data/{name}",
-                                                                         "read_groups": groups}))
+        status, out[name] = svc.run(
+            svc.manager.datasets.register(ALICE, {"name": name, "path": f"data/{name}", "read_groups": groups})
+        )
         assert status == 201, out[name]
     return out
 
 
 @pytest.fixture(scope="module")
 def alice_job(svc, versions):
-    job_id = submit(svc, ALICE, "import danlu\npath = danlu.dataset('extra@1')\n"
-                                "print('EXTRA', path, sorted(p.name for p in path.iterdir()))",
-                    datasets=["faces", {"ref": "holdout@1", "context": "evaluation"}])
+    job_id = submit(
+        svc,
+        ALICE,
+        "import danlu\npath = danlu.dataset('extra@1')\nprint('EXTRA', path, sorted(p.name for p in path.iterdir()))",
+        datasets=["faces", {"ref": "holdout@1", "context": "evaluation"}],
+    )
     return done(svc, job_id)
 
 
@@ -140,19 +148,27 @@ def test_the_inputs_are_on_the_mlflow_run_with_digest_and_context(svc, versions,
     for item in run["inputs"]["dataset_inputs"]:
         ds, tags = item["dataset"], {t["key"]: t["value"] for t in item.get("tags", [])}
         found[ds["name"]] = (tags["mlflow.data.context"], json.loads(ds["profile"])["sha256"], ds["digest"])
-    assert found == {ref: (context, versions[name]["digest"], versions[name]["digest"][:36])
-                     for ref, name, context in (("faces@1", "faces", "training"),
-                                                ("holdout@1", "holdout", "evaluation"),
-                                                ("extra@1", "extra", "training"))}
+    assert found == {
+        ref: (context, versions[name]["digest"], versions[name]["digest"][:36])
+        for ref, name, context in (
+            ("faces@1", "faces", "training"),
+            ("holdout@1", "holdout", "evaluation"),
+            ("extra@1", "extra", "training"),
+        )
+    }
 
 
 def test_danlu_dataset_in_a_cell_returns_the_path_and_is_a_use_both_ways(svc, versions, alice_job):
     assert f"EXTRA {versions['extra']['path']} ['e.txt']" in output(svc, alice_job["id"])
     assert [(i["ref"], i["context"]) for i in alice_job["inputs"]] == [
-        ("faces@1", "training"), ("holdout@1", "evaluation"), ("extra@1", "training")]
+        ("faces@1", "training"),
+        ("holdout@1", "evaluation"),
+        ("extra@1", "training"),
+    ]
     extra = svc.run(svc.manager.datasets.version(ALICE, "extra", 1))["used_by"]
     assert [(u["job_id"], u["attempt"], u["context"], u["mlflow_run_id"]) for u in extra] == [
-        (alice_job["id"], 1, "training", alice_job["mlflow_run_id"])]
+        (alice_job["id"], 1, "training", alice_job["mlflow_run_id"])
+    ]
     holdout = svc.run(svc.manager.datasets.version(ALICE, "holdout", 1))["used_by"]
     assert [(u["job_id"], u["attempt"], u["context"]) for u in holdout] == [(alice_job["id"], None, "evaluation")]
     assert svc.run(svc.manager.datasets.version(BOB, "holdout", 1))["used_by"] == []  # not his job
@@ -183,8 +199,12 @@ def test_the_runner_api_refuses_hostile_requests(svc, versions, alice_job):
 
     def post(token_: str, body, job: str = job_id) -> requests.Response:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return requests.post(url.replace(job_id, job), data=data, timeout=30,
-                             headers={"Authorization": f"Bearer {token_}", "Content-Type": "application/json"})
+        return requests.post(
+            url.replace(job_id, job),
+            data=data,
+            timeout=30,
+            headers={"Authorization": f"Bearer {token_}", "Content-Type": "application/json"},
+        )
 
     good = post(token, {"ref": "holdout@latest", "context": "evaluation"})
     statuses = {
@@ -199,7 +219,15 @@ def test_the_runner_api_refuses_hostile_requests(svc, versions, alice_job):
     (JobDir(svc.settings.jobs_dir / job_id).checkpoint_dir / "go").touch()
     job = done(svc, job_id)
     assert good.status_code == 200 and good.json()["digest"] == versions["holdout"]["digest"], good.text
-    assert statuses == {"wrong token, body not JSON": 403, "not a token": 401, "other job's token": 403,
-                        "not a ref": 422, "bare name": 422, "unknown field": 422, "unknown dataset": 404}
+    assert statuses == {
+        "wrong token, body not JSON": 403,
+        "not a token": 401,
+        "other job's token": 403,
+        "not a ref": 422,
+        "bare name": 422,
+        "unknown field": 422,
+        "unknown dataset": 404,
+    }
     assert job["state"] == "succeeded" and [(i["ref"], i["context"]) for i in job["inputs"]] == [
-        ("holdout@1", "evaluation")]
+        ("holdout@1", "evaluation")
+    ]

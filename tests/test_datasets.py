@@ -56,13 +56,17 @@ def test_digest_is_stable_across_calls(tmp_path):
     assert digests.digest(folder).digest == digests.digest(folder).digest
 
 
-@pytest.mark.parametrize("change", [
-    lambda d: (d / "images" / "a.png").write_bytes(b"\x89PNG A"),  # one byte, same size
-    lambda d: (d / "train.csv").write_bytes(b"x,y\n1,2\n3,4\n"),
-    lambda d: (d / "images" / "b.png").rename(d / "images" / "c.png"),
-    lambda d: (d / "extra.txt").write_bytes(b""),
-    lambda d: (d / "train.csv").unlink(),
-], ids=["byte", "append", "rename", "new-empty-file", "remove"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: (d / "images" / "a.png").write_bytes(b"\x89PNG A"),  # one byte, same size
+        lambda d: (d / "train.csv").write_bytes(b"x,y\n1,2\n3,4\n"),
+        lambda d: (d / "images" / "b.png").rename(d / "images" / "c.png"),
+        lambda d: (d / "extra.txt").write_bytes(b""),
+        lambda d: (d / "train.csv").unlink(),
+    ],
+    ids=["byte", "append", "rename", "new-empty-file", "remove"],
+)
 def test_any_change_changes_the_digest(tmp_path, change):
     folder = make_dataset(tmp_path / "ds", FILES)
     before = digests.digest(folder).digest
@@ -169,8 +173,15 @@ def catalog_answering(monkeypatch, folder, name="faces", version=1):
     from danlu import datasets
 
     found, manifest = digests.scan(folder)
-    answer = {"ref": f"{name}@{version}", "dataset": name, "version": version, "digest": found.digest,
-              "path": str(folder), "manifest": manifest, "used_by": []}
+    answer = {
+        "ref": f"{name}@{version}",
+        "dataset": name,
+        "version": version,
+        "digest": found.digest,
+        "path": str(folder),
+        "manifest": manifest,
+        "used_by": [],
+    }
     asked = []
 
     class Client:
@@ -202,10 +213,16 @@ def test_danlu_dataset_resolves_verifies_and_returns_the_path(tmp_path, monkeypa
         danlu.dataset("faces@1")
 
 
-@pytest.mark.parametrize("ref, context, reason", [
-    ("../faces@1", "training", "bad_ref"), ("faces@0", "training", "bad_ref"), ("Faces", "training", "bad_ref"),
-    (3, "training", "bad_ref"), ("faces@1", "testing", "bad_context"),
-])
+@pytest.mark.parametrize(
+    "ref, context, reason",
+    [
+        ("../faces@1", "training", "bad_ref"),
+        ("faces@0", "training", "bad_ref"),
+        ("Faces", "training", "bad_ref"),
+        (3, "training", "bad_ref"),
+        ("faces@1", "testing", "bad_context"),
+    ],
+)
 def test_danlu_dataset_refuses_what_is_not_a_version_in_one_line(ref, context, reason, outside_a_job):
     import danlu
     from danlu.errors import UsageError
@@ -243,5 +260,6 @@ def test_danlu_dataset_logs_on_the_active_mlflow_run_outside_a_job(tmp_path, mon
         danlu.dataset("faces@1", context="evaluation")
     inputs = mlflow.MlflowClient().get_run(run.info.run_id).inputs.dataset_inputs
     assert [(i.dataset.name, {t.key: t.value for t in i.tags}["mlflow.data.context"]) for i in inputs] == [
-        ("faces@1", "evaluation")]
+        ("faces@1", "evaluation")
+    ]
     assert json.loads(inputs[0].dataset.profile)["sha256"] == digests.digest(folder).digest

@@ -37,19 +37,31 @@ from danlu.tensorboard.reader import EventFile, simple_scalar
 from danlu.tensorboard.writer import encode
 
 PROPERTIES = settings(max_examples=200, deadline=None)
-TAGS = st.one_of(st.sampled_from(["loss", "", "a/b", "é/ü", "x" * 127, "y" * 128, "z" * 900]),
-                 st.text(max_size=40).filter(lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t)))
+TAGS = st.one_of(
+    st.sampled_from(["loss", "", "a/b", "é/ü", "x" * 127, "y" * 128, "z" * 900]),
+    st.text(max_size=40).filter(lambda t: not any(0xD800 <= ord(c) < 0xE000 for c in t)),
+)
 VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-0.0, 1e-45, 3.5e38, -1e300]))
-STEPS = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.integers(0, 20_000))
+STEPS = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(0, 20_000))
 WALLS = st.one_of(st.sampled_from([0.0, -0.0, 1.7e9]), st.floats(allow_nan=True, allow_infinity=True))
 SCALARS = st.lists(st.tuples(TAGS, VALUES, STEPS, WALLS), min_size=1, max_size=60)
 # the usual batch, encoded by column: every record with a wall time (any but 0.0) and steps of one varint length
 # (k bytes, 0 to 8), tags of one length or of many
 SET_WALLS = st.one_of(st.sampled_from([-0.0, 5e-324, 1.7e9]), st.floats(allow_nan=True, allow_infinity=True)).filter(
-    lambda w: struct.pack("<d", w) != bytes(8))
-USUAL = st.integers(0, 8).flatmap(lambda k: st.lists(st.tuples(
-    st.one_of(TAGS, st.sampled_from(["loss/class_00", "loss/class_01", "acc/top1_top5"])), VALUES,
-    st.integers(1 << 7 * (k - 1), (1 << 7 * k) - 1) if k else st.just(0), SET_WALLS), min_size=1, max_size=60))
+    lambda w: struct.pack("<d", w) != bytes(8)
+)
+USUAL = st.integers(0, 8).flatmap(
+    lambda k: st.lists(
+        st.tuples(
+            st.one_of(TAGS, st.sampled_from(["loss/class_00", "loss/class_01", "acc/top1_top5"])),
+            VALUES,
+            st.integers(1 << 7 * (k - 1), (1 << 7 * k) - 1) if k else st.just(0),
+            SET_WALLS,
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
 
 
 def tensorboard_record(payload: bytes) -> bytes:
@@ -79,6 +91,7 @@ def records(path) -> list[bytes]:
 
 # CRC-32C ---------------------------------------------------------------------------------------
 
+
 @PROPERTIES
 @given(st.binary(max_size=3000))
 @example(b"")
@@ -94,11 +107,12 @@ def test_long_messages_and_many_spans_get_tensorboards_crc():
     starts = np.arange(0, 90_000, 997)
     lengths = (starts * 7) % (DEPTH + 1)  # 0 to DEPTH bytes
     crcs = span_crcs(np.frombuffer(data, np.uint8), starts, lengths)
-    assert crcs.tolist() == [tensorboard_crc(data[s:s + n]) for s, n in zip(starts, lengths, strict=True)]
+    assert crcs.tolist() == [tensorboard_crc(data[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
     assert [header_crc(n) for n in (0, 40, 2**40)] == [tensorboard_crc(struct.pack("<Q", n)) for n in (0, 40, 2**40)]
 
 
 # writing ----------------------------------------------------------------------------------------
+
 
 @PROPERTIES
 @given(SCALARS)
@@ -127,7 +141,7 @@ def test_a_tag_per_step_is_encoded_as_tensorboard_writes_it():
     scalars = [(f"step_{step}/loss", step / 3, step, 1.7e9 + step) for step in range(3000)]
     items = [(encoder.tag_id(tag), value, step, wall) for tag, value, step, wall in scalars]
 
-    data = b"".join(encode(encoder, packed(items[start:start + 700]), {}) for start in range(0, len(items), 700))
+    data = b"".join(encode(encoder, packed(items[start : start + 700]), {}) for start in range(0, len(items), 700))
 
     assert data == b"".join(tensorboard_scalar(*s) for s in scalars)
 
@@ -175,15 +189,16 @@ def test_a_summary_writer_file_is_tensorboards_record_for_record(fast_writer, tm
         for tag, value in (("loss", 1 / (step + 1)), ("lr", torch.tensor(0.1)), ("acc/top1", np.float32(step / 250))):
             expected.append(tensorboard_scalar(tag, value, step, 1.7e9 + step))
         if step % 100 == 0:
-            event = event_pb2.Event(summary=histogram("weights", weights, writer.default_bins),
-                                    wall_time=1.7e9 + step, step=step)
+            event = event_pb2.Event(
+                summary=histogram("weights", weights, writer.default_bins), wall_time=1.7e9 + step, step=step
+            )
             expected.append(tensorboard_record(event.SerializeToString()))
     event = event_pb2.Event(summary=scalar("loss", 0.5, new_style=True), wall_time=1.7e9 + 250, step=250)
     expected.append(tensorboard_record(event.SerializeToString()))
     data = path.read_bytes()
     first = event_pb2.Event.FromString(records(path)[0])
     assert first.file_version == "brain.Event:2"
-    assert data[len(tensorboard_record(first.SerializeToString())):] == b"".join(expected)
+    assert data[len(tensorboard_record(first.SerializeToString())) :] == b"".join(expected)
 
 
 def test_what_torch_refuses_is_refused_the_same_way(fast_writer, tmp_path):
@@ -205,7 +220,7 @@ BAD_CALLS = [
     ("loss", None, 1, None),
     ("loss", [1.0], 1, None),
     ("loss", 1.0, 2**63, None),  # steps outside int64
-    ("loss", 1.0, -2**63 - 1, None),
+    ("loss", 1.0, -(2**63) - 1, None),
     ("loss", 1.0, "x", None),
     ("loss", 1.0, 1, "noon"),  # a wall time that is not a number
     (["loss"], 1.0, 1, None),  # tags that are not strings, one unhashable
@@ -241,15 +256,20 @@ def test_bad_calls_between_good_ones_fail_as_torchs_and_the_rest_keeps_its_order
     monkeypatch.setattr(tensorboard_writer, "EventFileWriter", tensorboard_writer.EventFileWriter)
     eventwriter.activate(tensorboard_writer)
     checked = []  # the calls that reach the writer's checked path
-    monkeypatch.setattr(eventwriter.EventFileWriter, "add_scalar",
-                        lambda self, *args, _f=eventwriter.EventFileWriter.add_scalar: checked.append(args)
-                        or _f(self, *args))
+    monkeypatch.setattr(
+        eventwriter.EventFileWriter,
+        "add_scalar",
+        lambda self, *args, _f=eventwriter.EventFileWriter.add_scalar: checked.append(args) or _f(self, *args),
+    )
     danlu_raised, danlu_points = errors_and_points(tmp_path / "danlu", calls)
 
     assert danlu_raised == torch_raised
     assert [r is None for r in danlu_raised].count(False) == len(BAD_CALLS)
-    assert danlu_points == torch_points == [(tag, step, value) for (tag, value, step, _), r
-                                            in zip(calls, danlu_raised, strict=True) if r is None]
+    assert (
+        danlu_points
+        == torch_points
+        == [(tag, step, value) for (tag, value, step, _), r in zip(calls, danlu_raised, strict=True) if r is None]
+    )
     assert len(checked) == 1 + len(BAD_CALLS)  # the first call and the bad ones: the fast path took the rest
 
 
@@ -298,7 +318,9 @@ def test_another_event_writer_under_the_summary_writer_gets_every_call(fast_writ
     writer.add_scalar("lr", 0.5, 1)
 
     assert [(e.step, e.summary.value[0].tag, e.summary.value[0].simple_value) for e in recording.events] == [
-        (1, "loss", 2.0), (1, "lr", 0.5)]
+        (1, "loss", 2.0),
+        (1, "lr", 0.5),
+    ]
 
 
 def test_records_reach_the_file_within_flush_secs_without_a_flush(fast_writer, tmp_path):
@@ -361,14 +383,17 @@ def test_after_close_a_summary_writer_starts_a_new_file(fast_writer, tmp_path):
 
 def test_a_remote_log_dir_keeps_tensorboards_writer(monkeypatch):
     made = []
-    monkeypatch.setattr("tensorboard.summary.writer.event_file_writer.EventFileWriter",
-                        lambda *args: made.append(args) or "tensorboard's")
+    monkeypatch.setattr(
+        "tensorboard.summary.writer.event_file_writer.EventFileWriter",
+        lambda *args: made.append(args) or "tensorboard's",
+    )
 
     assert eventwriter.event_file_writer("s3://bucket/runs", 10, 2, "") == "tensorboard's"
     assert made == [("s3://bucket/runs", 10, 2, "")]
 
 
 # reading ----------------------------------------------------------------------------------------
+
 
 def protobuf_reading(payload: bytes):
     event = event_pb2.Event.FromString(payload)
@@ -385,13 +410,23 @@ def test_scalar_records_are_read_as_protobuf_reads_them(scalars):
         assert repr(fast) == repr(protobuf_reading(payload))  # repr: NaN equals NaN
 
 
-@pytest.mark.parametrize("event", [
-    event_pb2.Event(wall_time=1.0, file_version="brain.Event:2"),
-    event_pb2.Event(step=3, summary=scalar("loss", 1.0, new_style=True)),  # a tensor
-    event_pb2.Event(step=3, summary=histogram("w", np.arange(10.0), 10)),
-    event_pb2.Event(step=3, summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="a", simple_value=1),
-                                                               summary_pb2.Summary.Value(tag="b", simple_value=2)])),
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        event_pb2.Event(wall_time=1.0, file_version="brain.Event:2"),
+        event_pb2.Event(step=3, summary=scalar("loss", 1.0, new_style=True)),  # a tensor
+        event_pb2.Event(step=3, summary=histogram("w", np.arange(10.0), 10)),
+        event_pb2.Event(
+            step=3,
+            summary=summary_pb2.Summary(
+                value=[
+                    summary_pb2.Summary.Value(tag="a", simple_value=1),
+                    summary_pb2.Summary.Value(tag="b", simple_value=2),
+                ]
+            ),
+        ),
+    ],
+)
 def test_other_records_are_left_to_protobuf(event):
     payload = event.SerializeToString()
     assert simple_scalar(payload, 0, len(payload)) is None

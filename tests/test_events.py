@@ -50,6 +50,7 @@ RUN = "run-1"
 
 # fakes of the MLflow client -------------------------------------------------------------------------
 
+
 class RecordingClient:
     """MLflow accepting every batch. It records them and fails the test on a point MLflow's validator refuses."""
 
@@ -105,8 +106,9 @@ class RejectingClient(RecordingClient):
     def accept(self, metrics):
         for i, m in enumerate(metrics):
             if m.key in self.bad:
-                raise MlflowException(f"Invalid value {m.key!r} for parameter 'metrics[{i}].name' supplied",
-                                      INVALID_PARAMETER_VALUE)
+                raise MlflowException(
+                    f"Invalid value {m.key!r} for parameter 'metrics[{i}].name' supplied", INVALID_PARAMETER_VALUE
+                )
 
 
 class SizeLimitClient(RecordingClient):
@@ -118,16 +120,16 @@ class SizeLimitClient(RecordingClient):
 
     def accept(self, metrics):
         if len(metrics) > self.limit:
-            raise MlflowException("Batched logging API requests must be at most 1000000 bytes",
-                                  INVALID_PARAMETER_VALUE)
+            raise MlflowException("Batched logging API requests must be at most 1000000 bytes", INVALID_PARAMETER_VALUE)
 
 
 class DeletedRunClient(RecordingClient):
     """The run was deleted in the MLflow UI: MLflow refuses every point (with a 400, as its stores do)."""
 
     def accept(self, metrics):
-        raise MlflowException(f"The run {RUN} must be in the 'active' state. Current state is deleted.",
-                              INVALID_PARAMETER_VALUE)
+        raise MlflowException(
+            f"The run {RUN} must be in the 'active' state. Current state is deleted.", INVALID_PARAMETER_VALUE
+        )
 
     def get_run(self, run_id):
         return SimpleNamespace(info=SimpleNamespace(run_id=run_id, lifecycle_stage="deleted"))
@@ -159,6 +161,7 @@ class SlowClient(RecordingClient):
 
 # event files ----------------------------------------------------------------------------------------
 
+
 def write_scalars(log_dir, tag: str, steps) -> None:
     with SummaryWriter(log_dir=str(log_dir)) as writer:
         for step in steps:
@@ -173,8 +176,11 @@ def record(event: event_pb2.Event | bytes) -> bytes:
 
 
 def scalar(tag: str, value: float, step: int, wall_time: float = 1.7e9) -> event_pb2.Event:
-    return event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(
-        value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]))
+    return event_pb2.Event(
+        wall_time=wall_time,
+        step=step,
+        summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]),
+    )
 
 
 def event_file(log_dir, *records: bytes, name: str = "events.out.tfevents.1.host") -> str:
@@ -200,6 +206,7 @@ def wait_for_thread(name: str) -> None:
 
 # MetricForwarder: reading and sending -----------------------------------------------------------------
 
+
 def test_every_point_is_forwarded_once(tmp_path):
     log_dir = tmp_path / "tb"
     write_scalars(log_dir, "loss", range(5))
@@ -210,8 +217,9 @@ def test_every_point_is_forwarded_once(tmp_path):
     assert fwd.flush() == 8
     assert fwd.flush() == 0
 
-    assert sorted(client.points) == sorted([("loss", s, s / 2) for s in range(5)]
-                                           + [("accuracy", s, s / 2) for s in range(3)])
+    assert sorted(client.points) == sorted(
+        [("loss", s, s / 2) for s in range(5)] + [("accuracy", s, s / 2) for s in range(3)]
+    )
     assert fwd.sent == 8
 
 
@@ -286,8 +294,12 @@ def test_batches_hold_at_most_1000_metrics(tmp_path):
 
 def test_values_mlflow_accepts_are_sent_as_they_are(tmp_path):
     """MLflow stores NaN and clamps infinities itself; steps are int64 in events, negative ones included."""
-    event_file(tmp_path / "tb", record(scalar("loss", math.nan, -3)), record(scalar("loss", math.inf, 0)),
-               record(scalar("loss", -math.inf, 2**63 - 1)))
+    event_file(
+        tmp_path / "tb",
+        record(scalar("loss", math.nan, -3)),
+        record(scalar("loss", math.inf, 0)),
+        record(scalar("loss", -math.inf, 2**63 - 1)),
+    )
     client = RecordingClient()
     fwd = forwarder(client, tmp_path, tmp_path / "tb")
 
@@ -301,8 +313,11 @@ def test_values_mlflow_accepts_are_sent_as_they_are(tmp_path):
 
 @pytest.mark.parametrize("wall_time", [math.nan, math.inf, -1.0, 1e300])
 def test_an_unusable_wall_time_is_replaced_by_the_time_of_reading(tmp_path, wall_time):
-    event_file(tmp_path / "tb", record(scalar("loss", 1.0, 0, wall_time=wall_time)),
-               record(scalar("loss", 2.0, 1, wall_time=1.7e9)))
+    event_file(
+        tmp_path / "tb",
+        record(scalar("loss", 1.0, 0, wall_time=wall_time)),
+        record(scalar("loss", 2.0, 1, wall_time=1.7e9)),
+    )
     client = RecordingClient()  # checks every timestamp with MLflow's validator
     fwd = forwarder(client, tmp_path, tmp_path / "tb")
 
@@ -315,9 +330,14 @@ def test_an_unusable_wall_time_is_replaced_by_the_time_of_reading(tmp_path, wall
 
 # MLflow refusing points --------------------------------------------------------------------------------
 
+
 def test_points_mlflow_refuses_are_dropped_and_the_rest_sent(tmp_path):
-    event_file(tmp_path / "tb", *[record(scalar("loss", float(s), s)) for s in range(10)],
-               record(scalar("bad", 1.0, 5)), record(scalar("bad", 1.0, 6)))
+    event_file(
+        tmp_path / "tb",
+        *[record(scalar("loss", float(s), s)) for s in range(10)],
+        record(scalar("bad", 1.0, 5)),
+        record(scalar("bad", 1.0, 6)),
+    )
     client = RejectingClient(bad={"bad"})
     fwd = forwarder(client, tmp_path, tmp_path / "tb")
 
@@ -326,8 +346,9 @@ def test_points_mlflow_refuses_are_dropped_and_the_rest_sent(tmp_path):
     assert sorted(step for key, step, _ in client.points if key == "loss") == list(range(10))
     health = fwd.health()
     assert (health["points_sent"], health["points_dropped"], health["points_pending"]) == (10, 2, 0)
-    assert health["notes"] == ["2 points of 'bad' dropped: MLflow refused them (Invalid value 'bad' for "
-                               "parameter 'metrics[0].name' supplied)"]
+    assert health["notes"] == [
+        "2 points of 'bad' dropped: MLflow refused them (Invalid value 'bad' for parameter 'metrics[0].name' supplied)"
+    ]
     assert health["last_error"] is None
 
 
@@ -370,14 +391,20 @@ def test_points_wait_while_the_run_is_deleted(tmp_path):
 
 # MLflow unreachable ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("error", [
-    lambda: ConnectionError("MLflow is unreachable"),
-    lambda: MlflowException("API request to http://mlflow/api/2.0/mlflow/runs/log-batch failed with exception "
-                            "Max retries exceeded"),  # how MLflow's REST client reports a connection error
-    lambda: MlflowException("upstream connect error", INTERNAL_ERROR),
-    lambda: MlflowException("try again later", TEMPORARILY_UNAVAILABLE),
-    lambda: MlflowException("token expired", PERMISSION_DENIED),
-], ids=["connection", "rest-connection", "500", "503", "403"])
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        lambda: ConnectionError("MLflow is unreachable"),
+        lambda: MlflowException(
+            "API request to http://mlflow/api/2.0/mlflow/runs/log-batch failed with exception Max retries exceeded"
+        ),  # how MLflow's REST client reports a connection error
+        lambda: MlflowException("upstream connect error", INTERNAL_ERROR),
+        lambda: MlflowException("try again later", TEMPORARILY_UNAVAILABLE),
+        lambda: MlflowException("token expired", PERMISSION_DENIED),
+    ],
+    ids=["connection", "rest-connection", "500", "503", "403"],
+)
 def test_metrics_stay_pending_when_log_batch_fails(tmp_path, error):
     write_scalars(tmp_path / "tb", "loss", range(4))
     client = DownClient(error=error)
@@ -445,8 +472,9 @@ def test_a_forwarder_started_before_the_run_sends_once_attached(tmp_path):
     write_scalars(log_dir, "accuracy", range(2))
 
     assert fwd.stop() == 5
-    assert sorted(client.points) == sorted([("loss", s, s / 2) for s in range(3)]
-                                           + [("accuracy", s, s / 2) for s in range(2)])
+    assert sorted(client.points) == sorted(
+        [("loss", s, s / 2) for s in range(3)] + [("accuracy", s, s / 2) for s in range(2)]
+    )
 
 
 def test_a_forwarder_sends_to_one_run(tmp_path):
@@ -549,6 +577,7 @@ def test_stop_returns_while_a_request_hangs(tmp_path):
 
 # health -------------------------------------------------------------------------------------------------
 
+
 def test_notes_are_bounded(tmp_path):
     event_file(tmp_path / "tb", *[record(scalar(f"bad name {i}!", 1.0, 0)) for i in range(3 * MAX_NOTES)])
     fwd = forwarder(RecordingClient(), tmp_path, tmp_path / "tb")
@@ -570,11 +599,18 @@ def test_health_can_be_read_while_the_forwarder_runs(tmp_path):
         health = fwd.health()
     fwd.stop()
 
-    assert health == {"run_id": RUN, "points_sent": MAX_BATCH + 10, "points_dropped": 0, "points_pending": 0,
-                      "notes": [], "last_error": None}
+    assert health == {
+        "run_id": RUN,
+        "points_sent": MAX_BATCH + 10,
+        "points_dropped": 0,
+        "points_pending": 0,
+        "notes": [],
+        "last_error": None,
+    }
 
 
 # files written by the user's code --------------------------------------------------------------------
+
 
 @pytest.mark.timeout(60)
 def test_a_fifo_as_logdirs_file_is_ignored_without_blocking(tmp_path):
@@ -631,8 +667,10 @@ def test_event_files_that_are_not_regular_files_are_skipped(tmp_path):
 
     assert fwd.flush() == 1
     assert client.points == [("loss", 0, 1.0)]
-    assert fwd.health()["notes"] == ["event file 'events.out.tfevents.2.fifo' skipped: not a regular file",
-                                     "event file 'events.out.tfevents.3.link' skipped: not a regular file"]
+    assert fwd.health()["notes"] == [
+        "event file 'events.out.tfevents.2.fifo' skipped: not a regular file",
+        "event file 'events.out.tfevents.3.link' skipped: not a regular file",
+    ]
 
 
 def test_corrupt_and_huge_records_are_skipped(tmp_path):
@@ -641,8 +679,9 @@ def test_corrupt_and_huge_records_are_skipped(tmp_path):
     bad_crc[-1] ^= 0xFF
     huge = 65 << 20
     header = struct.pack("<Q", huge)
-    path = event_file(log_dir, record(scalar("loss", 1.0, 0)), bytes(bad_crc),
-                      header + struct.pack("<I", masked_crc32c(header)))
+    path = event_file(
+        log_dir, record(scalar("loss", 1.0, 0)), bytes(bad_crc), header + struct.pack("<I", masked_crc32c(header))
+    )
     with open(path, "r+b") as f:  # a sparse 65 MiB record (an image, say), then a scalar
         f.truncate(os.path.getsize(path) + huge + 4)
         f.seek(0, os.SEEK_END)
@@ -652,8 +691,10 @@ def test_corrupt_and_huge_records_are_skipped(tmp_path):
 
     assert fwd.flush() == 2
     assert client.points == [("loss", 0, 1.0), ("loss", 3, 3.0)]
-    assert fwd.health()["notes"] == ["1 record in 'events.out.tfevents.1.host' skipped: corrupt",
-                                     "1 record in 'events.out.tfevents.1.host' skipped: larger than 64 MiB"]
+    assert fwd.health()["notes"] == [
+        "1 record in 'events.out.tfevents.1.host' skipped: corrupt",
+        "1 record in 'events.out.tfevents.1.host' skipped: larger than 64 MiB",
+    ]
 
 
 def test_a_file_with_a_corrupt_length_is_read_up_to_it(tmp_path):
@@ -667,11 +708,13 @@ def test_a_file_with_a_corrupt_length_is_read_up_to_it(tmp_path):
     assert fwd.flush() == 1
     assert fwd.flush() == 0
     assert client.points == [("loss", 0, 1.0)]
-    assert fwd.health()["notes"] == [f"event file 'events.out.tfevents.1.host' skipped: corrupt record at byte "
-                                     f"{len(good)}"]
+    assert fwd.health()["notes"] == [
+        f"event file 'events.out.tfevents.1.host' skipped: corrupt record at byte {len(good)}"
+    ]
 
 
 # a real MLflow store --------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def mlflow_client(tmp_path_factory):
@@ -698,8 +741,11 @@ def test_names_mlflow_refused_no_longer_block_later_metrics(tmp_path, mlflow_sto
     client, run_id = mlflow_store
     log_dir = tmp_path / "tb"
     odd_tags = ["a//b", "/x", "x/", "..", "", "acc@top-1 (val)", "x" * 300]
-    event_file(log_dir, *[record(scalar(tag, 1.0, 0)) for tag in odd_tags],
-               *[record(scalar("loss", s / 2, s)) for s in range(5)])
+    event_file(
+        log_dir,
+        *[record(scalar(tag, 1.0, 0)) for tag in odd_tags],
+        *[record(scalar("loss", s / 2, s)) for s in range(5)],
+    )
     fwd = MetricForwarder(client, run_id, tmp_path / "logdirs", [log_dir])
 
     assert fwd.flush() == len(odd_tags) + 5
@@ -718,8 +764,12 @@ def test_points_a_real_store_refuses_are_dropped_and_the_rest_recorded(tmp_path,
     # a tracking server on Windows refuses ':' in names, which the rules of Linux (and metric_key) allow
     monkeypatch.setattr(validation, "is_windows", lambda: True)
     log_dir = tmp_path / "tb"
-    event_file(log_dir, *[record(scalar("loss", s / 2, s)) for s in range(3)], record(scalar("top:1", 0.5, 0)),
-               *[record(scalar("loss", s / 2, s)) for s in range(3, 6)])
+    event_file(
+        log_dir,
+        *[record(scalar("loss", s / 2, s)) for s in range(3)],
+        record(scalar("top:1", 0.5, 0)),
+        *[record(scalar("loss", s / 2, s)) for s in range(3, 6)],
+    )
     fwd = MetricForwarder(client, run_id, tmp_path / "logdirs", [log_dir])
 
     assert fwd.flush() == 6
@@ -732,26 +782,30 @@ def test_points_a_real_store_refuses_are_dropped_and_the_rest_recorded(tmp_path,
 
 # metric_key ----------------------------------------------------------------------------------------
 
+
 def suffix(tag: str) -> str:
     return "_" + hashlib.sha256(tag.encode()).hexdigest()[:8]
 
 
-@pytest.mark.parametrize(("tag", "key"), [
-    ("loss/train", "loss/train"),
-    ("eval/top-1 acc.", "eval/top-1 acc."),
-    ("time:epoch", "time:epoch"),
-    ("损失/训练", "损失/训练"),
-    ("acc@top-1 (val)", "acc_top-1 _val_" + suffix("acc@top-1 (val)")),
-    ("a//b", "a/b" + suffix("a//b")),
-    ("/x", "x" + suffix("/x")),
-    ("x/", "x" + suffix("x/")),
-    ("a/./b/../c", "a/b/c" + suffix("a/./b/../c")),
-    ("..", "metric" + suffix("..")),
-    ("..a/b", "_..a/b" + suffix("..a/b")),
-    ("", "metric" + suffix("")),
-    ("loss\n", "loss_" + suffix("loss\n")),
-    ("x" * 300, "x" * 241 + suffix("x" * 300)),
-])
+@pytest.mark.parametrize(
+    ("tag", "key"),
+    [
+        ("loss/train", "loss/train"),
+        ("eval/top-1 acc.", "eval/top-1 acc."),
+        ("time:epoch", "time:epoch"),
+        ("损失/训练", "损失/训练"),
+        ("acc@top-1 (val)", "acc_top-1 _val_" + suffix("acc@top-1 (val)")),
+        ("a//b", "a/b" + suffix("a//b")),
+        ("/x", "x" + suffix("/x")),
+        ("x/", "x" + suffix("x/")),
+        ("a/./b/../c", "a/b/c" + suffix("a/./b/../c")),
+        ("..", "metric" + suffix("..")),
+        ("..a/b", "_..a/b" + suffix("..a/b")),
+        ("", "metric" + suffix("")),
+        ("loss\n", "loss_" + suffix("loss\n")),
+        ("x" * 300, "x" * 241 + suffix("x" * 300)),
+    ],
+)
 def test_tags_become_legal_metric_names(tag, key):
     assert metric_key(tag) == key
 
@@ -804,6 +858,7 @@ def test_distinct_tags_get_distinct_names(one, other):
 
 
 # autolog: SummaryWriter() inside a job ----------------------------------------------
+
 
 @pytest.fixture
 def job(tmp_path, monkeypatch):
@@ -876,8 +931,11 @@ def test_a_job_writes_through_danlus_event_writer_and_tensorboard_reads_every_po
     (path,) = (job / "tensorboard" / "rank-0").glob("events.out.tfevents.*")
     events = [event_pb2.Event.FromString(record) for record in RawEventFileLoader(str(path)).Load()]  # CRC-checked
     points = [(v.tag, e.step, v.simple_value) for e in events for v in e.summary.value]
-    assert points == [(tag, step, pytest.approx(value, rel=1e-6)) for step in range(300)
-                      for tag, value in (("loss", step / 7), ("acc", 1 - step / 300))]
+    assert points == [
+        (tag, step, pytest.approx(value, rel=1e-6))
+        for step in range(300)
+        for tag, value in (("loss", step / 7), ("acc", 1 - step / 300))
+    ]
 
 
 def test_forwarder_finds_what_an_unconfigured_writer_wrote(job):

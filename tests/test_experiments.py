@@ -16,23 +16,33 @@ ALICE, BOB = user("alice"), user("bob")
 
 
 def job(n: int, owner: str, experiment: str, run: bool = True, experiment_id="7", minutes: int = 0) -> Job:
-    return Job(id=f"{n:012x}", owner=owner, name=f"job{n}", state="succeeded", profile="python",
-               experiment=experiment, mlflow_run_id=f"{n:032x}" if run else None,
-               tracking={"run_id": f"{n:032x}", "experiment_id": experiment_id} if run else {},
-               created_at=dt.datetime(2026, 11, 30, 10, minutes))
+    return Job(
+        id=f"{n:012x}",
+        owner=owner,
+        name=f"job{n}",
+        state="succeeded",
+        profile="python",
+        experiment=experiment,
+        mlflow_run_id=f"{n:032x}" if run else None,
+        tracking={"run_id": f"{n:032x}", "experiment_id": experiment_id} if run else {},
+        created_at=dt.datetime(2026, 11, 30, 10, minutes),
+    )
 
 
 @pytest.fixture
 def manager(tmp_path):
     m = make_manager(FakeBackend(), tmp_path / "state")
     with m.database.sessions() as s:
-        s.add_all([
-            job(1, "alice", "alice/mnist", minutes=1), job(2, "alice", "alice/mnist", minutes=5),
-            job(3, "alice", "shared", experiment_id="9", minutes=2),
-            job(4, "alice", "alice/queued", run=False),  # no MLflow run yet: not an experiment of hers yet
-            job(5, "alice", "odd", experiment_id="../1"),  # what a hostile runner reported is not passed on
-            job(6, "bob", "shared", experiment_id="9"),
-        ])
+        s.add_all(
+            [
+                job(1, "alice", "alice/mnist", minutes=1),
+                job(2, "alice", "alice/mnist", minutes=5),
+                job(3, "alice", "shared", experiment_id="9", minutes=2),
+                job(4, "alice", "alice/queued", run=False),  # no MLflow run yet: not an experiment of hers yet
+                job(5, "alice", "odd", experiment_id="../1"),  # what a hostile runner reported is not passed on
+                job(6, "bob", "shared", experiment_id="9"),
+            ]
+        )
         s.commit()
     return m
 
@@ -45,7 +55,8 @@ def test_a_users_experiments_hold_their_job_runs_counted_by_name(manager):
         {"experiment_id": "9", "name": "shared", "runs": 1, "latest": "2026-11-30T10:02:00Z"},
     ]
     assert asyncio.run(manager.experiments(BOB)) == [
-        {"experiment_id": "9", "name": "shared", "runs": 1, "latest": "2026-11-30T10:00:00Z"}]
+        {"experiment_id": "9", "name": "shared", "runs": 1, "latest": "2026-11-30T10:00:00Z"}
+    ]
 
 
 def test_only_admins_ask_for_someone_elses(manager):
@@ -109,8 +120,9 @@ class Store:
 
         self.calls.append(("check", owner, name))
         if name == "shared" and owner not in self.users:
-            raise PolicyError(f"you may not log to experiment '{name}' (your permission: none)",
-                              reason="experiment_not_yours")
+            raise PolicyError(
+                f"you may not log to experiment '{name}' (your permission: none)", reason="experiment_not_yours"
+            )
 
 
 def access_to(store):

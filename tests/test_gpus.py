@@ -22,8 +22,11 @@ def test_declared_groups_are_numbered_in_order():
     declared = [{"count": 2, "flavor": "a100"}, {"count": 1, "flavor": "sim"}]
     settings = Settings.from_data({"gpus": {"declared": declared}})
     inventory = gpus.inventory(settings.gpus)
-    assert [(g.index, g.flavor, g.declared) for g in inventory] == [(0, "a100", True), (1, "a100", True),
-                                                                    (2, "sim", True)]
+    assert [(g.index, g.flavor, g.declared) for g in inventory] == [
+        (0, "a100", True),
+        (1, "a100", True),
+        (2, "sim", True),
+    ]
 
 
 def test_detection_can_be_turned_off():

@@ -28,10 +28,26 @@ METRICS = {
     "danlu_admission_cycle_seconds": "histogram",
 }
 SERIES = {name for name, kind in METRICS.items() if kind != "histogram"} | {
-    f"{name}{suffix}" for name, kind in METRICS.items() if kind == "histogram" for suffix in ("_bucket", "_sum",
-                                                                                               "_count")}
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-            "offset", "inf", "nan"}
+    f"{name}{suffix}"
+    for name, kind in METRICS.items()
+    if kind == "histogram"
+    for suffix in ("_bucket", "_sum", "_count")
+}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -44,7 +60,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
         name = match.group(0)
-        following = text[match.end():].lstrip()[:1]
+        following = text[match.end() :].lstrip()[:1]
         if following == "(" or name.lower() in KEYWORDS:
             continue  # a function or an aggregation, or a keyword
         names.add(name)
@@ -73,9 +89,11 @@ def dashboard() -> dict:
 
 
 def test_the_tokenizer():
-    assert metric_names('histogram_quantile(0.95, sum by (queue, le) (rate(danlu_queue_wait_seconds_bucket'
-                        '{queue=~"$queue"}[$__rate_interval])))') == {"danlu_queue_wait_seconds_bucket"}
-    assert metric_names('sum(rate(a_sum[5m])) / sum(rate(a_count[5m])) > bool 0') == {"a_sum", "a_count"}
+    assert metric_names(
+        "histogram_quantile(0.95, sum by (queue, le) (rate(danlu_queue_wait_seconds_bucket"
+        '{queue=~"$queue"}[$__rate_interval])))'
+    ) == {"danlu_queue_wait_seconds_bucket"}
+    assert metric_names("sum(rate(a_sum[5m])) / sum(rate(a_count[5m])) > bool 0") == {"a_sum", "a_count"}
     assert metric_names('up{job="x"} or on (instance) kube_pod_info') == {"up", "kube_pod_info"}
 
 
@@ -121,9 +139,14 @@ def test_counters_and_histograms_are_read_as_rates(dashboard):
 
 def test_the_panels_asked_for_are_there(dashboard):
     titles = [p["title"] for p in _panels(dashboard["panels"]) if p["type"] != "row"]
-    assert titles == ["Queue depth (pending jobs)", "Running jobs", "Admissions and preemptions",
-                      "Queue wait time (p50 / p95)", "GPUs allocated vs nominal quota", "Finished jobs by state",
-                      "Admission cycle latency"]
+    assert titles == [
+        "Queue depth (pending jobs)",
+        "Running jobs",
+        "Admissions and preemptions",
+        "Queue wait time (p50 / p95)",
+        "GPUs allocated vs nominal quota",
+        "Finished jobs by state",
+        "Admission cycle latency",
+    ]
     wait = next(p for p in _panels(dashboard["panels"]) if p["title"].startswith("Queue wait"))
-    assert [re.match(r"histogram_quantile\(([0-9.]+)", t["expr"]).group(1) for t in wait["targets"]] == ["0.5",
-                                                                                                         "0.95"]
+    assert [re.match(r"histogram_quantile\(([0-9.]+)", t["expr"]).group(1) for t in wait["targets"]] == ["0.5", "0.95"]

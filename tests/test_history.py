@@ -47,14 +47,22 @@ def test_verification_in_batches_finds_what_a_whole_read_finds(sessions, batch):
             s.get(AuditRecord, seq).actor = "mallory"
         with sessions() as s:
             assert audit.verify(s, batch=batch).to_dict() == {
-                "ok": False, "records": seq, "problem": f"record {seq} was altered", "seq": seq}
+                "ok": False,
+                "records": seq,
+                "problem": f"record {seq} was altered",
+                "seq": seq,
+            }
         with sessions() as s, s.begin():
             s.get(AuditRecord, seq).actor = original
     with sessions() as s, s.begin():
         s.delete(s.get(AuditRecord, 7))
     with sessions() as s:
         assert audit.verify(s, batch=batch).to_dict() == {
-            "ok": False, "records": 7, "problem": "record 7 is missing (next is 8)", "seq": 7}
+            "ok": False,
+            "records": 7,
+            "problem": "record 7 is missing (next is 8)",
+            "seq": 7,
+        }
 
 
 def test_a_gap_longer_than_a_batch_names_the_record_the_log_resumes_at(sessions):
@@ -63,8 +71,10 @@ def test_a_gap_longer_than_a_batch_names_the_record_the_log_resumes_at(sessions)
         s.execute(delete(AuditRecord).where(AuditRecord.seq.between(3, 9)))
     with sessions() as s:
         answers = {batch: audit.verify(s, batch=batch).to_dict() for batch in (2, 3, 5, 100)}
-    assert all(a == {"ok": False, "records": 3, "problem": "record 3 is missing (next is 10)", "seq": 3}
-               for a in answers.values()), answers
+    assert all(
+        a == {"ok": False, "records": 3, "problem": "record 3 is missing (next is 10)", "seq": 3}
+        for a in answers.values()
+    ), answers
 
 
 def test_a_spliced_record_breaks_the_chain_in_any_batch(sessions):
@@ -98,8 +108,17 @@ def fill(sessions, seed: int) -> dict:
     for i in range(70):
         job_id = f"{seed:04x}{i:08x}"
         owner, queue, profile = rng.choice(OWNERS), rng.choice(("vision", "nlp")), rng.choice(("python", "torch"))
-        jobs.append({"id": job_id, "owner": owner, "name": f"j{i}", "state": "succeeded", "profile": profile,
-                     "queue": queue, "created_at": T0})
+        jobs.append(
+            {
+                "id": job_id,
+                "owner": owner,
+                "name": f"j{i}",
+                "state": "succeeded",
+                "profile": profile,
+                "queue": queue,
+                "created_at": T0,
+            }
+        )
         t = at(rng, T0, T0 + SPAN)
         for number in range(1, rng.choice((1, 1, 2, 3)) + 1):
             length = rng.choice((0, 60, 1800, 3600, 4 * 3600, 30 * 3600, rng.randrange(1, 50_000)))
@@ -108,9 +127,17 @@ def fill(sessions, seed: int) -> dict:
                 finish = None
             gpus = rng.choice((0, 0, 1, 2))
             devices = rng.sample(range(4), gpus)
-            attempts.append({"job_id": job_id, "number": number, "state": "succeeded", "devices": devices,
-                             "flavor": ("a" if devices[0] < 2 else "b") if devices else None,
-                             "started_at": t, "finished_at": finish})
+            attempts.append(
+                {
+                    "job_id": job_id,
+                    "number": number,
+                    "state": "succeeded",
+                    "devices": devices,
+                    "flavor": ("a" if devices[0] < 2 else "b") if devices else None,
+                    "started_at": t,
+                    "finished_at": finish,
+                }
+            )
             if finish is None:
                 break
             t = finish + dt.timedelta(seconds=rng.choice((0, 10, 3600 * 5, rng.randrange(1, 20_000))))
@@ -119,9 +146,18 @@ def fill(sessions, seed: int) -> dict:
     for i in range(12):
         begin = at(rng, T0 - dt.timedelta(hours=5), T0 + SPAN)
         end = begin + dt.timedelta(seconds=rng.randrange(0, 40_000))
-        servers.append({"holder": rng.choice(OWNERS), "owner": rng.choice(OWNERS), "team": "vision",
-                        "profile": "python", "flavor": "a", "devices": [rng.randrange(2)], "started_at": begin,
-                        "ended_at": None if end > NOW or i == 0 else end})
+        servers.append(
+            {
+                "holder": rng.choice(OWNERS),
+                "owner": rng.choice(OWNERS),
+                "team": "vision",
+                "profile": "python",
+                "flavor": "a",
+                "devices": [rng.randrange(2)],
+                "started_at": begin,
+                "ended_at": None if end > NOW or i == 0 else end,
+            }
+        )
     t = T0 - dt.timedelta(hours=2)
     while t < NOW:
         samples += [{"device": d, "at": t, "utilization": float(rng.randrange(101))} for d in range(4)]
@@ -133,8 +169,11 @@ def fill(sessions, seed: int) -> dict:
 
 
 def settings_for(tmp_path):
-    return load_settings(None, {"state_dir": str(tmp_path), "usage": {"gpu_hour_cost": {"a": 2.5, "b": 1.25},
-                                                                      "currency": "EUR"}}, environ={})
+    return load_settings(
+        None,
+        {"state_dir": str(tmp_path), "usage": {"gpu_hour_cost": {"a": 2.5, "b": 1.25}, "currency": "EUR"}},
+        environ={},
+    )
 
 
 def report(sessions, settings, start, end, by="user", owner=None) -> dict:
@@ -152,6 +191,7 @@ def roll_up_to(sessions, when: dt.datetime) -> None:
 
 def brute_force(data: dict, start, end, by: str, owner=None) -> dict:
     """The report's numbers straight from the definitions, with none of the service's code."""
+
     def key(row_owner, team, profile):
         return {"user": row_owner, "team": team, "queue": team, "profile": profile}[by]
 
@@ -159,15 +199,28 @@ def brute_force(data: dict, start, end, by: str, owner=None) -> dict:
         return begin < end and (finish is None or finish > start or begin >= start)
 
     rows: dict = {}
-    holdings = [("job", a["job_id"], data["jobs"][a["job_id"]], a["devices"], a["started_at"], a["finished_at"])
-                for a in data["attempts"]]
-    holdings += [("server", str(i), {"owner": s["owner"], "queue": s["team"], "profile": s["profile"]},
-                  s["devices"], s["started_at"], s["ended_at"]) for i, s in enumerate(data["servers"])]
+    holdings = [
+        ("job", a["job_id"], data["jobs"][a["job_id"]], a["devices"], a["started_at"], a["finished_at"])
+        for a in data["attempts"]
+    ]
+    holdings += [
+        (
+            "server",
+            str(i),
+            {"owner": s["owner"], "queue": s["team"], "profile": s["profile"]},
+            s["devices"],
+            s["started_at"],
+            s["ended_at"],
+        )
+        for i, s in enumerate(data["servers"])
+    ]
     for kind, holder, row, devices, begin, finish in holdings:
         if (owner is not None and row["owner"] != owner) or not active(begin, finish):
             continue
-        r = rows.setdefault(key(row["owner"], row["queue"], row["profile"]),
-                            {"seconds": 0, "job": set(), "server": set(), "util": [0, 0]})
+        r = rows.setdefault(
+            key(row["owner"], row["queue"], row["profile"]),
+            {"seconds": 0, "job": set(), "server": set(), "util": [0, 0]},
+        )
         r[kind].add(holder)
         u, v = max(start, begin), min(end, finish or NOW)
         if v > u:
@@ -176,29 +229,43 @@ def brute_force(data: dict, start, end, by: str, owner=None) -> dict:
             if sample["device"] in devices and u <= sample["at"] < v:
                 r["util"][0] += sample["utilization"]
                 r["util"][1] += 1
-    return {k: {"gpu_hours": round(r["seconds"] / 3600, 4), "jobs": len(r["job"]), "servers": len(r["server"]),
-                "measured_utilization": round(r["util"][0] / r["util"][1], 1) if r["util"][1] else None}
-            for k, r in rows.items()}
+    return {
+        k: {
+            "gpu_hours": round(r["seconds"] / 3600, 4),
+            "jobs": len(r["job"]),
+            "servers": len(r["server"]),
+            "measured_utilization": round(r["util"][0] / r["util"][1], 1) if r["util"][1] else None,
+        }
+        for k, r in rows.items()
+    }
 
 
 def numbers(answer: dict) -> dict:
     by = answer["by"]
-    return {r[by]: {k: r[k] for k in ("gpu_hours", "jobs", "servers", "measured_utilization")}
-            for r in answer["rows"]}
+    return {r[by]: {k: r[k] for k in ("gpu_hours", "jobs", "servers", "measured_utilization")} for r in answer["rows"]}
 
 
 HOURS = dt.timedelta(hours=1)
 #: whole hours (partly or wholly rolled up, a day or not, a single hour, beyond the data on both sides)
-RANGES = [(T0, T0 + SPAN), (T0 + 5 * HOURS, T0 + 51 * HOURS), (T0 - 24 * HOURS, NOW + HOURS),
-          (T0 + 23 * HOURS, T0 + 24 * HOURS), (T0 + 24 * HOURS, T0 + 48 * HOURS)]
+RANGES = [
+    (T0, T0 + SPAN),
+    (T0 + 5 * HOURS, T0 + 51 * HOURS),
+    (T0 - 24 * HOURS, NOW + HOURS),
+    (T0 + 23 * HOURS, T0 + 24 * HOURS),
+    (T0 + 24 * HOURS, T0 + 48 * HOURS),
+]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 7, 8])
 def test_rolled_up_reports_equal_the_raw_rows_for_any_range_grouping_owner_and_watermark(sessions, tmp_path, seed):
     data = fill(sessions, seed)
     settings = settings_for(tmp_path)
-    cases = [(start, end, by, owner) for start, end in RANGES for by in ("user", "team", "profile")
-             for owner in (None, "alice")]
+    cases = [
+        (start, end, by, owner)
+        for start, end in RANGES
+        for by in ("user", "team", "profile")
+        for owner in (None, "alice")
+    ]
     raw = {case: report(sessions, settings, *case) for case in cases}
     for start, end, by, owner in cases:
         assert numbers(raw[(start, end, by, owner)]) == brute_force(data, start, end, by, owner), (start, end, by)
@@ -229,14 +296,16 @@ def test_a_pass_rolls_up_each_hour_once_and_days_are_the_sums_of_their_hours(ses
     roll_up_to(sessions, NOW)
     with sessions() as s:
         rows = s.scalar(select(func.count()).select_from(UsageRollup))
-        hours = s.execute(select(func.sum(UsageRollup.gpu_seconds), func.sum(UsageRollup.util_n),
-                                 func.sum(UsageRollup.started)).where(UsageRollup.span == "hour",
-                                                                      UsageRollup.bucket >= T0,
-                                                                      UsageRollup.bucket < T0 + SPAN)).one()
-        days = s.execute(select(func.sum(UsageRollup.gpu_seconds), func.sum(UsageRollup.util_n),
-                                func.sum(UsageRollup.started)).where(UsageRollup.span == "day",
-                                                                     UsageRollup.bucket >= T0,
-                                                                     UsageRollup.bucket < T0 + SPAN)).one()
+        hours = s.execute(
+            select(
+                func.sum(UsageRollup.gpu_seconds), func.sum(UsageRollup.util_n), func.sum(UsageRollup.started)
+            ).where(UsageRollup.span == "hour", UsageRollup.bucket >= T0, UsageRollup.bucket < T0 + SPAN)
+        ).one()
+        days = s.execute(
+            select(
+                func.sum(UsageRollup.gpu_seconds), func.sum(UsageRollup.util_n), func.sum(UsageRollup.started)
+            ).where(UsageRollup.span == "day", UsageRollup.bucket >= T0, UsageRollup.bucket < T0 + SPAN)
+        ).one()
         assert tuple(hours) == tuple(days) and hours[0] > 0
         assert s.scalar(select(func.count()).where(UsageRollup.span == "day", UsageRollup.active.is_not(None))) == 0
     with sessions() as s, s.begin():

@@ -14,18 +14,32 @@ from danlu.hub.config import load_settings
 from danlu.hub.hubconfig import AUTHENTICATORS, SERVER_TOKEN_SCOPES, configure
 from danlu.hub.scopes import CULLER_SCOPES
 
-OIDC = {"type": "oidc", "client_id": "danlu", "client_secret": "s3cret",
-        "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
-        "authorize_url": "https://sso.example.org/auth", "token_url": "https://sso.example.org/token",
-        "userdata_url": "https://sso.example.org/userinfo"}
+OIDC = {
+    "type": "oidc",
+    "client_id": "danlu",
+    "client_secret": "s3cret",
+    "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
+    "authorize_url": "https://sso.example.org/auth",
+    "token_url": "https://sso.example.org/token",
+    "userdata_url": "https://sso.example.org/userinfo",
+}
 
 
 def hub_config(tmp_path, data: dict) -> Config:
     path = tmp_path / "danlu.yaml"
     path.write_text(yaml.safe_dump(data))
-    env = {"DANLU_CONFIG": str(path), "DANLU_STATE_DIR": str(tmp_path / "state"), "DANLU_HUB_PORT": "8081",
-           "DANLU_PROXY_API_PORT": "8001", "DANLU_ADMIN_TOKEN": "a" * 64, "DANLU_MLFLOW_URL": "http://127.0.0.1:5000",
-           "DANLU_SERVICE_PORT": "10101", "DANLU_GATEWAY_PORT": "10102", "DANLU_INSTANCE": "test", "PATH": "/usr/bin"}
+    env = {
+        "DANLU_CONFIG": str(path),
+        "DANLU_STATE_DIR": str(tmp_path / "state"),
+        "DANLU_HUB_PORT": "8081",
+        "DANLU_PROXY_API_PORT": "8001",
+        "DANLU_ADMIN_TOKEN": "a" * 64,
+        "DANLU_MLFLOW_URL": "http://127.0.0.1:5000",
+        "DANLU_SERVICE_PORT": "10101",
+        "DANLU_GATEWAY_PORT": "10102",
+        "DANLU_INSTANCE": "test",
+        "PATH": "/usr/bin",
+    }
     c = Config()
     configure(c, environ=env)
     return c
@@ -67,9 +81,19 @@ def test_idle_culler_can_be_turned_off(tmp_path):
 
 
 def test_github_admits_members_of_allowed_orgs_and_admins(tmp_path):
-    c = hub_config(tmp_path, {"admin_users": ["alice"], "auth": {
-        "type": "github", "client_id": "x", "client_secret": "y",
-        "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback", "allowed_organizations": ["lab"]}})
+    c = hub_config(
+        tmp_path,
+        {
+            "admin_users": ["alice"],
+            "auth": {
+                "type": "github",
+                "client_id": "x",
+                "client_secret": "y",
+                "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
+                "allowed_organizations": ["lab"],
+            },
+        },
+    )
     auth = authenticator(c)
     assert auth.allowed_organizations == {"lab"} and auth.client_id == "x"
 
@@ -86,12 +110,25 @@ def test_oidc_allowed_groups_manage_groups(tmp_path):
 
 
 def test_gitlab_and_shared_password(tmp_path):
-    gitlab = authenticator(hub_config(tmp_path, {"auth": {
-        "type": "gitlab", "client_id": "x", "client_secret": "y", "gitlab_url": "https://gitlab.example.org",
-        "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback", "allowed_gitlab_groups": ["ml"]}}))
+    gitlab = authenticator(
+        hub_config(
+            tmp_path,
+            {
+                "auth": {
+                    "type": "gitlab",
+                    "client_id": "x",
+                    "client_secret": "y",
+                    "gitlab_url": "https://gitlab.example.org",
+                    "oauth_callback_url": "https://gpu.example.org/hub/oauth_callback",
+                    "allowed_gitlab_groups": ["ml"],
+                }
+            },
+        )
+    )
     assert gitlab.allowed_gitlab_groups == {"ml"}
-    shared = authenticator(hub_config(tmp_path, {"auth": {"type": "shared-password", "user_password": "p" * 12,
-                                                          "allowed_users": ["ana"]}}))
+    shared = authenticator(
+        hub_config(tmp_path, {"auth": {"type": "shared-password", "user_password": "p" * 12, "allowed_users": ["ana"]}})
+    )
     assert shared.user_password == "p" * 12 and shared.allowed_users == {"ana"}
 
 

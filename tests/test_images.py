@@ -29,8 +29,7 @@ def froms(path: Path) -> list[str]:
 
 
 def copied_requirements(path: Path) -> set[str]:
-    return {src for m in COPY.finditer(path.read_text()) for src in m["sources"].split()
-            if src.endswith(".txt")}
+    return {src for m in COPY.finditer(path.read_text()) for src in m["sources"].split() if src.endswith(".txt")}
 
 
 def test_every_profile_has_a_dockerfile():

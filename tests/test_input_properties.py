@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from danlu.errors import DanluError, UsageError, ValidationError
+from danlu.hub.service.jsonbody import parse_json
 from danlu.hub.service.paths import resolve_dataset, safe_relative_path
 from danlu.hub.service.validation import (
     EARLIEST,
@@ -33,13 +34,12 @@ from danlu.hub.service.validation import (
     check_schema,
     check_size,
     int_param,
-    parse_json,
     parse_time,
 )
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-SPECIAL = ["\x00", "\ud800", "\udbff", "\udc00", "\udfff", "\U0001F600", "é", "\\", "%", "%2e", "%00", "\n"]
+SPECIAL = ["\x00", "\ud800", "\udbff", "\udc00", "\udfff", "\U0001f600", "é", "\\", "%", "%2e", "%00", "\n"]
 
 
 def nasty_text(max_size: int = 20):
@@ -52,6 +52,7 @@ def nasty_text(max_size: int = 20):
 
 # resolve_dataset --------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     base = tmp_path_factory.mktemp("datasets")
@@ -59,15 +60,28 @@ def world(tmp_path_factory):
     work = home / "work"
     for folder in (work / "data" / "mnist", home / "elsewhere", shared / "imagenet" / "train", outside / "deep"):
         folder.mkdir(parents=True)
-    for file in (work / "data" / "mnist" / "train.csv", home / "elsewhere" / "big.bin", outside / "secret.txt",
-                 shared / "imagenet" / "train" / "0.jpg"):
+    for file in (
+        work / "data" / "mnist" / "train.csv",
+        home / "elsewhere" / "big.bin",
+        outside / "secret.txt",
+        shared / "imagenet" / "train" / "0.jpg",
+    ):
         file.write_bytes(b"x")
     links = {
-        work / "link-in": "../elsewhere", work / "link-etc": "/etc", work / "link-out": "../../../outside",
-        work / "dangling-out": "../../../outside/missing", work / "dangling-in": "data/missing",
-        work / "loop-a": "loop-b", work / "loop-b": "loop-a", work / "up": "..", work / "top": "/",
-        home / "elsewhere" / "back-out": "../../../outside/deep", shared / "link-to-outside": "../outside",
-        shared / "link-inside": "imagenet", shared / "up": "..", base / "linked-root": "shared",
+        work / "link-in": "../elsewhere",
+        work / "link-etc": "/etc",
+        work / "link-out": "../../../outside",
+        work / "dangling-out": "../../../outside/missing",
+        work / "dangling-in": "data/missing",
+        work / "loop-a": "loop-b",
+        work / "loop-b": "loop-a",
+        work / "up": "..",
+        work / "top": "/",
+        home / "elsewhere" / "back-out": "../../../outside/deep",
+        shared / "link-to-outside": "../outside",
+        shared / "link-inside": "imagenet",
+        shared / "up": "..",
+        base / "linked-root": "shared",
     }
     for link, target in links.items():
         link.symlink_to(target)
@@ -76,18 +90,84 @@ def world(tmp_path_factory):
     return {"home": home, "workdir": work, "roots": roots, "outside": outside}
 
 
-PIECES = ["..", ".", "", "a", "data", "mnist", "train.csv", "imagenet", "train", "link-in", "link-etc", "link-out",
-          "dangling-out", "dangling-in", "loop-a", "up", "top", "back-out", "big.bin", "elsewhere", "fifo",
-          "link-to-outside", "link-inside", "secret.txt", "etc", "passwd", "%2e", "%2e%2e", "%252e%252e", "%2f",
-          "%5c", "%00", "%", "~", "\\", "\x00", "\ud800", "\udcff", "é", "C:", "//", "file:"]
+PIECES = [
+    "..",
+    ".",
+    "",
+    "a",
+    "data",
+    "mnist",
+    "train.csv",
+    "imagenet",
+    "train",
+    "link-in",
+    "link-etc",
+    "link-out",
+    "dangling-out",
+    "dangling-in",
+    "loop-a",
+    "up",
+    "top",
+    "back-out",
+    "big.bin",
+    "elsewhere",
+    "fifo",
+    "link-to-outside",
+    "link-inside",
+    "secret.txt",
+    "etc",
+    "passwd",
+    "%2e",
+    "%2e%2e",
+    "%252e%252e",
+    "%2f",
+    "%5c",
+    "%00",
+    "%",
+    "~",
+    "\\",
+    "\x00",
+    "\ud800",
+    "\udcff",
+    "é",
+    "C:",
+    "//",
+    "file:",
+]
 PREFIXES = ["", "", "shared:", "linked:", "nope:", "c:", "C:\\", "~", "/", "file://"]
 
 # walks through the tree: these resolve, escape through a link, loop, or name nothing
-NAMES = ["data", "mnist", "train.csv", "link-in", "big.bin", "link-etc", "passwd", "link-out", "secret.txt", "deep",
-         "dangling-out", "dangling-in", "loop-a", "up", "top", "etc", "back-out", "fifo", "imagenet", "train",
-         "link-to-outside", "link-inside", "elsewhere", "work", "."]
-walks = st.tuples(st.sampled_from(["", "", "shared:", "linked:"]),
-                  st.lists(st.sampled_from(NAMES), min_size=1, max_size=5).map("/".join)).map("".join)
+NAMES = [
+    "data",
+    "mnist",
+    "train.csv",
+    "link-in",
+    "big.bin",
+    "link-etc",
+    "passwd",
+    "link-out",
+    "secret.txt",
+    "deep",
+    "dangling-out",
+    "dangling-in",
+    "loop-a",
+    "up",
+    "top",
+    "etc",
+    "back-out",
+    "fifo",
+    "imagenet",
+    "train",
+    "link-to-outside",
+    "link-inside",
+    "elsewhere",
+    "work",
+    ".",
+]
+walks = st.tuples(
+    st.sampled_from(["", "", "shared:", "linked:"]),
+    st.lists(st.sampled_from(NAMES), min_size=1, max_size=5).map("/".join),
+).map("".join)
 
 path_values = st.one_of(
     walks,
@@ -127,13 +207,20 @@ def test_walks_through_the_real_tree_never_leave_their_root(world, data):
 
 def check_resolved(world, value) -> None:
     try:
-        name, path = resolve_dataset(value, workdir=world["workdir"], home=world["home"], roots=world["roots"],
-                                     field="datasets[0]")
+        name, path = resolve_dataset(
+            value, workdir=world["workdir"], home=world["home"], roots=world["roots"], field="datasets[0]"
+        )
     except DanluError as e:
         assert isinstance(e, ValidationError)
         assert e.field == "datasets[0]"
-        assert e.reason in {"path_traversal", "escapes_root", "no_dataset", "unknown_dataset_root", "bad_path",
-                            "absolute_path"}
+        assert e.reason in {
+            "path_traversal",
+            "escapes_root",
+            "no_dataset",
+            "unknown_dataset_root",
+            "bad_path",
+            "absolute_path",
+        }
         event(f"refused: {e.reason}")
         return
     event("resolved")
@@ -159,6 +246,7 @@ def test_safe_relative_paths_stay_relative(value):
 
 
 # parse_json -------------------------------------------------------------------------
+
 
 def acceptable(value, depth: int = 0, max_depth: int = 64) -> bool:
     """The oracle: what parse_json may return (recursive, independent of its iterative walk)."""
@@ -194,8 +282,11 @@ def check_against_oracle(raw: bytes, max_depth: int = 64) -> None:
 
 
 leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), nasty_text())
-json_values = st.recursive(leaves, lambda children: st.one_of(
-    st.lists(children, max_size=4), st.dictionaries(nasty_text(6), children, max_size=4)), max_leaves=20)
+json_values = st.recursive(
+    leaves,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(nasty_text(6), children, max_size=4)),
+    max_leaves=20,
+)
 
 
 def encode(value, ascii_only: bool) -> bytes:
@@ -204,17 +295,53 @@ def encode(value, ascii_only: bool) -> bytes:
 
 
 @PROPERTY
-@given(value=json_values, ascii_only=st.booleans(), wrap=st.integers(0, 80), in_object=st.booleans(),
-       max_depth=st.sampled_from([1, 2, 3, 4, 64]))
+@given(
+    value=json_values,
+    ascii_only=st.booleans(),
+    wrap=st.integers(0, 80),
+    in_object=st.booleans(),
+    max_depth=st.sampled_from([1, 2, 3, 4, 64]),
+)
 def test_parse_json_agrees_with_the_oracle_on_json_like_values(value, ascii_only, wrap, in_object, max_depth):
     for _ in range(wrap if max_depth == 64 else wrap % 3):
         value = {"a": value} if in_object else [value]
     check_against_oracle(encode(value, ascii_only), max_depth=max_depth)
 
 
-TOKENS = ["[", "]", "{", "}", '"a"', ":", ",", "0", "-1", "1.5", "1e400", "-1e999", "1" * 4400, "NaN", "Infinity",
-          "-Infinity", '"\\ud800"', '"\\uDBFF"', '"\\udc00\\ud800"', '"\\u0000"', '"\\ud83d\\ude00"', '"\\\\ud800"',
-          "null", "true", '"x"', " ", "\n", "\\", '"', "\x00", "\ufeff", "é"]
+TOKENS = [
+    "[",
+    "]",
+    "{",
+    "}",
+    '"a"',
+    ":",
+    ",",
+    "0",
+    "-1",
+    "1.5",
+    "1e400",
+    "-1e999",
+    "1" * 4400,
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    '"\\ud800"',
+    '"\\uDBFF"',
+    '"\\udc00\\ud800"',
+    '"\\u0000"',
+    '"\\ud83d\\ude00"',
+    '"\\\\ud800"',
+    "null",
+    "true",
+    '"x"',
+    " ",
+    "\n",
+    "\\",
+    '"',
+    "\x00",
+    "\ufeff",
+    "é",
+]
 
 
 @PROPERTY
@@ -235,8 +362,11 @@ def test_parse_json_on_random_bytes(raw):
 def test_schema_and_notebook_checks_refuse_cleanly(value):
     """What parse_json lets through reaches these next; they refuse with a DanluError, never a crash."""
     body = {"notebook": {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [value]}, "parameters": {}}
-    for check in (lambda: check_schema("JobSubmission", value), lambda: check_schema("JobSubmission", body),
-                  lambda: check_notebook(body["notebook"])):
+    for check in (
+        lambda: check_schema("JobSubmission", value),
+        lambda: check_schema("JobSubmission", body),
+        lambda: check_notebook(body["notebook"]),
+    ):
         try:
             check()
         except DanluError as e:
@@ -244,6 +374,7 @@ def test_schema_and_notebook_checks_refuse_cleanly(value):
 
 
 # query parameters and sizes ---------------------------------------------------------
+
 
 @PROPERTY
 @given(raw=st.one_of(st.none(), nasty_text(30), st.from_regex(r"\A[0-9T:+\-Z. ]{0,30}\Z")))
@@ -261,8 +392,11 @@ offsets = st.integers(-23 * 60 - 59, 23 * 60 + 59).map(lambda m: dt.timezone(dt.
 
 
 @PROPERTY
-@given(when=st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(9999, 12, 29)),
-       zone=st.one_of(st.none(), offsets), sep=st.sampled_from(["T", " "]))
+@given(
+    when=st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(9999, 12, 29)),
+    zone=st.one_of(st.none(), offsets),
+    sep=st.sampled_from(["T", " "]),
+)
 def test_parse_time_reads_what_isoformat_writes(when, zone, sep):
     text = when.replace(tzinfo=zone).isoformat(sep=sep)
     expected = when - zone.utcoffset(None) if zone else when
@@ -271,8 +405,10 @@ def test_parse_time_reads_what_isoformat_writes(when, zone, sep):
 
 
 @PROPERTY
-@given(raw=st.one_of(st.none(), nasty_text(25), st.from_regex(r"\A[-+]?[0-9]{0,25}\Z"), st.integers().map(str)),
-       bounds=st.sampled_from([(0, 100_000), (1, 1000), (-10, 10), (0, 2**53 - 1)]))
+@given(
+    raw=st.one_of(st.none(), nasty_text(25), st.from_regex(r"\A[-+]?[0-9]{0,25}\Z"), st.integers().map(str)),
+    bounds=st.sampled_from([(0, 100_000), (1, 1000), (-10, 10), (0, 2**53 - 1)]),
+)
 def test_int_param_refuses_or_returns_an_int_in_range(raw, bounds):
     lo, hi = bounds
     try:
@@ -293,8 +429,15 @@ def test_int_param_reads_every_number_in_range(n):
     assert int_param(str(n), "offset", default=None) == n
 
 
-sizes = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), nasty_text(12),
-                  st.from_regex(r"\A-?[0-9.]{0,8}(e[-+]?[0-9]{1,4})?[KMGTkmgtXx]?i?B?\Z"), st.lists(st.integers()))
+sizes = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    nasty_text(12),
+    st.from_regex(r"\A-?[0-9.]{0,8}(e[-+]?[0-9]{1,4})?[KMGTkmgtXx]?i?B?\Z"),
+    st.lists(st.integers()),
+)
 
 
 @PROPERTY

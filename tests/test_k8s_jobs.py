@@ -9,55 +9,122 @@ from danlu.hub.k8s import jobs, names
 from .k8sschemas import errors
 
 DIGEST = "registry.example/danlu/pytorch@sha256:" + "0" * 64
-BASE = dict(job_id="0a1b2c3d4e5f", attempt=2, owner="alice", queue="vision", priority_class="high",
-            namespace="danlu", image=DIGEST, nproc=2, api_url="http://hub:8081/services/danlu/api/v1")
-LABELS = {"app.kubernetes.io/managed-by": "danlu", "app.kubernetes.io/component": "job",
-          "danlu.io/job-id": "0a1b2c3d4e5f", "danlu.io/attempt": "2", "danlu.io/owner": "alice",
-          "danlu.io/team": "vision"}
+BASE = dict(
+    job_id="0a1b2c3d4e5f",
+    attempt=2,
+    owner="alice",
+    queue="vision",
+    priority_class="high",
+    namespace="danlu",
+    image=DIGEST,
+    nproc=2,
+    api_url="http://hub:8081/services/danlu/api/v1",
+)
+LABELS = {
+    "app.kubernetes.io/managed-by": "danlu",
+    "app.kubernetes.io/component": "job",
+    "danlu.io/job-id": "0a1b2c3d4e5f",
+    "danlu.io/attempt": "2",
+    "danlu.io/owner": "alice",
+    "danlu.io/team": "vision",
+}
 
 
 def test_a_trainjob_is_queued_suspended_for_its_team_with_its_token_kept_out_of_its_spec():
-    tj = jobs.trainjob(**BASE, gpus=2, cpu=8, memory=32 * 2**30, timeout_seconds=3600, home_claim="claim-alice",
-                       node_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                       tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    tj = jobs.trainjob(
+        **BASE,
+        gpus=2,
+        cpu=8,
+        memory=32 * 2**30,
+        timeout_seconds=3600,
+        home_claim="claim-alice",
+        node_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    )
     assert tj == {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-        "metadata": {"name": "danlu-0a1b2c3d4e5f-2", "namespace": "danlu",
-                     "labels": {**LABELS, "kueue.x-k8s.io/queue-name": "vision",
-                                "kueue.x-k8s.io/priority-class": "high"},
-                     "annotations": {"danlu.io/owner": "alice"}},
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {
+            "name": "danlu-0a1b2c3d4e5f-2",
+            "namespace": "danlu",
+            "labels": {**LABELS, "kueue.x-k8s.io/queue-name": "vision", "kueue.x-k8s.io/priority-class": "high"},
+            "annotations": {"danlu.io/owner": "alice"},
+        },
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                           "name": "danlu-torch"},
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "danlu-torch"},
             "suspend": True,
             "activeDeadlineSeconds": 3600,
             "trainer": {
                 "image": DIGEST,
                 "command": ["python", "-m", "danlu.runner", "--kubernetes"],
-                "numNodes": 1, "numProcPerNode": 2,
-                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2", "cpu": "8", "memory": str(32 * 2**30)},
-                                     "requests": {"cpu": "8", "memory": str(32 * 2**30)}},
+                "numNodes": 1,
+                "numProcPerNode": 2,
+                "resourcesPerNode": {
+                    "limits": {"nvidia.com/gpu": "2", "cpu": "8", "memory": str(32 * 2**30)},
+                    "requests": {"cpu": "8", "memory": str(32 * 2**30)},
+                },
                 "env": [
                     {"name": "DANLU_JOB_ID", "value": "0a1b2c3d4e5f"},
                     {"name": "DANLU_ATTEMPT", "value": "2"},
                     {"name": "DANLU_RUNNER_API", "value": "http://hub:8081/services/danlu/api/v1"},
-                    {"name": "DANLU_JOB_TOKEN", "valueFrom": {"secretKeyRef": {
-                        "name": "danlu-0a1b2c3d4e5f-2-token", "key": "token"}}},
+                    {
+                        "name": "DANLU_JOB_TOKEN",
+                        "valueFrom": {"secretKeyRef": {"name": "danlu-0a1b2c3d4e5f-2-token", "key": "token"}},
+                    },
                     {"name": "DANLU_JOB_DIR", "value": "/danlu/job"},
                     {"name": "HOME", "value": "/home/jovyan"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                 ],
             },
-            "runtimePatches": [{"manager": "danlu.io/jobs-service", "trainingRuntimeSpec": {"template": {"spec": {
-                "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-                    "metadata": {"labels": LABELS},
-                    "spec": {
-                        "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}],
-                        "containers": [{"name": "node",
-                                        "volumeMounts": [{"name": "home", "mountPath": "/home/jovyan"}]}],
-                        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                    }}}}}]}}}}],
+            "runtimePatches": [
+                {
+                    "manager": "danlu.io/jobs-service",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": "node",
+                                        "template": {
+                                            "spec": {
+                                                "template": {
+                                                    "metadata": {"labels": LABELS},
+                                                    "spec": {
+                                                        "volumes": [
+                                                            {
+                                                                "name": "home",
+                                                                "persistentVolumeClaim": {"claimName": "claim-alice"},
+                                                            }
+                                                        ],
+                                                        "containers": [
+                                                            {
+                                                                "name": "node",
+                                                                "volumeMounts": [
+                                                                    {"name": "home", "mountPath": "/home/jovyan"}
+                                                                ],
+                                                            }
+                                                        ],
+                                                        "nodeSelector": {
+                                                            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
+                                                        },
+                                                        "tolerations": [
+                                                            {
+                                                                "key": "nvidia.com/gpu",
+                                                                "operator": "Exists",
+                                                                "effect": "NoSchedule",
+                                                            }
+                                                        ],
+                                                    },
+                                                }
+                                            }
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
         },
     }
     assert errors(tj) == []
@@ -86,14 +153,34 @@ def test_the_schemas_catch_a_trainjob_name_that_starts_with_a_digit():
 
 
 def test_the_token_secret_is_owned_by_its_trainjob():
-    secret = jobs.secret(job_id="0a1b2c3d4e5f", attempt=2, owner="alice", queue="vision", namespace="danlu",
-                         token="t" * 43, owner_uid="1234")
+    secret = jobs.secret(
+        job_id="0a1b2c3d4e5f",
+        attempt=2,
+        owner="alice",
+        queue="vision",
+        namespace="danlu",
+        token="t" * 43,
+        owner_uid="1234",
+    )
     assert secret == {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": "danlu-0a1b2c3d4e5f-2-token", "namespace": "danlu", "labels": LABELS,
-                     "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                                          "name": "danlu-0a1b2c3d4e5f-2", "uid": "1234", "controller": False,
-                                          "blockOwnerDeletion": False}]},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": "danlu-0a1b2c3d4e5f-2-token",
+            "namespace": "danlu",
+            "labels": LABELS,
+            "ownerReferences": [
+                {
+                    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                    "kind": "TrainJob",
+                    "name": "danlu-0a1b2c3d4e5f-2",
+                    "uid": "1234",
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
         "data": {"token": "dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dHR0dA=="},
     }
     assert errors(secret) == []
@@ -103,5 +190,7 @@ def test_the_token_secret_is_owned_by_its_trainjob():
 def test_any_hub_user_name_becomes_a_valid_label_value(user, label):
     value = names.owner_label(user)
     assert (value == label) if label else (len(value) <= 63 and value != user)
-    assert errors(jobs.secret(job_id="0a1b2c3d4e5f", attempt=1, owner=user, queue="q", namespace="danlu",
-                              token="t" * 43)) == []
+    assert (
+        errors(jobs.secret(job_id="0a1b2c3d4e5f", attempt=1, owner=user, queue="q", namespace="danlu", token="t" * 43))
+        == []
+    )

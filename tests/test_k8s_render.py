@@ -23,8 +23,10 @@ from danlu.hub.profiles import load_profiles
 from .k8sschemas import errors, values_errors, with_chart_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = {"shared-workstation": ROOT / "examples" / "config" / "shared-workstation.yaml",
-            "two-flavors": ROOT / "examples" / "config" / "two-flavors.yaml"}
+EXAMPLES = {
+    "shared-workstation": ROOT / "examples" / "config" / "shared-workstation.yaml",
+    "two-flavors": ROOT / "examples" / "config" / "two-flavors.yaml",
+}
 MANAGED = {names.MANAGED_BY: names.MANAGER}
 DIGEST = "sha256:" + "a" * 64
 
@@ -35,11 +37,16 @@ def _load(path):
 
 
 def _objects(files: dict[str, str]) -> list[dict]:
-    return [obj for name, text in files.items() if name.endswith(".yaml") and name != "values.yaml"
-            for obj in yaml.safe_load_all(text)]
+    return [
+        obj
+        for name, text in files.items()
+        if name.endswith(".yaml") and name != "values.yaml"
+        for obj in yaml.safe_load_all(text)
+    ]
 
 
 # --- small builders, whole dicts ----------------------------------------------------------------
+
 
 def test_training_runtime():
     runtime = manifests.make_training_runtime("registry.example.com/danlu/pytorch@" + DIGEST, "8Gi")
@@ -50,43 +57,74 @@ def test_training_runtime():
         "metadata": {"name": "danlu-torch", "labels": pod_labels},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {"spec": {"replicatedJobs": [{
-                "name": "node",
-                "template": {
-                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                    "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": pod_labels}, "spec": {
-                        "restartPolicy": "Never",
-                        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100,
-                                            "fsGroup": 100, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
                             "name": "node",
-                            "image": "registry.example.com/danlu/pytorch@" + DIGEST,
-                            "command": ["python", "-m", "danlu.runner", "--kubernetes"],
-                            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"},
-                                             {"name": "job", "mountPath": "/danlu/job"}],
-                        }],
-                        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
-                                    {"name": "job", "emptyDir": {}}],
-                    }}},
-                },
-            }]}},
+                            "template": {
+                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "spec": {
+                                    "backoffLimit": 0,
+                                    "template": {
+                                        "metadata": {"labels": pod_labels},
+                                        "spec": {
+                                            "restartPolicy": "Never",
+                                            "securityContext": {
+                                                "runAsNonRoot": True,
+                                                "runAsUser": 1000,
+                                                "runAsGroup": 100,
+                                                "fsGroup": 100,
+                                                "seccompProfile": {"type": "RuntimeDefault"},
+                                            },
+                                            "containers": [
+                                                {
+                                                    "name": "node",
+                                                    "image": "registry.example.com/danlu/pytorch@" + DIGEST,
+                                                    "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+                                                    "volumeMounts": [
+                                                        {"name": "shm", "mountPath": "/dev/shm"},
+                                                        {"name": "job", "mountPath": "/danlu/job"},
+                                                    ],
+                                                }
+                                            ],
+                                            "volumes": [
+                                                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+                                                {"name": "job", "emptyDir": {}},
+                                            ],
+                                        },
+                                    },
+                                },
+                            },
+                        }
+                    ]
+                }
+            },
         },
     }
     assert errors(runtime) == []
 
 
 def test_network_policy():
-    policy = manifests.make_ingress_policy("danlu-mlflow", "danlu", "mlflow", manifests.MLFLOW_POD, 5000,
-                                           [manifests.HUB_POD, manifests.JOB_POD])
+    policy = manifests.make_ingress_policy(
+        "danlu-mlflow", "danlu", "mlflow", manifests.MLFLOW_POD, 5000, [manifests.HUB_POD, manifests.JOB_POD]
+    )
     assert policy == {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
         "metadata": {"name": "danlu-mlflow", "namespace": "danlu", "labels": {**MANAGED, names.COMPONENT: "mlflow"}},
         "spec": {
             "podSelector": {"matchLabels": {**MANAGED, names.COMPONENT: "mlflow"}},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}},
-                                  {"podSelector": {"matchLabels": {**MANAGED, names.COMPONENT: "job"}}}],
-                         "ports": [{"protocol": "TCP", "port": 5000}]}],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}},
+                        {"podSelector": {"matchLabels": {**MANAGED, names.COMPONENT: "job"}}},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": 5000}],
+                }
+            ],
         },
     }
     assert errors(policy) == []
@@ -103,39 +141,50 @@ def test_kueue_configuration():
     assert cm["metadata"]["namespace"] == "kueue-system" and errors(cm) == []
 
 
-@pytest.mark.parametrize("reference, image", [
-    ("quay.io/jupyterhub/k8s-hub:4.4.0@" + DIGEST, {"name": "quay.io/jupyterhub/k8s-hub", "tag": "4.4.0@" + DIGEST}),
-    ("localhost:5000/danlu/hub@" + DIGEST, {"name": "localhost:5000/danlu/hub", "tag": "latest@" + DIGEST}),
-    ("localhost:5000/danlu/hub:1.0", {"name": "localhost:5000/danlu/hub", "tag": "1.0"}),
-])
+@pytest.mark.parametrize(
+    "reference, image",
+    [
+        (
+            "quay.io/jupyterhub/k8s-hub:4.4.0@" + DIGEST,
+            {"name": "quay.io/jupyterhub/k8s-hub", "tag": "4.4.0@" + DIGEST},
+        ),
+        ("localhost:5000/danlu/hub@" + DIGEST, {"name": "localhost:5000/danlu/hub", "tag": "latest@" + DIGEST}),
+        ("localhost:5000/danlu/hub:1.0", {"name": "localhost:5000/danlu/hub", "tag": "1.0"}),
+    ],
+)
 def test_split_image(reference, image):
     assert values.split_image(reference) == image
 
 
 def test_values_of_a_tiny_config(tmp_path):
     config = tmp_path / "danlu.yaml"
-    config.write_text(f"hub: {{idle_timeout_seconds: 0}}\nkubernetes: {{namespace: lab, hub_image: h/hub@{DIGEST}, "
-                      "home_storage_class: nfs, home_size: 5G, shm_size: 1G}\n")
+    config.write_text(
+        f"hub: {{idle_timeout_seconds: 0}}\nkubernetes: {{namespace: lab, hub_image: h/hub@{DIGEST}, "
+        "home_storage_class: nfs, home_size: 5G, shm_size: 1G}\n"
+    )
     settings = load_settings(config, environ={env.BASE_DIR: str(ROOT)})
     data = render.chart_values(settings, load_profiles(settings.profiles_file))
     placeholder = {"name": "registry.example.com/danlu/python", "tag": "latest@sha256:" + "0" * 64}
     assert data["singleuser"]["image"] == placeholder
     assert data["singleuser"]["storage"] == {
-        "type": "dynamic", "capacity": "5Gi", "homeMountPath": "/home/jovyan",
+        "type": "dynamic",
+        "capacity": "5Gi",
+        "homeMountPath": "/home/jovyan",
         "dynamic": {"storageAccessModes": ["ReadWriteMany"], "storageClass": "nfs"},
         "extraVolumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
-        "extraVolumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
+        "extraVolumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+    }
     assert data["cull"] == {"enabled": False}
     assert data["hub"]["image"] == {"name": "h/hub", "tag": "latest@" + DIGEST}
     assert data["hub"]["extraConfig"] == {"danlu": "from danlu.hub.k8s.hubconfig import configure\nconfigure(c)\n"}
     assert data["hub"]["extraEnv"][env.MLFLOW_URL] == "http://danlu-mlflow.lab.svc:5000/services/mlflow"
-    assert data["hub"]["extraVolumeMounts"] == [{"name": "danlu-config", "mountPath": "/etc/danlu",
-                                                 "readOnly": True}]
+    assert data["hub"]["extraVolumeMounts"] == [{"name": "danlu-config", "mountPath": "/etc/danlu", "readOnly": True}]
     assert data["hub"]["services"]["danlu"]["url"] == "http://hub:10101"
     assert values_errors(with_chart_defaults(data)) == []
 
 
 # --- both examples: valid, committed, deterministic -----------------------------------------------
+
 
 @pytest.fixture(scope="module", params=sorted(EXAMPLES))
 def example(request):
@@ -147,15 +196,33 @@ def test_every_rendered_object_is_valid(example):
     _, settings, _, files = example
     objects = _objects(files)
     kinds = {o["kind"] for o in objects}
-    assert {"Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass", "ConfigMap",
-            "ClusterTrainingRuntime", "StatefulSet", "Service", "Deployment", "NetworkPolicy"} <= kinds
+    assert {
+        "Namespace",
+        "ResourceFlavor",
+        "ClusterQueue",
+        "LocalQueue",
+        "WorkloadPriorityClass",
+        "ConfigMap",
+        "ClusterTrainingRuntime",
+        "StatefulSet",
+        "Service",
+        "Deployment",
+        "NetworkPolicy",
+    } <= kinds
     namespace = settings.kubernetes.namespace
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         assert errors(obj) == [], where
         assert obj["metadata"]["labels"][names.MANAGED_BY] == names.MANAGER, where
-        if obj["kind"] in ("ConfigMap", "Service", "Deployment", "StatefulSet", "NetworkPolicy",
-                           "PersistentVolumeClaim", "LocalQueue"):
+        if obj["kind"] in (
+            "ConfigMap",
+            "Service",
+            "Deployment",
+            "StatefulSet",
+            "NetworkPolicy",
+            "PersistentVolumeClaim",
+            "LocalQueue",
+        ):
             assert obj["metadata"]["namespace"] in (namespace, "kueue-system"), where
     chart = yaml.safe_load(files["values.yaml"])
     assert values_errors(with_chart_defaults(chart)) == []
@@ -171,9 +238,14 @@ def test_the_cluster_config_and_profiles_load(example, tmp_path):
     assert str(settings.profiles_file) == "/etc/danlu/profiles.yaml"
     profiles = load_profiles(tmp_path / "profiles.yaml")
     assert all(p.environment["image"].partition("@sha256:")[2] for p in profiles)
-    assert mlflowserver.server_command(settings)[1:7] == ["-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
-                                                          "--backend-store-uri",
-                                                          "postgresql+psycopg://danlu@danlu-postgres:5432/mlflow"]
+    assert mlflowserver.server_command(settings)[1:7] == [
+        "-m",
+        "danlu.hub.mlflowserver",
+        "--app-name",
+        "basic-auth",
+        "--backend-store-uri",
+        "postgresql+psycopg://danlu@danlu-postgres:5432/mlflow",
+    ]
 
 
 def test_committed_helm_values_are_fresh(example):
@@ -239,6 +311,7 @@ def test_a_secret_in_danlu_yaml_is_refused(tmp_path):
 
 # --- the CLI ------------------------------------------------------------------------------------
 
+
 def test_cli_writes_the_files(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "out"
@@ -267,8 +340,11 @@ def test_kueue_render_still_works(monkeypatch, capsys):
 def test_the_jobs_service_may_do_exactly_what_the_kubernetes_backend_does_and_no_more():
     role, binding = manifests.make_jobs_rbac("danlu")
     assert role["rules"] == [
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
-         "verbs": ["create", "get", "list", "watch", "delete"]},
+        {
+            "apiGroups": ["trainer.kubeflow.org"],
+            "resources": ["trainjobs"],
+            "verbs": ["create", "get", "list", "watch", "delete"],
+        },
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},

@@ -32,23 +32,53 @@ CONFIG = {
     "gpus": {"declared": [{"count": 4, "flavor": "a100"}]},
     "resources": {"cpu": 16, "memory": "64G"},
     "groups": {"vision": ["alice"], "nlp": ["bob"]},
-    "teams": {"vision": {"cohort": "lab", "quota": {"gpus": {"a100": 2}}, "borrowing_limit": {"gpus": {"a100": 2}}},
-              "nlp": {"cohort": "lab", "quota": {"gpus": {"a100": 2}}, "borrowing_limit": {"gpus": {"a100": 2}}}},
-    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True},
-                         "high": {"value": 10000}},
+    "teams": {
+        "vision": {"cohort": "lab", "quota": {"gpus": {"a100": 2}}, "borrowing_limit": {"gpus": {"a100": 2}}},
+        "nlp": {"cohort": "lab", "quota": {"gpus": {"a100": 2}}, "borrowing_limit": {"gpus": {"a100": 2}}},
+    },
+    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True}, "high": {"value": 10000}},
 }
 RUNTIME = {
-    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "ClusterTrainingRuntime",
     "metadata": {"name": "danlu-torch"},
-    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [{
-        "name": "node", "replicas": 1, "template": {"spec": {"template": {"spec": {
-            "terminationGracePeriodSeconds": 2,
-            "containers": [{"name": "node", "image": "danlu/runner:latest",
-                            "command": ["python", "-m", "danlu.runner", "--kubernetes"],
-                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
-                                             {"name": "job", "mountPath": "/danlu/job"}]}],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, {"name": "job", "emptyDir": {}}],
-        }}}}}]}}},
+    "spec": {
+        "mlPolicy": {"numNodes": 1, "torch": {}},
+        "template": {
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "node",
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "template": {
+                                    "spec": {
+                                        "terminationGracePeriodSeconds": 2,
+                                        "containers": [
+                                            {
+                                                "name": "node",
+                                                "image": "danlu/runner:latest",
+                                                "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+                                                "volumeMounts": [
+                                                    {"name": "dshm", "mountPath": "/dev/shm"},
+                                                    {"name": "job", "mountPath": "/danlu/job"},
+                                                ],
+                                            }
+                                        ],
+                                        "volumes": [
+                                            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                                            {"name": "job", "emptyDir": {}},
+                                        ],
+                                    }
+                                }
+                            }
+                        },
+                    }
+                ]
+            }
+        },
+    },
 }
 SLEEP = ["python", "-c", "import time; time.sleep(60)"]
 
@@ -64,12 +94,21 @@ def trainjob(name, *, queue="vision", gpus=1, nodes=1, command=SLEEP, priority=N
     labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
     if priority:
         labels["kueue.x-k8s.io/priority-class"] = priority
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": {"runtimeRef": {"name": "danlu-torch", "apiGroup": GROUP, "kind": "ClusterTrainingRuntime"},
-                     "suspend": bool(queue), **spec,
-                     "trainer": {"numNodes": nodes, "command": command, "resourcesPerNode": {
-                         "limits": {"nvidia.com/gpu": gpus}, "requests": {"cpu": "1", "memory": "1Gi"}}}}}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "runtimeRef": {"name": "danlu-torch", "apiGroup": GROUP, "kind": "ClusterTrainingRuntime"},
+            "suspend": bool(queue),
+            **spec,
+            "trainer": {
+                "numNodes": nodes,
+                "command": command,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"cpu": "1", "memory": "1Gi"}},
+            },
+        },
+    }
 
 
 def runtime_patch(*, volumes=(), container=None, labels=None) -> list[dict]:
@@ -77,8 +116,16 @@ def runtime_patch(*, volumes=(), container=None, labels=None) -> list[dict]:
     template = {"spec": {"volumes": list(volumes), "containers": [{"name": "node", **(container or {})}]}}
     if labels:
         template["metadata"] = {"labels": labels}
-    return [{"manager": "danlu.io/jobs", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-        {"name": "node", "template": {"spec": {"template": template}}}]}}}}]
+    return [
+        {
+            "manager": "danlu.io/jobs",
+            "trainingRuntimeSpec": {
+                "template": {
+                    "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": template}}}]}
+                }
+            },
+        }
+    ]
 
 
 HOME_CLAIM = {"name": "home", "persistentVolumeClaim": {"claimName": "home"}}
@@ -121,8 +168,12 @@ def load(api: client.ApiClient, objects: list[dict]) -> client.CustomObjectsApi:
     """POST the Kueue objects and the runtime, as ``kubectl create -f`` would."""
     custom = client.CustomObjectsApi(api)
     for obj in objects:
-        plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
-                  "WorkloadPriorityClass": "workloadpriorityclasses"}[obj["kind"]]
+        plural = {
+            "ResourceFlavor": "resourceflavors",
+            "ClusterQueue": "clusterqueues",
+            "LocalQueue": "localqueues",
+            "WorkloadPriorityClass": "workloadpriorityclasses",
+        }[obj["kind"]]
         if obj["kind"] == "LocalQueue":
             custom.create_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, plural, obj)
         else:
@@ -141,8 +192,9 @@ def submit(custom: client.CustomObjectsApi, obj: dict) -> dict:
 
 
 def workload_of(cluster, name):
-    return next((w for w in cluster.objects("Workload", NS)
-                 if w["metadata"]["ownerReferences"][0]["name"] == name), None)
+    return next(
+        (w for w in cluster.objects("Workload", NS) if w["metadata"]["ownerReferences"][0]["name"] == name), None
+    )
 
 
 def pods_of(cluster, name):
@@ -151,6 +203,7 @@ def pods_of(cluster, name):
 
 # --- the API server ---------------------------------------------------------------------------------
 
+
 def test_fixtures_are_valid():
     assert errors(RUNTIME) == []
     assert errors(trainjob("a")) == []
@@ -158,8 +211,9 @@ def test_fixtures_are_valid():
 
 def test_crud_and_status_errors(cluster, api):
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    secret = core.create_namespaced_secret(NS, client.V1Secret(
-        metadata=client.V1ObjectMeta(name="s", labels={"a": "1"}), string_data={"token": "t0p"}))
+    secret = core.create_namespaced_secret(
+        NS, client.V1Secret(metadata=client.V1ObjectMeta(name="s", labels={"a": "1"}), string_data={"token": "t0p"})
+    )
     assert secret.metadata.uid and secret.metadata.resource_version and secret.data == {"token": "dDBw"}
     with pytest.raises(client.ApiException) as e:
         core.create_namespaced_secret(NS, {"metadata": {"name": "s"}})
@@ -175,22 +229,26 @@ def test_crud_and_status_errors(cluster, api):
     assert e.value.status == 422 and body["reason"] == "Invalid"
     assert "does not match" in body["message"] and body["details"]["causes"]
 
-    lq = custom.create_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, "localqueues",
-                                                kueue.make_local_queue("vision", NS))
+    lq = custom.create_namespaced_custom_object(
+        KUEUE, KUEUE_VERSION, NS, "localqueues", kueue.make_local_queue("vision", NS)
+    )
     assert lq["metadata"]["generation"] == 1
-    merged = custom.patch_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, "localqueues", "vision",
-                                                   {"metadata": {"labels": {"x": "y"}}})
+    merged = custom.patch_namespaced_custom_object(
+        KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", {"metadata": {"labels": {"x": "y"}}}
+    )
     assert merged["metadata"]["labels"]["x"] == "y"
     assert int(merged["metadata"]["resourceVersion"]) > int(lq["metadata"]["resourceVersion"])
     ops = [{"op": "replace", "path": "/spec/clusterQueue", "value": "nlp"}]
     with pytest.raises(client.ApiException) as e:  # the client sends merge-patch unless told otherwise
         custom.patch_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", ops)
     assert e.value.status == 400
-    patched = custom.patch_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", ops,
-                                                    _content_type="application/json-patch+json")
+    patched = custom.patch_namespaced_custom_object(
+        KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", ops, _content_type="application/json-patch+json"
+    )
     assert patched["spec"]["clusterQueue"] == "nlp" and patched["metadata"]["generation"] == 2
-    status = custom.patch_namespaced_custom_object_status(KUEUE, KUEUE_VERSION, NS, "localqueues", "vision",
-                                                          {"status": {"pendingWorkloads": 3}, "spec": {"x": 1}})
+    status = custom.patch_namespaced_custom_object_status(
+        KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", {"status": {"pendingWorkloads": 3}, "spec": {"x": 1}}
+    )
     assert status["status"]["pendingWorkloads"] == 3 and "x" not in status["spec"]
     with pytest.raises(client.ApiException) as e:  # the resourceVersion it was read at is stale now
         custom.replace_namespaced_custom_object(KUEUE, KUEUE_VERSION, NS, "localqueues", "vision", patched)
@@ -255,9 +313,13 @@ def test_a_watch_sees_added_modified_deleted(cluster, tmp_path):
                 await core.delete_namespaced_secret("s", NS)
 
             task = asyncio.create_task(changes())
-            async with watch.Watch().stream(core.list_namespaced_secret, NS, label_selector="w=1",
-                                            resource_version=listed.metadata.resource_version,
-                                            timeout_seconds=5) as stream:
+            async with watch.Watch().stream(
+                core.list_namespaced_secret,
+                NS,
+                label_selector="w=1",
+                resource_version=listed.metadata.resource_version,
+                timeout_seconds=5,
+            ) as stream:
                 async for event in stream:
                     seen.append((event["type"], event["object"].metadata.name))
                     if event["type"] == "DELETED":
@@ -284,20 +346,33 @@ def test_fail_next_injects_transient_errors(cluster, api, kueue_loaded):
 
 # --- the simulators ----------------------------------------------------------------------------------
 
+
 def test_a_trainjob_runs_its_pods_to_complete_with_logs(cluster, api, kueue_loaded, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     cluster.volumes["home"] = str(home)
-    client.CoreV1Api(api).create_namespaced_secret(NS, {"metadata": {"name": "mlflow"},
-                                                        "string_data": {"token": "s3cret"}})
-    script = ("import os, sys; open('/home/jovyan/rank-' + os.environ['PET_NODE_RANK'], 'w').write(os.getcwd()); "
-              "print('hi', os.environ['PET_NNODES'], os.environ['TOKEN'], os.environ['POD']); "
-              "print(os.environ['JOB_DIR']); print('done', file=sys.stderr)")
-    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "mlflow", "key": "token"}}},
-           {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-           {"name": "JOB_DIR", "value": "/danlu/job"}]
-    job = trainjob("run", gpus=1, nodes=2, command=["python", "-c", script], runtimePatches=runtime_patch(
-        volumes=[HOME_CLAIM], container={**HOME_MOUNT, "env": env}, labels={"danlu.io/job-id": "j1"}))
+    client.CoreV1Api(api).create_namespaced_secret(
+        NS, {"metadata": {"name": "mlflow"}, "string_data": {"token": "s3cret"}}
+    )
+    script = (
+        "import os, sys; open('/home/jovyan/rank-' + os.environ['PET_NODE_RANK'], 'w').write(os.getcwd()); "
+        "print('hi', os.environ['PET_NNODES'], os.environ['TOKEN'], os.environ['POD']); "
+        "print(os.environ['JOB_DIR']); print('done', file=sys.stderr)"
+    )
+    env = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "mlflow", "key": "token"}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "JOB_DIR", "value": "/danlu/job"},
+    ]
+    job = trainjob(
+        "run",
+        gpus=1,
+        nodes=2,
+        command=["python", "-c", script],
+        runtimePatches=runtime_patch(
+            volumes=[HOME_CLAIM], container={**HOME_MOUNT, "env": env}, labels={"danlu.io/job-id": "j1"}
+        ),
+    )
     job["spec"]["trainer"]["numProcPerNode"] = 1
     submit(kueue_loaded, job)
     done = wait_for(lambda: is_true(j := cluster.get("TrainJob", NS, "run"), "Complete") and j, what="Complete")
@@ -331,7 +406,8 @@ def test_a_failing_pod_fails_the_trainjob(cluster, api, kueue_loaded):
 def test_an_unknown_claim_keeps_the_pod_pending_with_an_event(cluster, api, kueue_loaded):
     job = trainjob("nopvc", queue=None)
     job["spec"]["runtimePatches"] = runtime_patch(
-        volumes=[{"name": "h", "persistentVolumeClaim": {"claimName": "nope"}}])
+        volumes=[{"name": "h", "persistentVolumeClaim": {"claimName": "nope"}}]
+    )
     submit(kueue_loaded, job)
     event = wait_for(lambda: cluster.objects("Event", NS), what="an event")[0]
     assert event["reason"] == "FailedMount" and "nope" in event["message"]
@@ -342,9 +418,17 @@ def test_quota_admission_and_the_pending_message(cluster, api, kueue_loaded):
     submit(kueue_loaded, trainjob("first", gpus=2))
     wait_for(lambda: pods_of(cluster, "first"), what="pods")
     admitted = workload_of(cluster, "first")
-    assert admitted["status"]["admission"] == {"clusterQueue": "vision", "podSetAssignments": [{
-        "name": "node", "flavors": {"nvidia.com/gpu": "a100", "cpu": "default-flavor", "memory": "default-flavor"},
-        "count": 1, "resourceUsage": {"nvidia.com/gpu": "2", "cpu": "1", "memory": str(2**30)}}]}
+    assert admitted["status"]["admission"] == {
+        "clusterQueue": "vision",
+        "podSetAssignments": [
+            {
+                "name": "node",
+                "flavors": {"nvidia.com/gpu": "a100", "cpu": "default-flavor", "memory": "default-flavor"},
+                "count": 1,
+                "resourceUsage": {"nvidia.com/gpu": "2", "cpu": "1", "memory": str(2**30)},
+            }
+        ],
+    }
     assert is_true(admitted, "QuotaReserved") and is_true(admitted, "Admitted") and errors(admitted) == []
     assert admitted["metadata"]["ownerReferences"][0]["controller"] is True
     assert re.fullmatch(r"trainjob-first-[0-9a-f]{5}", admitted["metadata"]["name"])
@@ -352,16 +436,25 @@ def test_quota_admission_and_the_pending_message(cluster, api, kueue_loaded):
     submit(kueue_loaded, trainjob("second", gpus=3))  # 2 used of 4 in the cohort; same priority: no preemption
     pending = wait_for(lambda: condition(workload_of(cluster, "second"), "QuotaReserved"), what="pending")
     assert pending["status"] == "False" and pending["reason"] == "Pending"
-    assert pending["message"] == ("couldn't assign flavors to pod set node: insufficient unused quota for "
-                                  "nvidia.com/gpu in flavor a100, 1 more needed")
+    assert pending["message"] == (
+        "couldn't assign flavors to pod set node: insufficient unused quota for "
+        "nvidia.com/gpu in flavor a100, 1 more needed"
+    )
     assert workload_of(cluster, "second")["spec"]["priority"] == 0
     assert cluster.get("TrainJob", NS, "second")["spec"]["suspend"] is True
 
 
 def test_borrowing_then_reclaim_preempts_the_borrower(cluster, api, kueue_loaded, tmp_path):
     cluster.volumes["home"] = str(tmp_path)
-    job = trainjob("borrower", gpus=4, command=[
-        "python", "-c", "import os, time; open('/home/jovyan/pid', 'w').write(str(os.getpid())); time.sleep(60)"])
+    job = trainjob(
+        "borrower",
+        gpus=4,
+        command=[
+            "python",
+            "-c",
+            "import os, time; open('/home/jovyan/pid', 'w').write(str(os.getpid())); time.sleep(60)",
+        ],
+    )
     job["spec"]["runtimePatches"] = runtime_patch(volumes=[HOME_CLAIM], container=HOME_MOUNT)
     submit(kueue_loaded, job)
     pid = int(wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), what="the pid"))
@@ -373,9 +466,11 @@ def test_borrowing_then_reclaim_preempts_the_borrower(cluster, api, kueue_loaded
     evicted = wait_for(lambda: condition(workload_of(cluster, "borrower"), "Evicted"), what="eviction")
     reclaimer = workload_of(cluster, "owner")
     assert evicted["status"] == "True" and evicted["reason"] == "Preempted"
-    assert evicted["message"] == (f"Preempted to accommodate a workload (UID: {reclaimer['metadata']['uid']}, "
-                                  f"JobUID: {owner['metadata']['uid']}) due to reclamation within the cohort; "
-                                  "preemptor path: /lab/nlp; preemptee path: /lab/vision")
+    assert evicted["message"] == (
+        f"Preempted to accommodate a workload (UID: {reclaimer['metadata']['uid']}, "
+        f"JobUID: {owner['metadata']['uid']}) due to reclamation within the cohort; "
+        "preemptor path: /lab/nlp; preemptee path: /lab/vision"
+    )
     borrower = workload_of(cluster, "borrower")
     assert not is_true(borrower, "QuotaReserved") and not is_true(borrower, "Admitted")
     assert "admission" not in borrower["status"]
@@ -385,8 +480,14 @@ def test_borrowing_then_reclaim_preempts_the_borrower(cluster, api, kueue_loaded
     wait_for(lambda: is_true(workload_of(cluster, "owner"), "Admitted"), what="the owner's admission")
     assert wait_for(lambda: pods_of(cluster, "owner"), what="the owner's pods")
     # the borrower waits: 2 GPUs are free, it wants 4
-    pending = wait_for(lambda: (c := condition(workload_of(cluster, "borrower"), "QuotaReserved"))
-                       and "couldn't assign" in c["message"] and c, what="requeued")
+    pending = wait_for(
+        lambda: (
+            (c := condition(workload_of(cluster, "borrower"), "QuotaReserved"))
+            and "couldn't assign" in c["message"]
+            and c
+        ),
+        what="requeued",
+    )
     assert "2 more needed" in pending["message"]
 
 
@@ -396,8 +497,9 @@ def test_priority_preempts_within_the_cluster_queue(cluster, api, kueue_loaded):
     # within nlp's nominal quota (2): asking more, it could preempt only with borrowWithinCohort, which Danlu never sets
     submit(kueue_loaded, trainjob("high", queue="nlp", gpus=2, priority="high"))
     evicted = wait_for(lambda: condition(workload_of(cluster, "low"), "Evicted"), what="eviction")
-    assert evicted["message"].endswith("due to prioritization in the ClusterQueue; "
-                                       "preemptor path: /lab/nlp; preemptee path: /lab/nlp")
+    assert evicted["message"].endswith(
+        "due to prioritization in the ClusterQueue; preemptor path: /lab/nlp; preemptee path: /lab/nlp"
+    )
     wait_for(lambda: is_true(workload_of(cluster, "high"), "Admitted"), what="the high one's admission")
 
 
@@ -405,18 +507,28 @@ def test_a_held_queue_admits_nothing_and_visibility_shows_positions(cluster, api
     custom = load(api, kueue_objects(tmp_path, overrides={"vision": {"held": True}}))
     for name, priority in [("a", "low"), ("b", "high"), ("c", "low")]:
         submit(custom, trainjob(name, priority=priority))
-    wait_for(lambda: all(workload_of(cluster, n) and condition(workload_of(cluster, n), "QuotaReserved")
-                         for n in "abc"), what="three pending workloads")
+    wait_for(
+        lambda: all(workload_of(cluster, n) and condition(workload_of(cluster, n), "QuotaReserved") for n in "abc"),
+        what="three pending workloads",
+    )
     assert condition(workload_of(cluster, "a"), "QuotaReserved")["message"] == "ClusterQueue vision is inactive"
     request = urllib.request.Request(
         f"{cluster.url}/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{NS}/localqueues/vision/pendingworkloads",
-        headers={"Authorization": f"Bearer {cluster.token}"})
+        headers={"Authorization": f"Bearer {cluster.token}"},
+    )
     with urllib.request.urlopen(request) as response:
         summary = json.load(response)
     assert summary["kind"] == "PendingWorkloadsSummary"
-    assert [(i["metadata"]["ownerReferences"][0]["name"], i["priority"], i["localQueueName"],
-             i["positionInClusterQueue"], i["positionInLocalQueue"]) for i in summary["items"]] == [
-        ("b", 10000, "vision", 0, 0), ("a", 100, "vision", 1, 1), ("c", 100, "vision", 2, 2)]
+    assert [
+        (
+            i["metadata"]["ownerReferences"][0]["name"],
+            i["priority"],
+            i["localQueueName"],
+            i["positionInClusterQueue"],
+            i["positionInLocalQueue"],
+        )
+        for i in summary["items"]
+    ] == [("b", 10000, "vision", 0, 0), ("a", 100, "vision", 1, 1), ("c", 100, "vision", 2, 2)]
     assert not pods_of(cluster, "b")
 
 
@@ -431,11 +543,14 @@ def test_active_deadline_fails_the_trainjob(cluster, api, kueue_loaded):
 
 def test_delete_cascades_to_workload_and_pods(cluster, api, kueue_loaded):
     submit(kueue_loaded, trainjob("gone", gpus=1))
-    pod = wait_for(lambda: [p for p in pods_of(cluster, "gone") if p.get("status", {}).get("phase") == "Running"],
-                   what="a running pod")[0]
+    pod = wait_for(
+        lambda: [p for p in pods_of(cluster, "gone") if p.get("status", {}).get("phase") == "Running"],
+        what="a running pod",
+    )[0]
     pid = cluster.kubelet.procs[pod["metadata"]["uid"]].popen.pid
-    kueue_loaded.delete_namespaced_custom_object(GROUP, VERSION, NS, "trainjobs", "gone",
-                                                 propagation_policy="Foreground")
+    kueue_loaded.delete_namespaced_custom_object(
+        GROUP, VERSION, NS, "trainjobs", "gone", propagation_policy="Foreground"
+    )
     wait_for(lambda: cluster.get("TrainJob", NS, "gone") is None, what="the TrainJob to go")
     assert workload_of(cluster, "gone") is None and pods_of(cluster, "gone") == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

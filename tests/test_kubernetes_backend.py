@@ -77,11 +77,27 @@ def mlflow(tmp_path_factory):
     """A real MLflow tracking server on loopback (no permissions: those are tested with danlu up)."""
     folder = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "danlu.hub.mlflowserver", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--serve-artifacts",
-                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(folder / "mlflow.log", "wb"),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "danlu.hub.mlflowserver",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "mlflow.log", "wb"),
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy():
@@ -101,9 +117,17 @@ def mlflow(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(cluster, mlflow, tmp_path_factory):
     state = tmp_path_factory.mktemp("k8s-service")
-    settings = make_settings(state, teams=TEAMS, groups={"research": ["alice"], "other": ["bob"]},
-                             jobs={"grace_period_seconds": 2, "preemption_grace_seconds": 2,
-                                   "retry_backoff_seconds": 0.2, "backend": "kubernetes"})
+    settings = make_settings(
+        state,
+        teams=TEAMS,
+        groups={"research": ["alice"], "other": ["bob"]},
+        jobs={
+            "grace_period_seconds": 2,
+            "preemption_grace_seconds": 2,
+            "retry_backoff_seconds": 0.2,
+            "backend": "kubernetes",
+        },
+    )
     for obj in kueue.render(settings, gpus.inventory(settings.gpus), namespace=NS):
         cluster.create(obj)
     cluster.create(manifests.make_training_runtime(IMAGE, "1Gi"))
@@ -114,16 +138,29 @@ def service(cluster, mlflow, tmp_path_factory):
         cluster.volumes[f"claim-{who}"] = str(homes[who])
     kubeconfig = cluster.write_kubeconfig(state / "kubeconfig")
     builtin = builtin_profiles().default
-    profiles = ProfileSet((dataclasses.replace(builtin, environment={"current": True, "image": IMAGE},
-                                               gpu_choices=(0, 1, 2)),), source="(test)")
+    profiles = ProfileSet(
+        (dataclasses.replace(builtin, environment={"current": True, "image": IMAGE}, gpu_choices=(0, 1, 2)),),
+        source="(test)",
+    )
 
     def backend(s):
-        return KubernetesBackend(settings=s, profiles=profiles, namespace=NS, kubeconfig=str(kubeconfig),
-                                 poll_interval=0.3, logs_dir=str(state / "job-logs"))
+        return KubernetesBackend(
+            settings=s,
+            profiles=profiles,
+            namespace=NS,
+            kubeconfig=str(kubeconfig),
+            poll_interval=0.3,
+            logs_dir=str(state / "job-logs"),
+        )
 
-    svc = RunnerAPIService(state, backend, profiles=profiles, settings=settings,
-                           groups=FakeGroups({"alice": ["research"], "bob": ["other"], "admin": []}),
-                           mlflow=MlflowAccess(mlflow)).open()
+    svc = RunnerAPIService(
+        state,
+        backend,
+        profiles=profiles,
+        settings=settings,
+        groups=FakeGroups({"alice": ["research"], "bob": ["other"], "admin": []}),
+        mlflow=MlflowAccess(mlflow),
+    ).open()
     svc.mlflow_url = mlflow
     svc.homes = homes
     try:
@@ -160,6 +197,7 @@ def log(svc, job_id: str) -> str:
 
 def output(svc, job_id: str) -> str:
     """The executed notebook the job's runner handed to the service, as text."""
+
     async def read():
         got = await svc.manager.read_output(await svc.manager.get(ADMIN, job_id), 0, 0, 16 << 20)
         return got[0].decode() if got else ""
@@ -192,8 +230,12 @@ def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster)
     first = submit(service, ALICE, waiting("first"), resources={"gpus": 2})  # its own GPU and one borrowed
     wait_log(service, first, "first is running")
     second = submit(service, ALICE, "print('second ran')", resources={"gpus": 1})
-    queued = wait_for(service, second, "waits with Kueue's reason",
-                      lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue:"))
+    queued = wait_for(
+        service,
+        second,
+        "waits with Kueue's reason",
+        lambda j: j["state"] == "queued" and j["reason"].startswith("Kueue:"),
+    )
     tj = cluster.get("TrainJob", NS, names.trainjob_name(second, 1))
     go(service, "alice", "first")
     done_first, done_second = wait_final(service, first), wait_final(service, second)
@@ -205,8 +247,9 @@ def test_a_job_waits_with_kueues_reason_then_runs_and_succeeds(service, cluster)
     assert [a["state"] for a in done_second["attempts"]] == ["succeeded"]
     assert "second ran" in log(service, second) and "first is done" in log(service, first)
     assert "second ran" in output(service, second)  # handed over through the runner API, not a shared folder
-    run = requests.get(f"{service.mlflow_url}/api/2.0/mlflow/runs/get", params={"run_id": done_second["mlflow_run_id"]},
-                       timeout=30).json()["run"]
+    run = requests.get(
+        f"{service.mlflow_url}/api/2.0/mlflow/runs/get", params={"run_id": done_second["mlflow_run_id"]}, timeout=30
+    ).json()["run"]
     tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
     assert run["info"]["status"] == "FINISHED" and tags[danlu_tags.JOB_ID] == second
     assert trainjobs(cluster, first) == [] and trainjobs(cluster, second) == []  # deleted once ended
@@ -216,9 +259,12 @@ def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, c
     borrower = submit(service, ALICE, waiting("borrower"), resources={"gpus": 2})
     wait_log(service, borrower, "borrower is running")
     urgent = submit(service, BOB, waiting("urgent"), resources={"gpus": 1}, priority="urgent")
-    evicted = wait_for(service, borrower, "evicted and back in the queue",
-                       lambda j: j["state"] == "queued" and len(j["attempts"]) >= 1
-                       and j["attempts"][0]["state"] == "preempted")
+    evicted = wait_for(
+        service,
+        borrower,
+        "evicted and back in the queue",
+        lambda j: j["state"] == "queued" and len(j["attempts"]) >= 1 and j["attempts"][0]["state"] == "preempted",
+    )
     wait_log(service, urgent, "urgent is running")
     go(service, "bob", "urgent")
     assert wait_final(service, urgent)["state"] == "succeeded"
@@ -239,9 +285,18 @@ def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
     c1 = service.run(service.manager.cancel(ALICE, queued))
     c2 = service.run(service.manager.cancel(ALICE, running))
 
-    gone = service.run(until(lambda: not trainjobs(cluster, running) and not trainjobs(cluster, queued) and not
-                             cluster.objects("Pod", NS, f"{names.JOB_ID}={running}"),
-                             "a foreground delete to take the TrainJobs and their pods", PATIENCE, 0.2))
+    gone = service.run(
+        until(
+            lambda: (
+                not trainjobs(cluster, running)
+                and not trainjobs(cluster, queued)
+                and not cluster.objects("Pod", NS, f"{names.JOB_ID}={running}")
+            ),
+            "a foreground delete to take the TrainJobs and their pods",
+            PATIENCE,
+            0.2,
+        )
+    )
 
     assert (c1["state"], c2["state"]) == ("cancelled", "cancelled")
     assert gone

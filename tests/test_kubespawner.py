@@ -37,32 +37,55 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedul
 SETTINGS_YAML = {
     "admin_users": ["root-admin"],
     "groups": {"vision": ["ana"], "nlp": ["bo"], "interns": ["cy"]},
-    "gpus": {"declared": [
-        {"count": 8, "flavor": "a100", "node_labels": A100_LABELS, "tolerations": [GPU_TAINT]},
-        {"count": 4, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
-    ]},
+    "gpus": {
+        "declared": [
+            {"count": 8, "flavor": "a100", "node_labels": A100_LABELS, "tolerations": [GPU_TAINT]},
+            {"count": 4, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        ]
+    },
     "teams": {"vision": {"quota": {"gpus": {"a100": 4}}}, "nlp": {"quota": {"gpus": {"h100": 4}}}},
     "priority_classes": {"normal": {"value": 0, "default": True}, "urgent": {"value": 100}},
     "kubernetes": {"namespace": "research", "shm_size": "16G"},
     "jobs": {"backend": "kubernetes"},
 }
-PROFILES_YAML = {"profiles": [
-    {"slug": "python", "display_name": "Workbench Python", "environment": {"current": True}},
-    {"slug": "cpu", "display_name": "CPU notebook", "description": "Small.", "default": True,
-     "environment": {"image": CPU_IMAGE}, "resources": {"cpu": 2, "memory": "8G", "gpus": [0]}},
-    {"slug": "pytorch", "display_name": "PyTorch", "description": "GPUs.", "environment": {"image": IMAGE},
-     "resources": {"cpu": 8, "memory": "32G", "gpus": [0, 1, 2, 4]}, "groups": ["vision", "nlp"]},
-]}
+PROFILES_YAML = {
+    "profiles": [
+        {"slug": "python", "display_name": "Workbench Python", "environment": {"current": True}},
+        {
+            "slug": "cpu",
+            "display_name": "CPU notebook",
+            "description": "Small.",
+            "default": True,
+            "environment": {"image": CPU_IMAGE},
+            "resources": {"cpu": 2, "memory": "8G", "gpus": [0]},
+        },
+        {
+            "slug": "pytorch",
+            "display_name": "PyTorch",
+            "description": "GPUs.",
+            "environment": {"image": IMAGE},
+            "resources": {"cpu": 8, "memory": "32G", "gpus": [0, 1, 2, 4]},
+            "groups": ["vision", "nlp"],
+        },
+    ]
+}
 
 
 @pytest.fixture
 def config_dir(tmp_path, monkeypatch):
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "none",
-        "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
-        "users": [{"name": "none", "user": {"token": "unused"}}],
-        "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}]}))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "none",
+                "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "none", "user": {"token": "unused"}}],
+                "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+            }
+        )
+    )
     # kubernetes_asyncio reads $KUBECONFIG when imported, so its default location is what to point elsewhere
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -90,8 +113,9 @@ def make_spawner(config_dir, name="ana", groups=("vision",), *, data=None, admin
         (config_dir / "other.yaml").write_text(yaml.safe_dump(data))
         settings = load_settings(config_dir / "other.yaml", environ={})
     user = User(name, groups, admin=admin)
-    return DanluKubeSpawner(_mock=True, user=user, hub=Hub(), settings=settings,
-                            profiles=load_profiles(config_dir / "profiles.yaml"))
+    return DanluKubeSpawner(
+        _mock=True, user=user, hub=Hub(), settings=settings, profiles=load_profiles(config_dir / "profiles.yaml")
+    )
 
 
 def render(config_dir, options: dict | None = None, *, form: dict | None = None, **who) -> dict:
@@ -127,9 +151,17 @@ def profile_list(config_dir, **who) -> list[dict]:
 
 
 def base_labels(user="ana") -> dict:
-    return {"hub.jupyter.org/username": user, "hub.jupyter.org/servername": "", "component": "singleuser-server",
-            "app.kubernetes.io/name": "jupyterhub", "app": "jupyterhub", "heritage": "jupyterhub",
-            k8s.MANAGED_BY: k8s.MANAGER, k8s.COMPONENT: k8s.NOTEBOOK, k8s.OWNER: user}
+    return {
+        "hub.jupyter.org/username": user,
+        "hub.jupyter.org/servername": "",
+        "component": "singleuser-server",
+        "app.kubernetes.io/name": "jupyterhub",
+        "app": "jupyterhub",
+        "heritage": "jupyterhub",
+        k8s.MANAGED_BY: k8s.MANAGER,
+        k8s.COMPONENT: k8s.NOTEBOOK,
+        k8s.OWNER: user,
+    }
 
 
 SHM = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
@@ -140,8 +172,10 @@ def test_cpu_profile(config_dir):
     container = pod["spec"]["containers"][0]
     assert pod["metadata"]["labels"] == base_labels()  # no queue: a pod without GPUs is not quota-counted
     assert container["image"] == CPU_IMAGE
-    assert container["resources"] == {"limits": {"cpu": 2.0, "memory": 8 * 2**30},
-                                      "requests": {"cpu": 2.0, "memory": 8 * 2**30}}
+    assert container["resources"] == {
+        "limits": {"cpu": 2.0, "memory": 8 * 2**30},
+        "requests": {"cpu": 2.0, "memory": 8 * 2**30},
+    }
     assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
     assert pod["spec"]["volumes"] == [SHM]
     assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -150,8 +184,14 @@ def test_cpu_profile(config_dir):
 
 
 def test_gpu_profile_a100_x2_from_the_form(config_dir):
-    pod = render(config_dir, form={"profile": ["pytorch"], "profile-option-pytorch--gpus": ["2"],
-                                   "profile-option-pytorch--gpu_flavor": ["a100"]})
+    pod = render(
+        config_dir,
+        form={
+            "profile": ["pytorch"],
+            "profile-option-pytorch--gpus": ["2"],
+            "profile-option-pytorch--gpu_flavor": ["a100"],
+        },
+    )
     spec = pod["spec"]
     assert pod["metadata"]["labels"] == {**base_labels(), k8s.QUEUE_NAME: "vision", k8s.PRIORITY_CLASS: "normal"}
     assert spec["containers"][0]["image"] == IMAGE
@@ -206,10 +246,21 @@ def test_without_teams_gpu_pods_go_to_the_default_queue(config_dir):
 
 
 def test_profile_list_offers_only_allowed_profiles_with_images(config_dir):
-    assert profile_list(config_dir, name="cy", groups=("interns",)) == [{
-        "display_name": "CPU notebook", "slug": "cpu", "description": "Small.", "default": True,
-        "kubespawner_override": {"image": CPU_IMAGE, "cpu_limit": 2.0, "cpu_guarantee": 2.0,
-                                 "mem_limit": "8G", "mem_guarantee": "8G"}}]
+    assert profile_list(config_dir, name="cy", groups=("interns",)) == [
+        {
+            "display_name": "CPU notebook",
+            "slug": "cpu",
+            "description": "Small.",
+            "default": True,
+            "kubespawner_override": {
+                "image": CPU_IMAGE,
+                "cpu_limit": 2.0,
+                "cpu_guarantee": 2.0,
+                "mem_limit": "8G",
+                "mem_guarantee": "8G",
+            },
+        }
+    ]
     assert [p["slug"] for p in profile_list(config_dir)] == ["cpu", "pytorch"]
 
 
@@ -217,26 +268,63 @@ def test_profile_entry_of_a_gpu_profile(config_dir):
     settings = load_settings(config_dir / "danlu.yaml", environ={})
     pytorch = load_profiles(config_dir / "profiles.yaml").get("pytorch")
     assert profile_entry(pytorch, gpu_flavors(settings)) == {
-        "display_name": "PyTorch", "slug": "pytorch", "description": "GPUs.", "default": False,
-        "kubespawner_override": {"image": IMAGE, "cpu_limit": 8.0, "cpu_guarantee": 8.0,
-                                 "mem_limit": "32G", "mem_guarantee": "32G"},
+        "display_name": "PyTorch",
+        "slug": "pytorch",
+        "description": "GPUs.",
+        "default": False,
+        "kubespawner_override": {
+            "image": IMAGE,
+            "cpu_limit": 8.0,
+            "cpu_guarantee": 8.0,
+            "mem_limit": "32G",
+            "mem_guarantee": "32G",
+        },
         "profile_options": {
-            "gpus": {"display_name": "GPUs", "choices": {
-                "0": {"display_name": "0 GPUs", "default": True, "kubespawner_override": {}},
-                "1": {"display_name": "1 GPU", "default": False,
-                      "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"}}},
-                "2": {"display_name": "2 GPUs", "default": False,
-                      "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "2"}}},
-                "4": {"display_name": "4 GPUs", "default": False,
-                      "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "4"}}}}},
-            "gpu_flavor": {"display_name": "GPU type", "choices": {
-                "a100": {"display_name": "a100", "default": True,
-                         "kubespawner_override": {"node_selector": A100_LABELS, "tolerations": [GPU_TAINT]}},
-                "h100": {"display_name": "h100", "default": False, "kubespawner_override": {
-                    "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "tolerations": []}}}}}}
+            "gpus": {
+                "display_name": "GPUs",
+                "choices": {
+                    "0": {"display_name": "0 GPUs", "default": True, "kubespawner_override": {}},
+                    "1": {
+                        "display_name": "1 GPU",
+                        "default": False,
+                        "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"}},
+                    },
+                    "2": {
+                        "display_name": "2 GPUs",
+                        "default": False,
+                        "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "2"}},
+                    },
+                    "4": {
+                        "display_name": "4 GPUs",
+                        "default": False,
+                        "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "4"}},
+                    },
+                },
+            },
+            "gpu_flavor": {
+                "display_name": "GPU type",
+                "choices": {
+                    "a100": {
+                        "display_name": "a100",
+                        "default": True,
+                        "kubespawner_override": {"node_selector": A100_LABELS, "tolerations": [GPU_TAINT]},
+                    },
+                    "h100": {
+                        "display_name": "h100",
+                        "default": False,
+                        "kubespawner_override": {
+                            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                            "tolerations": [],
+                        },
+                    },
+                },
+            },
+        },
+    }
 
 
 # the hub's configuration ---------------------------------------------------------------------------
+
 
 def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     c = Config()
@@ -248,28 +336,42 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     assert settings.kubernetes.namespace == "research"
     assert c.JupyterHub.spawner_class == "danlu.hub.k8s.spawner.DanluKubeSpawner"
     assert c.Authenticator.admin_users == {"chart-admin", "root-admin"}
-    assert c.JupyterHub.load_groups == {"vision": {"users": ["ana"]}, "nlp": {"users": ["bo"]},
-                                        "interns": {"users": ["cy"]}}
+    assert c.JupyterHub.load_groups == {
+        "vision": {"users": ["ana"]},
+        "nlp": {"users": ["bo"]},
+        "interns": {"users": ["cy"]},
+    }
     services = {s["name"]: s for s in c.JupyterHub.services}
     assert set(services) == {"jupyterhub-idle-culler", "danlu", "mlflow"}
     danlu, gateway = services["danlu"], services["mlflow"]
     assert danlu["url"] == "http://hub:10101"
-    assert danlu["command"][1:] == ["-m", "danlu.hub.service", "--JobsServiceApp.backend_class=kubernetes",
-                                    "--JobsServiceApp.upgrade_database=True",
-                                    "--JobsServiceApp.cull_idle_servers=False",
-                                    "--JobsServiceApp.ip=0.0.0.0"]
-    assert danlu["environment"] == {names.CONFIG: str(config_dir / "danlu.yaml"),
-                                    names.PROFILES_FILE: str(config_dir / "profiles.yaml"),
-                                    names.BASE_DIR: str(config_dir), names.STATE_DIR: "/srv/jupyterhub/danlu",
-                                    names.MLFLOW_URL: "http://danlu-mlflow:5000"}
+    assert danlu["command"][1:] == [
+        "-m",
+        "danlu.hub.service",
+        "--JobsServiceApp.backend_class=kubernetes",
+        "--JobsServiceApp.upgrade_database=True",
+        "--JobsServiceApp.cull_idle_servers=False",
+        "--JobsServiceApp.ip=0.0.0.0",
+    ]
+    assert danlu["environment"] == {
+        names.CONFIG: str(config_dir / "danlu.yaml"),
+        names.PROFILES_FILE: str(config_dir / "profiles.yaml"),
+        names.BASE_DIR: str(config_dir),
+        names.STATE_DIR: "/srv/jupyterhub/danlu",
+        names.MLFLOW_URL: "http://danlu-mlflow:5000",
+    }
     # users reach MLflow through the gateway (hub login); jobs reach it in the namespace
     assert gateway["url"] == "http://hub:10102"
     assert gateway["command"][1:] == ["-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"]
     assert gateway["environment"] == {names.MLFLOW_URL: "http://danlu-mlflow:5000"}
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert set(roles) == {"jupyterhub-idle-culler", "user", "danlu-admin", "danlu-service"}
-    assert roles["user"]["scopes"] == ["self", "access:services!service=danlu", "access:services!service=mlflow",
-                                       f"{WRITE}!user"]
+    assert roles["user"]["scopes"] == [
+        "self",
+        "access:services!service=danlu",
+        "access:services!service=mlflow",
+        f"{WRITE}!user",
+    ]
     assert roles["danlu-admin"]["users"] == ["root-admin"]
     assert WRITE in c.JupyterHub.custom_scopes
     assert [p.slug for p in c.DanluKubeSpawner.profiles] == ["python", "cpu", "pytorch"]

@@ -49,11 +49,11 @@ def crd_validator(kind: str, version: str = VERSION) -> jsonschema.Validator:
 
 
 def errors(obj: dict) -> list[str]:
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in crd_validator(obj["kind"]).iter_errors(obj)]
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in crd_validator(obj["kind"]).iter_errors(obj)]
 
 
 # --- Kueue's ClusterQueue webhook --------------------------------------------------------------
+
 
 def webhook_errors(cq: dict) -> list[str]:
     """What Kueue v0.19's validating webhook refuses in a v1beta2 ClusterQueue (beyond the CRD schema)."""
@@ -86,11 +86,22 @@ def webhook_errors(cq: dict) -> list[str]:
 
 # --- the helpers themselves -------------------------------------------------------------------
 
+
 def _cq(**spec) -> dict:
-    base = {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-        {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "team"},
-            "spec": {**base, **spec}}
+    base = {
+        "resourceGroups": [
+            {
+                "coveredResources": ["nvidia.com/gpu"],
+                "flavors": [{"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]}],
+            }
+        ]
+    }
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "team"},
+        "spec": {**base, **spec},
+    }
 
 
 def _gpu_quota(cq: dict) -> dict:
@@ -131,8 +142,9 @@ def test_a_misspelled_field_is_caught_where_the_raw_crd_schema_lets_it_through()
 
 
 def test_wrong_types_and_values_are_caught():
-    assert any("is not of type 'integer'" in e for e in errors(kueue.make_workload_priority_class("x", 1) | {
-        "value": "100"}))
+    assert any(
+        "is not of type 'integer'" in e for e in errors(kueue.make_workload_priority_class("x", 1) | {"value": "100"})
+    )
     assert any("is not one of" in e for e in errors(_cq(preemption={"withinClusterQueue": "lowerPriority"})))
     assert any("2147483648" in e for e in errors(kueue.make_workload_priority_class("x", 2**31)))
     assert any("does not match" in e for e in errors(kueue.make_local_queue("Vision", "danlu")))
@@ -195,6 +207,7 @@ def test_webhook_checks():
 
 # --- quantities and the make_* functions --------------------------------------------------------
 
+
 def test_quantities():
     assert [kueue.cpu_quantity(v) for v in (16, 16.0, 0.5, 2.25)] == ["16", "16", "500m", "2250m"]
     assert kueue.memory_quantity("64G") == "64Gi"
@@ -207,35 +220,53 @@ def test_quantities():
 
 def test_make_resource_flavor():
     assert kueue.make_resource_flavor("default-flavor") == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-        "metadata": {"name": "default-flavor", "labels": LABELS}, "spec": {}}
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "default-flavor", "labels": LABELS},
+        "spec": {},
+    }
     assert kueue.make_resource_flavor("h200", {"nvidia.com/gpu.product": "NVIDIA-H200"}) == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
         "metadata": {"name": "h200", "labels": LABELS},
-        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H200"}},
+    }
 
 
 def test_make_resource_flavor_with_tolerations():
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     flavor = kueue.make_resource_flavor("h100", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, [toleration])
     assert flavor == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
         "metadata": {"name": "h100", "labels": LABELS},
-        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "tolerations": [toleration]}}
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "tolerations": [toleration]},
+    }
     assert errors(flavor) == []
 
 
 def test_render_takes_node_labels_tolerations_and_resource_from_danlu_yaml(tmp_path):
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-    data = {"gpus": {"declared": [
-        {"count": 2, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-         "tolerations": [toleration]},
-        {"count": 2, "flavor": "mi300", "resource": "amd.com/gpu"}]}}
+    data = {
+        "gpus": {
+            "declared": [
+                {
+                    "count": 2,
+                    "flavor": "h100",
+                    "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                    "tolerations": [toleration],
+                },
+                {"count": 2, "flavor": "mi300", "resource": "amd.com/gpu"},
+            ]
+        }
+    }
     settings, inventory = _load(_write(tmp_path, data))
     objects = kueue.render(settings, inventory)
     flavors = _by_kind(objects, "ResourceFlavor")
-    assert flavors["h100"]["spec"] == {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                                       "tolerations": [toleration]}
+    assert flavors["h100"]["spec"] == {
+        "nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "tolerations": [toleration],
+    }
     assert flavors["mi300"]["spec"] == {}
     groups = _by_kind(objects, "ClusterQueue")["default"]["spec"]["resourceGroups"]
     assert [g["coveredResources"] for g in groups] == [["nvidia.com/gpu"], ["amd.com/gpu"], ["cpu", "memory"]]
@@ -263,18 +294,38 @@ def test_make_cluster_queue_in_a_cohort():
             "namespaceSelector": NS_SELECTOR,
             "queueingStrategy": "BestEffortFIFO",
             "resourceGroups": [
-                {"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                    {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2",
-                                                    "borrowingLimit": "1", "lendingLimit": "1"}]},
-                    {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "0",
-                                                    "borrowingLimit": "4"}]},
-                ]},
-                {"coveredResources": ["cpu", "memory"], "flavors": [
-                    {"name": "default-flavor", "resources": [
-                        {"name": "cpu", "nominalQuota": "8", "lendingLimit": "8"},  # lending capped at nominal
-                        {"name": "memory", "nominalQuota": "32Gi"},
-                    ]},
-                ]},
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": "a100",
+                            "resources": [
+                                {
+                                    "name": "nvidia.com/gpu",
+                                    "nominalQuota": "2",
+                                    "borrowingLimit": "1",
+                                    "lendingLimit": "1",
+                                }
+                            ],
+                        },
+                        {
+                            "name": "h100",
+                            "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "0", "borrowingLimit": "4"}],
+                        },
+                    ],
+                },
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": "default-flavor",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "8", "lendingLimit": "8"},  # lending capped at nominal
+                                {"name": "memory", "nominalQuota": "32Gi"},
+                            ],
+                        },
+                    ],
+                },
             ],
             "preemption": {"withinClusterQueue": "Never", "reclaimWithinCohort": "LowerPriority"},
             "flavorFungibility": FUNGIBILITY,
@@ -291,14 +342,22 @@ def test_make_cluster_queue_alone_with_unquoted_cpu_and_memory():
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}},
             "queueingStrategy": "BestEffortFIFO",
             "resourceGroups": [
-                {"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                    {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]},
-                {"coveredResources": ["cpu", "memory"], "flavors": [
-                    {"name": "default-flavor", "resources": [
-                        {"name": "cpu", "nominalQuota": "1000000"},
-                        {"name": "memory", "nominalQuota": "1Pi"},
-                    ]},
-                ]},
+                {
+                    "coveredResources": ["nvidia.com/gpu"],
+                    "flavors": [{"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}],
+                },
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": "default-flavor",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "1000000"},
+                                {"name": "memory", "nominalQuota": "1Pi"},
+                            ],
+                        },
+                    ],
+                },
             ],
             "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
             "flavorFungibility": FUNGIBILITY,
@@ -308,9 +367,17 @@ def test_make_cluster_queue_alone_with_unquoted_cpu_and_memory():
 
 def test_make_cluster_queue_without_gpus_held():
     cq = kueue.make_cluster_queue("cpu-only", {"quota": {"cpu": 4}}, [], cpu=16, memory=2**30, held=True)
-    assert cq["spec"]["resourceGroups"] == [{"coveredResources": ["cpu", "memory"], "flavors": [
-        {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "4"},
-                                                 {"name": "memory", "nominalQuota": "1Gi"}]}]}]
+    assert cq["spec"]["resourceGroups"] == [
+        {
+            "coveredResources": ["cpu", "memory"],
+            "flavors": [
+                {
+                    "name": "default-flavor",
+                    "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "1Gi"}],
+                }
+            ],
+        }
+    ]
     assert cq["spec"]["stopPolicy"] == "Hold"
     assert errors(cq) == [] and webhook_errors(cq) == []
 
@@ -322,21 +389,31 @@ def test_make_cluster_queue_refuses_limits_without_a_cohort():
 
 def test_make_local_queue():
     assert kueue.make_local_queue("vision", "danlu") == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
         "metadata": {"name": "vision", "namespace": "danlu", "labels": LABELS},
-        "spec": {"clusterQueue": "vision"}}
+        "spec": {"clusterQueue": "vision"},
+    }
 
 
 def test_make_workload_priority_class():
     assert kueue.make_workload_priority_class("high", 10000, "Deadlines.") == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-        "metadata": {"name": "high", "labels": LABELS}, "value": 10000, "description": "Deadlines."}
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "high", "labels": LABELS},
+        "value": 10000,
+        "description": "Deadlines.",
+    }
     assert kueue.make_workload_priority_class("low", -5) == {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-        "metadata": {"name": "low", "labels": LABELS}, "value": -5}
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": "low", "labels": LABELS},
+        "value": -5,
+    }
 
 
 # --- render --------------------------------------------------------------------------------------
+
 
 def _load(path: Path) -> tuple[Settings, list]:
     settings = load_settings(path, environ={})
@@ -353,15 +430,23 @@ RICH = {
     "gpus": {"declared": [{"count": 4, "flavor": "a100"}, {"count": 2, "flavor": "t4"}]},
     "resources": {"cpu": 32, "memory": "128G"},
     "teams": {
-        "vision": {"cohort": "lab", "quota": {"gpus": {"t4": 1, "a100": 2}, "cpu": 8},
-                   "borrowing_limit": {"gpus": {"a100": 1}},
-                   "lending_limit": {"gpus": {"a100": 5}, "cpu": 4}},
-        "nlp": {"cohort": "lab", "quota": {"gpus": {"a100": 2}, "memory": "64G"},
-                "preemption": {"within_team": "never", "reclaim": "lower_priority"}},
+        "vision": {
+            "cohort": "lab",
+            "quota": {"gpus": {"t4": 1, "a100": 2}, "cpu": 8},
+            "borrowing_limit": {"gpus": {"a100": 1}},
+            "lending_limit": {"gpus": {"a100": 5}, "cpu": 4},
+        },
+        "nlp": {
+            "cohort": "lab",
+            "quota": {"gpus": {"a100": 2}, "memory": "64G"},
+            "preemption": {"within_team": "never", "reclaim": "lower_priority"},
+        },
         "ops": {"quota": {"gpus": {"t4": 1}}, "preemption": {"reclaim": "never"}},
     },
-    "priority_classes": {"batch": {"value": -10, "description": "Runs when nothing else does."},
-                         "normal": {"value": 0, "default": True}},
+    "priority_classes": {
+        "batch": {"value": -10, "description": "Runs when nothing else does."},
+        "normal": {"value": 0, "default": True},
+    },
 }
 
 
@@ -373,10 +458,15 @@ def test_render_the_shared_workstation_example():
     settings, inventory = _load(EXAMPLE)
     objects = kueue.render(settings, inventory)
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("ResourceFlavor", "sim"), ("ResourceFlavor", "default-flavor"),
-        ("ClusterQueue", "vision"), ("ClusterQueue", "nlp"),
-        ("LocalQueue", "vision"), ("LocalQueue", "nlp"),
-        ("WorkloadPriorityClass", "low"), ("WorkloadPriorityClass", "normal"), ("WorkloadPriorityClass", "high"),
+        ("ResourceFlavor", "sim"),
+        ("ResourceFlavor", "default-flavor"),
+        ("ClusterQueue", "vision"),
+        ("ClusterQueue", "nlp"),
+        ("LocalQueue", "vision"),
+        ("LocalQueue", "nlp"),
+        ("WorkloadPriorityClass", "low"),
+        ("WorkloadPriorityClass", "normal"),
+        ("WorkloadPriorityClass", "high"),
     ]
     queues = _by_kind(objects, "ClusterQueue")
     for name in ("vision", "nlp"):
@@ -389,15 +479,32 @@ def test_render_the_shared_workstation_example():
                 "namespaceSelector": NS_SELECTOR,
                 "queueingStrategy": "BestEffortFIFO",
                 "resourceGroups": [
-                    {"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                        {"name": "sim", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2",
-                                                       "borrowingLimit": "2"}]}]},
-                    {"coveredResources": ["cpu", "memory"], "flavors": [
-                        {"name": "default-flavor", "resources": [
-                            {"name": "cpu", "nominalQuota": "16", "borrowingLimit": "0", "lendingLimit": "0"},
-                            {"name": "memory", "nominalQuota": "64Gi", "borrowingLimit": "0", "lendingLimit": "0"},
-                        ]},
-                    ]},
+                    {
+                        "coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "sim",
+                                "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2", "borrowingLimit": "2"}],
+                            }
+                        ],
+                    },
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [
+                            {
+                                "name": "default-flavor",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "16", "borrowingLimit": "0", "lendingLimit": "0"},
+                                    {
+                                        "name": "memory",
+                                        "nominalQuota": "64Gi",
+                                        "borrowingLimit": "0",
+                                        "lendingLimit": "0",
+                                    },
+                                ],
+                            },
+                        ],
+                    },
                 ],
                 "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
                 "flavorFungibility": FUNGIBILITY,
@@ -405,29 +512,50 @@ def test_render_the_shared_workstation_example():
         }
     local = _by_kind(objects, "LocalQueue")
     assert {n: (q["metadata"]["namespace"], q["spec"]["clusterQueue"]) for n, q in local.items()} == {
-        "vision": ("danlu", "vision"), "nlp": ("danlu", "nlp")}
+        "vision": ("danlu", "vision"),
+        "nlp": ("danlu", "nlp"),
+    }
     classes = _by_kind(objects, "WorkloadPriorityClass")
     assert {n: c["value"] for n, c in classes.items()} == {"low": 100, "normal": 1000, "high": 10000}
     assert "description" in classes["normal"] and "description" not in classes["low"]
 
 
 def test_render_without_teams_is_one_default_queue(tmp_path):
-    settings, inventory = _load(_write(tmp_path, {"gpus": {"declared": [{"count": 2, "flavor": "a100"},
-                                                                        {"count": 1, "flavor": "t4"}]}}))
+    settings, inventory = _load(
+        _write(tmp_path, {"gpus": {"declared": [{"count": 2, "flavor": "a100"}, {"count": 1, "flavor": "t4"}]}})
+    )
     objects = kueue.render(settings, inventory, namespace="ml")
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("ResourceFlavor", "a100"), ("ResourceFlavor", "t4"), ("ResourceFlavor", "default-flavor"),
-        ("ClusterQueue", "default"), ("LocalQueue", "default"), ("WorkloadPriorityClass", "normal")]
+        ("ResourceFlavor", "a100"),
+        ("ResourceFlavor", "t4"),
+        ("ResourceFlavor", "default-flavor"),
+        ("ClusterQueue", "default"),
+        ("LocalQueue", "default"),
+        ("WorkloadPriorityClass", "normal"),
+    ]
     assert objects[3]["spec"] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}},
         "queueingStrategy": "BestEffortFIFO",
         "resourceGroups": [
-            {"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]},
-                {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]},
-            {"coveredResources": ["cpu", "memory"], "flavors": [
-                {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "1000000"},
-                                                         {"name": "memory", "nominalQuota": "1Pi"}]}]},
+            {
+                "coveredResources": ["nvidia.com/gpu"],
+                "flavors": [
+                    {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]},
+                    {"name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "1"}]},
+                ],
+            },
+            {
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [
+                    {
+                        "name": "default-flavor",
+                        "resources": [
+                            {"name": "cpu", "nominalQuota": "1000000"},
+                            {"name": "memory", "nominalQuota": "1Pi"},
+                        ],
+                    }
+                ],
+            },
         ],
         "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
         "flavorFungibility": FUNGIBILITY,
@@ -439,15 +567,27 @@ def test_render_without_teams_is_one_default_queue(tmp_path):
 def test_render_without_teams_or_gpus():
     objects = kueue.render(Settings.from_data({"gpus": {"detect": False}, "resources": {"cpu": 4}}), [])
     cq = _by_kind(objects, "ClusterQueue")["default"]
-    assert cq["spec"]["resourceGroups"] == [{"coveredResources": ["cpu", "memory"], "flavors": [
-        {"name": "default-flavor", "resources": [{"name": "cpu", "nominalQuota": "4"},
-                                                 {"name": "memory", "nominalQuota": "1Pi"}]}]}]
+    assert cq["spec"]["resourceGroups"] == [
+        {
+            "coveredResources": ["cpu", "memory"],
+            "flavors": [
+                {
+                    "name": "default-flavor",
+                    "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "1Pi"}],
+                }
+            ],
+        }
+    ]
     assert [o["kind"] for o in objects].count("ResourceFlavor") == 1
 
 
 def test_render_refuses_a_flavor_the_inventory_lacks(tmp_path):
-    settings, inventory = _load(_write(tmp_path, {"gpus": {"declared": [{"count": 1, "flavor": "t4"}]},
-                                                  "teams": {"a": {"quota": {"gpus": {"a100": 1}}}}}))
+    settings, inventory = _load(
+        _write(
+            tmp_path,
+            {"gpus": {"declared": [{"count": 1, "flavor": "t4"}]}, "teams": {"a": {"quota": {"gpus": {"a100": 1}}}}},
+        )
+    )
     with pytest.raises(ConfigError, match="no GPU of flavor 'a100'"):
         kueue.render(settings, inventory)
     clash = [gpus.GPU(0, "default-flavor")]
@@ -461,7 +601,9 @@ def test_render_applies_admins_live_changes(tmp_path):
     ops = _by_kind(objects, "ClusterQueue")["ops"]
     assert ops["spec"]["stopPolicy"] == "Hold"
     assert ops["spec"]["resourceGroups"][0]["flavors"][0] == {
-        "name": "t4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}]}
+        "name": "t4",
+        "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "2"}],
+    }
     assert "stopPolicy" not in _by_kind(objects, "ClusterQueue")["nlp"]["spec"]
 
 
@@ -476,8 +618,10 @@ def test_render_means_what_the_admission_model_means(tmp_path):
     for team in teams:
         spec = queues[team.name]["spec"]
         assert spec.get("cohortName") == team.cohort
-        assert spec["preemption"] == {"withinClusterQueue": preemption[team.within_team],
-                                      "reclaimWithinCohort": preemption[team.reclaim]}
+        assert spec["preemption"] == {
+            "withinClusterQueue": preemption[team.within_team],
+            "reclaimWithinCohort": preemption[team.reclaim],
+        }
         gpu_group, cpu_group = spec["resourceGroups"]
         assert [f["name"] for f in gpu_group["flavors"]] == list(team.flavors)
         for flavor in gpu_group["flavors"]:

@@ -70,8 +70,9 @@ def danlu_workload(config: Settings, job: Job, created: float) -> Workload:
     resources = {"gpus": job.gpus, "cpu": 1}
     if job.flavor:
         resources["gpu_type"] = job.flavor
-    return Workload(job.name, job.team, danlu_priority(config, job.priority)[1], created,
-                    request_for(resources, 1, None))
+    return Workload(
+        job.name, job.team, danlu_priority(config, job.priority)[1], created, request_for(resources, 1, None)
+    )
 
 
 def danlu_priority(config: Settings, name: str | None) -> tuple[str, int]:
@@ -82,8 +83,10 @@ def danlu_priority(config: Settings, name: str | None) -> tuple[str, int]:
 def danlu_pass(model, pending: list[Workload], now: float) -> tuple[dict[str, str | None], dict[str, str]]:
     """One admission pass: {admitted id: its GPU flavor}, {victim id: the id it was preempted for}."""
     decision = model.cycle(pending, now)
-    return ({wl.id: wl.flavor for wl in decision.admitted},
-            {victim.id: preemptor.id for victim, preemptor in decision.preempted})
+    return (
+        {wl.id: wl.flavor for wl in decision.admitted},
+        {victim.id: preemptor.id for victim, preemptor in decision.preempted},
+    )
 
 
 def danlu_release(model, workload_id: str) -> None:
@@ -97,8 +100,7 @@ NS = "danlu"
 BASE = {
     "resources": {"cpu": 64},  # never binds: see the module docstring
     "jobs": {"starvation_seconds": 10**9},  # Danlu's starvation hold-back is out of reach
-    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True},
-                         "high": {"value": 10000}},
+    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True}, "high": {"value": 10000}},
 }
 A100 = {"count": 4, "flavor": "a100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100"}}
 
@@ -142,8 +144,15 @@ class ModelDisagrees(AssertionError):
     """Danlu's model decided otherwise than Kueue (and the fake Kueue) in a scenario step."""
 
 
-def team(quota: int | dict, *, cohort: str | None = "lab", borrow: int | None = None, lend: int | None = None,
-         within: str | None = None, reclaim: str | None = None) -> dict:
+def team(
+    quota: int | dict,
+    *,
+    cohort: str | None = "lab",
+    borrow: int | None = None,
+    lend: int | None = None,
+    within: str | None = None,
+    reclaim: str | None = None,
+) -> dict:
     """A danlu.yaml team: a quota of ``quota`` a100 GPUs (or flavor -> count); limits in a100 GPUs."""
     spec: dict = {"quota": {"gpus": quota if isinstance(quota, dict) else {"a100": quota}}}
     if cohort:
@@ -168,6 +177,7 @@ def load(config: dict) -> Settings:
 
 
 # --- the two sides --------------------------------------------------------------------------------------
+
 
 class DanluSide:
     """Danlu's model, played as the jobs service plays it: every pass gets every queued job."""
@@ -226,11 +236,22 @@ class KueueSide:
         the order of ``created``."""
         assert created > self.created
         self.created = created
-        trainjob = self.store.create(jobs.trainjob(
-            job_id=job.name, attempt=1, owner="alice", queue=job.team,
-            priority_class=danlu_priority(self.config, job.priority)[0], namespace=NS, image="registry.example/x:1",
-            nproc=1, api_url="http://127.0.0.1:1/api/v1", gpus=job.gpus, cpu=1.0,
-            node_labels=self.node_labels.get(job.flavor) if job.flavor else None))
+        trainjob = self.store.create(
+            jobs.trainjob(
+                job_id=job.name,
+                attempt=1,
+                owner="alice",
+                queue=job.team,
+                priority_class=danlu_priority(self.config, job.priority)[0],
+                namespace=NS,
+                image="registry.example/x:1",
+                nproc=1,
+                api_url="http://127.0.0.1:1/api/v1",
+                gpus=job.gpus,
+                cpu=1.0,
+                node_labels=self.node_labels.get(job.flavor) if job.flavor else None,
+            )
+        )
         self.names[trainjob["metadata"]["uid"]] = job.name
 
     def _workloads(self) -> dict[str, dict]:
@@ -247,8 +268,12 @@ class KueueSide:
 
     def finish(self, name: str) -> None:
         wl = self._workloads()[name]
-        self.store.mutate("Workload", NS, wl["metadata"]["name"], lambda w: set_condition(
-            w, "Finished", True, "Succeeded", "Job finished successfully"))
+        self.store.mutate(
+            "Workload",
+            NS,
+            wl["metadata"]["name"],
+            lambda w: set_condition(w, "Finished", True, "Succeeded", "Job finished successfully"),
+        )
 
     def settle(self, now: float, reconciles: int = 50) -> Outcome:
         """Reconciles until one changes no admission (the fake keeps no clock: ``now`` is the model's)."""
@@ -272,253 +297,441 @@ class KueueSide:
 # --- the scenarios --------------------------------------------------------------------------------------
 
 TWO = {"vision": team(2), "nlp": team(2)}  # a cohort of two teams, 2 a100 each, nothing else set
-FLAVORS = [{"count": 2, "flavor": "a100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100"}},
-           {"count": 2, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100"}}]
+FLAVORS = [
+    {"count": 2, "flavor": "a100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100"}},
+    {"count": 2, "flavor": "h100", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100"}},
+]
 
 SCENARIOS = [
-    pytest.param(danlu_yaml({"vision": team(2, cohort=None), "nlp": team(2, cohort=None)}), [
-        Job("v1", "vision"), Job("v2", "vision"), Job("v3", "vision"),
-        Settle({"v1", "v2"}),  # v3 waits: the team's nominal quota is full, and it is in no cohort
-        Job("v4", "vision", gpus=3),  # more than the team could ever have: it waits for ever
-        Finish("v1"),
-        Settle({"v2", "v3"}),
-    ], id="nominal-quota-fits-then-waits"),
-
-    pytest.param(danlu_yaml({"vision": team({"h100": 1, "a100": 2}, cohort=None)}, FLAVORS), [
-        Job("v1", "vision"), Settle({"v1": "h100"}),  # the team's own flavors first, in danlu.yaml order
-        Job("v2", "vision"), Settle({"v1": "h100", "v2": "a100"}),  # then the next one with room
-        Job("v3", "vision", gpus=2),  # fits no flavor now; it does not block the next one (BestEffortFIFO)
-        Job("v4", "vision", flavor="a100"),
-        Settle({"v1": "h100", "v2": "a100", "v4": "a100"}),
-        Job("v5", "vision", flavor="h100"), Settle({"v1": "h100", "v2": "a100", "v4": "a100"}),
-        Finish("v1"),
-        Settle({"v2": "a100", "v4": "a100", "v5": "h100"}),  # v3 still fits no flavor
-        Finish("v2"), Finish("v4"),
-        Settle({"v3": "a100", "v5": "h100"}),
-    ], id="gpu-flavors-in-order-and-by-name"),
-
-    pytest.param(danlu_yaml({"vision": team({"a100": 1}), "nlp": team({"h100": 1})},
-                            [{**FLAVORS[0], "count": 1}, {**FLAVORS[1], "count": 1}]), [
-        Job("v1", "vision"), Settle({"v1": "a100"}),
-        Job("v2", "vision"), Settle({"v1": "a100", "v2": "h100"}),  # borrows nlp's h100
-        Job("n1", "nlp"), Settle({"v1": "a100", "n1": "h100"}, preempted={"v2": "n1"}),
-    ], id="gpu-flavors-in-a-cohort"),
-
-    pytest.param(danlu_yaml(TWO), [
-        Job("v1", "vision", gpus=3), Settle({"v1"}),  # borrows one of nlp's
-        Job("v2", "vision", gpus=2), Settle({"v1"}),  # 5 of 4
-        Job("n1", "nlp"), Settle({"v1", "n1"}),  # nlp gets what it did not lend, without preempting
-    ], id="cohort-borrowing"),
-
-    pytest.param(danlu_yaml({"vision": team(2, borrow=1), "nlp": team(2)}), [
-        Job("v1", "vision", gpus=3), Settle({"v1"}),
-        Job("v2", "vision"), Job("v3", "vision", gpus=4),  # beyond the borrowing limit; v3 for ever
-        Job("n1", "nlp"),
-        Settle({"v1", "n1"}),
-    ], id="borrowing-limit"),
-
-    pytest.param(danlu_yaml({"vision": team(2), "nlp": team(2, lend=1)}), [
-        Job("v1", "vision", gpus=3), Settle({"v1"}),  # nlp lends only one
-        Job("v2", "vision"), Job("v3", "vision", gpus=4),
-        Job("n1", "nlp"),  # nlp keeps one for itself
-        Settle({"v1", "n1"}),
-        Finish("n1"), Settle({"v1"}),  # what nlp keeps is not lent
-    ], id="lending-limit"),
-
-    pytest.param(danlu_yaml(TWO), [
-        Job("v1", "vision", gpus=2), Settle({"v1"}),
-        Job("v2", "vision", gpus=2, priority="high"), Settle({"v1", "v2"}),  # borrows nlp's two
-        # nlp reclaims (reclaim: any, whatever the priority): vision's lowest priority goes first while vision
-        # still borrows, and v1 is enough
-        Job("n1", "nlp", priority="low"),
-        Settle({"v2", "n1"}, preempted={"v1": "n1"}),
-        Finish("n1"), Settle({"v2", "v1"}),
-    ], id="reclaim-any"),
-
-    pytest.param(danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="lower_priority")}), [
-        Job("v1", "vision", gpus=2, priority="high"), Settle({"v1"}),
-        Job("v2", "vision", gpus=2, priority="low"), Settle({"v1", "v2"}),
-        Job("n1", "nlp"),  # normal: may reclaim from the low borrower only
-        Settle({"v1", "n1"}, preempted={"v2": "n1"}),
-    ], id="reclaim-lower-priority-takes-a-low-borrower"),
-
-    pytest.param(danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="lower_priority")}), [
-        Job("v1", "vision", gpus=2, priority="high"), Settle({"v1"}),
-        Job("v2", "vision", gpus=2, priority="high"), Settle({"v1", "v2"}),
-        Job("n1", "nlp"), Settle({"v1", "v2"}),  # nothing of lower priority to reclaim from
-        Finish("v2"), Settle({"v1", "n1"}),
-    ], id="reclaim-lower-priority-spares-higher-borrowers"),
-
-    pytest.param(danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="never")}), [
-        Job("v1", "vision", gpus=2), Job("v2", "vision", gpus=2, priority="low"), Settle({"v1", "v2"}),
-        Job("n1", "nlp", priority="high"), Settle({"v1", "v2"}),
-        Finish("v2"), Settle({"v1", "n1"}),
-    ], id="reclaim-never"),
-
-    pytest.param(danlu_yaml({"vision": team(2, within="never"), "nlp": team(2)}), [
-        Job("v1", "vision"), Settle({"v1"}),
-        Job("n1", "nlp"), Settle({"v1", "n1"}),
-        Job("n2", "nlp"), Settle({"v1", "n1", "n2"}),
-        Job("n3", "nlp"), Settle({"v1", "n1", "n2", "n3"}),  # nlp borrows vision's second
-        # vision would borrow with v2 (1 + 2 > 2) and may preempt none of its own: it reclaims nothing
-        Job("v2", "vision", gpus=2, priority="high"),
-        Settle({"v1", "n1", "n2", "n3"}),
-    ], id="a-team-that-would-borrow-reclaims-nothing"),
-
-    pytest.param(danlu_yaml({"vision": team(2, cohort=None)}), [
-        Job("v1", "vision", gpus=2, priority="low"), Settle({"v1"}),
-        Job("v2", "vision", gpus=2), Settle({"v2"}, preempted={"v1": "v2"}),
-        Job("v3", "vision", gpus=2), Settle({"v2"}),  # the same priority: no preemption
-        Finish("v2"), Settle({"v3"}),  # v1 is older, but v3 has the higher priority
-    ], id="within-team-lower-priority"),
-
-    pytest.param(danlu_yaml({"vision": team(2, cohort=None, within="never")}), [
-        Job("v1", "vision", gpus=2, priority="low"), Settle({"v1"}),
-        Job("v2", "vision", gpus=2, priority="high"), Settle({"v1"}),
-        Finish("v1"), Settle({"v2"}),
-    ], id="within-team-never"),
-
-    pytest.param(danlu_yaml(TWO), [
-        Job("v1", "vision", gpus=3, priority="low"), Settle({"v1"}),
-        # within its nominal quota: it preempts its team's lower priority and then borrows
-        Job("v2", "vision", gpus=2, priority="high"),
-        Settle({"v2"}, preempted={"v1": "v2"}),
-    ], id="within-team-in-a-cohort"),
-
-    pytest.param(danlu_yaml({"vision": team(4, cohort=None)}), [
-        Job("a", "vision", priority="low"), Settle({"a"}),
-        Job("b", "vision", priority="low"), Settle({"a", "b"}),
-        Job("c", "vision"), Settle({"a", "b", "c"}),
-        Job("d", "vision"), Settle({"a", "b", "c", "d"}),
-        # lowest priority first, and of those the most recently admitted: b, then a
-        Job("e", "vision", gpus=2, priority="high"),
-        Settle({"c", "d", "e"}, preempted={"b": "e", "a": "e"}),
-        Job("f", "vision", priority="high"),
-        Settle({"c", "e", "f"}, preempted={"d": "f"}),
-    ], id="victims-lowest-priority-newest-first"),
-
-    pytest.param(danlu_yaml({"vision": team(4, cohort=None)}), [
-        Job("a", "vision", gpus=2, priority="low"), Settle({"a"}),
-        Job("b", "vision", priority="low"), Settle({"a", "b"}),
-        Job("c", "vision"), Settle({"a", "b", "c"}),
-        # b goes first, then a; once a is out b is not needed: it is put back
-        Job("e", "vision", gpus=2, priority="high"),
-        Settle({"b", "c", "e"}, preempted={"a": "e"}),
-    ], id="victims-are-minimal"),
-
-    pytest.param(danlu_yaml({"vision": team(2, cohort=None, within="never")}), [
-        Job("r", "vision", gpus=2), Settle({"r"}),
-        Job("p1", "vision", priority="low"), Job("p2", "vision", priority="high"),
-        Job("p3", "vision", priority="high"), Job("p4", "vision"),
-        Finish("r"), Settle({"p2", "p3"}),  # priority first, then age
-        Finish("p2"), Settle({"p3", "p4"}),
-        Finish("p3"), Settle({"p4", "p1"}),
-    ], id="order-priority-then-age"),
-
-    pytest.param(danlu_yaml({"vision": team(2, within="never", reclaim="never"),
-                             "nlp": team(2, within="never", reclaim="never")}), [
-        Job("v0", "vision", gpus=2), Job("n0", "nlp"), Settle({"v0", "n0"}),
-        # one GPU left, nlp's: vision's high job would borrow it, nlp's low one fits nlp's nominal quota
-        Job("v1", "vision", priority="high"), Job("n1", "nlp", priority="low"),
-        Settle({"v0", "n0", "n1"}),
-    ], id="order-within-nominal-before-borrowing"),
-
-    pytest.param(danlu_yaml({"vision": team(2, within="never"), "nlp": team(2, reclaim="never")}), [
-        Job("v0", "vision"), Job("n0", "nlp"), Settle({"v0", "n0"}),
-        # two GPUs left: one of vision's, one nlp lends. Kueue's queue is ordered by priority, then age; only
-        # across ClusterQueues does a head within its nominal quota go before one that borrows
-        Job("v1", "vision", priority="low"), Job("v2", "vision", gpus=2, priority="high"),
-        Settle({"v0", "n0", "v2"}),
-    ], id="order-within-a-team-priority-before-nominal", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model considers a team's workloads that fit its nominal quota before its workloads that would "
-            "borrow, whatever their priority; Kueue orders a ClusterQueue by priority then creation "
-            "(pkg/cache/queue/cluster_queue.go baseCompareFunc), takes one head per ClusterQueue per cycle, and "
-            "applies 'under nominal quota first' only between the heads (pkg/scheduler/scheduler.go "
-            "makeClassicalIterator): it admits the high job v2, the model the low job v1"))),
-
-    pytest.param(danlu_yaml({"vision": team(2, within="never"), "nlp": team(2, within="never"), "ops": team(2)},
-                            [{**A100, "count": 6}]), [
-        Job("v0", "vision", gpus=2), Job("n0", "nlp", gpus=2), Settle({"v0", "n0"}),
-        # ops lends two; vision's two high jobs and nlp's normal one would all borrow
-        Job("v1", "vision", priority="high"), Job("v2", "vision", priority="high"), Job("n1", "nlp"),
-        Settle({"v0", "n0", "v1", "n1"}),
-    ], id="order-one-head-per-team-per-cycle", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model sorts all pending workloads of a cohort by priority and age, so vision's second high job "
-            "goes before nlp's normal one; Kueue's scheduling cycle takes one head per ClusterQueue "
-            "(pkg/scheduler/scheduler.go schedule: queues.Heads, nominate), so nlp's head is admitted in the same "
-            "cycle as vision's first and vision's second finds the cohort full"))),
-
-    pytest.param(danlu_yaml(TWO), [
-        Job("v1", "vision", gpus=3, priority="low"), Settle({"v1"}),  # borrows one
-        # more than vision's nominal quota: without borrowWithinCohort, which Danlu never renders, Kueue lets
-        # it preempt no one
-        Job("v2", "vision", gpus=3, priority="high"),
-        Settle({"v1"}),
-    ], id="more-than-nominal-preempts-nothing", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model lets a workload that asks for more than its team's nominal quota preempt its team's lower "
-            "priorities and borrow; Kueue's flavor assigner considers preemption only when the request fits the "
-            "flavor's nominal quota or borrowWithinCohort is set (pkg/scheduler/flavorassigner/flavorassigner.go "
-            "fitsResourceQuota; docs/concepts/preemption.md 'Classic Preemption'), so v2 waits"))),
-
-    pytest.param(danlu_yaml(TWO), [
-        Job("v1", "vision", priority="low"), Settle({"v1"}),
-        Job("n1", "nlp"), Settle({"v1", "n1"}),
-        Job("n2", "nlp"), Settle({"v1", "n1", "n2"}),
-        Job("n3", "nlp"), Settle({"v1", "n1", "n2", "n3"}),  # nlp borrows vision's second
-        # vision is under its nominal quota but would borrow with v2 (1 + 2 > 2): Kueue reclaims nlp's borrowed
-        # GPU and preempts vision's own low job together, so that v2 fits without borrowing
-        Job("v2", "vision", gpus=2, priority="high"),
-        Settle({"n1", "n2", "v2"}, preempted={"n3": "v2", "v1": "v2"}),
-    ], id="reclaim-with-own-lower-priority", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model reclaims from borrowers only for a workload that fits its team's nominal quota with what "
-            "the team uses now, and otherwise looks only at its own team's lower priorities; Kueue, when the "
-            "queue is under its nominal quota, also tries borrowers and its own lower priorities together "
-            "without borrowing (pkg/scheduler/preemption/preemption.go classicalPreemptions, attempt "
-            "borrowing=false; classical/hierarchical_preemption.go ReclaimWithoutBorrowing; docs 'Classic "
-            "Preemption' heuristic 3): it preempts n3 and v1, the model nothing"))),
-
-    pytest.param(danlu_yaml({"vision": team({"a100": 1, "h100": 1}), "nlp": team({"a100": 1})},
-                            [{**FLAVORS[0], "count": 2}, {**FLAVORS[1], "count": 1}]), [
-        Job("n1", "nlp"), Settle({"n1": "a100"}),
-        Job("n2", "nlp"), Settle({"n1": "a100", "n2": "a100"}),  # borrows vision's a100
-        Job("n3", "nlp"), Settle({"n1": "a100", "n2": "a100", "n3": "h100"}),  # and its h100
-        # Kueue picks the flavor first (the first that preemption frees, in the team's order), then the victims
-        # on it: vision reclaims its a100 from n2, although n3 was admitted more recently
-        Job("v1", "vision"),
-        Settle({"n1": "a100", "n3": "h100", "v1": "a100"}, preempted={"n2": "v1"}),
-    ], id="preemption-picks-the-flavor-first", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model orders the candidates on every flavor the workload may use together (lowest priority, "
-            "most recently admitted) and takes the first that make it fit on any flavor; Kueue's flavor assigner "
-            "picks one flavor first (whenCanPreempt: TryNextFlavor keeps the best preemption mode: reclaim over "
-            "priority preemption, then the least borrowing, then the first flavor; pkg/scheduler/flavorassigner/"
-            "flavorassigner.go findFlavorForPodSets, isPreferred) and preempts only workloads using that flavor "
-            "(frsNeedPreemption, classical/hierarchical_preemption.go WorkloadUsesResources): Kueue preempts n2 "
-            "and runs v1 on a100, the model preempts n3 and runs v1 on h100; within a team alike"))),
-
-    pytest.param(danlu_yaml({"vision": team(2), "nlp": team(1), "ops": team(1, reclaim="never")}), [
-        Job("n1", "nlp", priority="low"), Settle({"n1"}),
-        Job("n2", "nlp", priority="low"), Settle({"n1", "n2"}),
-        Job("n3", "nlp", priority="low"), Settle({"n1", "n2", "n3"}),
-        Job("n4", "nlp", priority="low"), Settle({"n1", "n2", "n3", "n4"}),  # nlp borrows three: the cohort is full
-        Job("o1", "ops", priority="low"), Settle({"n1", "n2", "n3", "n4"}),  # ops may not reclaim
-        # n5 preempts n4 and would then borrow; o1, within its nominal quota, goes before it and takes the GPU
-        # n4 gave back, so n5 preempts again
-        Job("n5", "nlp", priority="high"),
-        Settle({"n1", "n2", "o1", "n5"}, preempted={"n4": "n5", "n3": "n5"}),
-    ], id="a-preemptor-waits-its-turn", marks=pytest.mark.xfail(
-        strict=True, raises=ModelDisagrees, reason=(
-            "the model considers a workload that preempted before every other in the next passes, whether or not "
-            "it borrows; Kueue v0.19 does so only with the PrioritizePreemptorWorkloads feature gate (alpha, off "
-            "by default, pkg/features/kube_features.go): otherwise the preemptor is its ClusterQueue's head and "
-            "the heads are ordered within nominal quota first (pkg/scheduler/scheduler.go makeClassicalIterator), "
-            "so ops's o1 takes the GPU n4 gave back and n5 preempts n3 as well; the model runs n5 and keeps o1 "
-            "waiting"))),
-
+    pytest.param(
+        danlu_yaml({"vision": team(2, cohort=None), "nlp": team(2, cohort=None)}),
+        [
+            Job("v1", "vision"),
+            Job("v2", "vision"),
+            Job("v3", "vision"),
+            Settle({"v1", "v2"}),  # v3 waits: the team's nominal quota is full, and it is in no cohort
+            Job("v4", "vision", gpus=3),  # more than the team could ever have: it waits for ever
+            Finish("v1"),
+            Settle({"v2", "v3"}),
+        ],
+        id="nominal-quota-fits-then-waits",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team({"h100": 1, "a100": 2}, cohort=None)}, FLAVORS),
+        [
+            Job("v1", "vision"),
+            Settle({"v1": "h100"}),  # the team's own flavors first, in danlu.yaml order
+            Job("v2", "vision"),
+            Settle({"v1": "h100", "v2": "a100"}),  # then the next one with room
+            Job("v3", "vision", gpus=2),  # fits no flavor now; it does not block the next one (BestEffortFIFO)
+            Job("v4", "vision", flavor="a100"),
+            Settle({"v1": "h100", "v2": "a100", "v4": "a100"}),
+            Job("v5", "vision", flavor="h100"),
+            Settle({"v1": "h100", "v2": "a100", "v4": "a100"}),
+            Finish("v1"),
+            Settle({"v2": "a100", "v4": "a100", "v5": "h100"}),  # v3 still fits no flavor
+            Finish("v2"),
+            Finish("v4"),
+            Settle({"v3": "a100", "v5": "h100"}),
+        ],
+        id="gpu-flavors-in-order-and-by-name",
+    ),
+    pytest.param(
+        danlu_yaml(
+            {"vision": team({"a100": 1}), "nlp": team({"h100": 1})},
+            [{**FLAVORS[0], "count": 1}, {**FLAVORS[1], "count": 1}],
+        ),
+        [
+            Job("v1", "vision"),
+            Settle({"v1": "a100"}),
+            Job("v2", "vision"),
+            Settle({"v1": "a100", "v2": "h100"}),  # borrows nlp's h100
+            Job("n1", "nlp"),
+            Settle({"v1": "a100", "n1": "h100"}, preempted={"v2": "n1"}),
+        ],
+        id="gpu-flavors-in-a-cohort",
+    ),
+    pytest.param(
+        danlu_yaml(TWO),
+        [
+            Job("v1", "vision", gpus=3),
+            Settle({"v1"}),  # borrows one of nlp's
+            Job("v2", "vision", gpus=2),
+            Settle({"v1"}),  # 5 of 4
+            Job("n1", "nlp"),
+            Settle({"v1", "n1"}),  # nlp gets what it did not lend, without preempting
+        ],
+        id="cohort-borrowing",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, borrow=1), "nlp": team(2)}),
+        [
+            Job("v1", "vision", gpus=3),
+            Settle({"v1"}),
+            Job("v2", "vision"),
+            Job("v3", "vision", gpus=4),  # beyond the borrowing limit; v3 for ever
+            Job("n1", "nlp"),
+            Settle({"v1", "n1"}),
+        ],
+        id="borrowing-limit",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2), "nlp": team(2, lend=1)}),
+        [
+            Job("v1", "vision", gpus=3),
+            Settle({"v1"}),  # nlp lends only one
+            Job("v2", "vision"),
+            Job("v3", "vision", gpus=4),
+            Job("n1", "nlp"),  # nlp keeps one for itself
+            Settle({"v1", "n1"}),
+            Finish("n1"),
+            Settle({"v1"}),  # what nlp keeps is not lent
+        ],
+        id="lending-limit",
+    ),
+    pytest.param(
+        danlu_yaml(TWO),
+        [
+            Job("v1", "vision", gpus=2),
+            Settle({"v1"}),
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v1", "v2"}),  # borrows nlp's two
+            # nlp reclaims (reclaim: any, whatever the priority): vision's lowest priority goes first while vision
+            # still borrows, and v1 is enough
+            Job("n1", "nlp", priority="low"),
+            Settle({"v2", "n1"}, preempted={"v1": "n1"}),
+            Finish("n1"),
+            Settle({"v2", "v1"}),
+        ],
+        id="reclaim-any",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="lower_priority")}),
+        [
+            Job("v1", "vision", gpus=2, priority="high"),
+            Settle({"v1"}),
+            Job("v2", "vision", gpus=2, priority="low"),
+            Settle({"v1", "v2"}),
+            Job("n1", "nlp"),  # normal: may reclaim from the low borrower only
+            Settle({"v1", "n1"}, preempted={"v2": "n1"}),
+        ],
+        id="reclaim-lower-priority-takes-a-low-borrower",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="lower_priority")}),
+        [
+            Job("v1", "vision", gpus=2, priority="high"),
+            Settle({"v1"}),
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v1", "v2"}),
+            Job("n1", "nlp"),
+            Settle({"v1", "v2"}),  # nothing of lower priority to reclaim from
+            Finish("v2"),
+            Settle({"v1", "n1"}),
+        ],
+        id="reclaim-lower-priority-spares-higher-borrowers",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2), "nlp": team(2, reclaim="never")}),
+        [
+            Job("v1", "vision", gpus=2),
+            Job("v2", "vision", gpus=2, priority="low"),
+            Settle({"v1", "v2"}),
+            Job("n1", "nlp", priority="high"),
+            Settle({"v1", "v2"}),
+            Finish("v2"),
+            Settle({"v1", "n1"}),
+        ],
+        id="reclaim-never",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, within="never"), "nlp": team(2)}),
+        [
+            Job("v1", "vision"),
+            Settle({"v1"}),
+            Job("n1", "nlp"),
+            Settle({"v1", "n1"}),
+            Job("n2", "nlp"),
+            Settle({"v1", "n1", "n2"}),
+            Job("n3", "nlp"),
+            Settle({"v1", "n1", "n2", "n3"}),  # nlp borrows vision's second
+            # vision would borrow with v2 (1 + 2 > 2) and may preempt none of its own: it reclaims nothing
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v1", "n1", "n2", "n3"}),
+        ],
+        id="a-team-that-would-borrow-reclaims-nothing",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, cohort=None)}),
+        [
+            Job("v1", "vision", gpus=2, priority="low"),
+            Settle({"v1"}),
+            Job("v2", "vision", gpus=2),
+            Settle({"v2"}, preempted={"v1": "v2"}),
+            Job("v3", "vision", gpus=2),
+            Settle({"v2"}),  # the same priority: no preemption
+            Finish("v2"),
+            Settle({"v3"}),  # v1 is older, but v3 has the higher priority
+        ],
+        id="within-team-lower-priority",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, cohort=None, within="never")}),
+        [
+            Job("v1", "vision", gpus=2, priority="low"),
+            Settle({"v1"}),
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v1"}),
+            Finish("v1"),
+            Settle({"v2"}),
+        ],
+        id="within-team-never",
+    ),
+    pytest.param(
+        danlu_yaml(TWO),
+        [
+            Job("v1", "vision", gpus=3, priority="low"),
+            Settle({"v1"}),
+            # within its nominal quota: it preempts its team's lower priority and then borrows
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v2"}, preempted={"v1": "v2"}),
+        ],
+        id="within-team-in-a-cohort",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(4, cohort=None)}),
+        [
+            Job("a", "vision", priority="low"),
+            Settle({"a"}),
+            Job("b", "vision", priority="low"),
+            Settle({"a", "b"}),
+            Job("c", "vision"),
+            Settle({"a", "b", "c"}),
+            Job("d", "vision"),
+            Settle({"a", "b", "c", "d"}),
+            # lowest priority first, and of those the most recently admitted: b, then a
+            Job("e", "vision", gpus=2, priority="high"),
+            Settle({"c", "d", "e"}, preempted={"b": "e", "a": "e"}),
+            Job("f", "vision", priority="high"),
+            Settle({"c", "e", "f"}, preempted={"d": "f"}),
+        ],
+        id="victims-lowest-priority-newest-first",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(4, cohort=None)}),
+        [
+            Job("a", "vision", gpus=2, priority="low"),
+            Settle({"a"}),
+            Job("b", "vision", priority="low"),
+            Settle({"a", "b"}),
+            Job("c", "vision"),
+            Settle({"a", "b", "c"}),
+            # b goes first, then a; once a is out b is not needed: it is put back
+            Job("e", "vision", gpus=2, priority="high"),
+            Settle({"b", "c", "e"}, preempted={"a": "e"}),
+        ],
+        id="victims-are-minimal",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, cohort=None, within="never")}),
+        [
+            Job("r", "vision", gpus=2),
+            Settle({"r"}),
+            Job("p1", "vision", priority="low"),
+            Job("p2", "vision", priority="high"),
+            Job("p3", "vision", priority="high"),
+            Job("p4", "vision"),
+            Finish("r"),
+            Settle({"p2", "p3"}),  # priority first, then age
+            Finish("p2"),
+            Settle({"p3", "p4"}),
+            Finish("p3"),
+            Settle({"p4", "p1"}),
+        ],
+        id="order-priority-then-age",
+    ),
+    pytest.param(
+        danlu_yaml(
+            {"vision": team(2, within="never", reclaim="never"), "nlp": team(2, within="never", reclaim="never")}
+        ),
+        [
+            Job("v0", "vision", gpus=2),
+            Job("n0", "nlp"),
+            Settle({"v0", "n0"}),
+            # one GPU left, nlp's: vision's high job would borrow it, nlp's low one fits nlp's nominal quota
+            Job("v1", "vision", priority="high"),
+            Job("n1", "nlp", priority="low"),
+            Settle({"v0", "n0", "n1"}),
+        ],
+        id="order-within-nominal-before-borrowing",
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2, within="never"), "nlp": team(2, reclaim="never")}),
+        [
+            Job("v0", "vision"),
+            Job("n0", "nlp"),
+            Settle({"v0", "n0"}),
+            # two GPUs left: one of vision's, one nlp lends. Kueue's queue is ordered by priority, then age; only
+            # across ClusterQueues does a head within its nominal quota go before one that borrows
+            Job("v1", "vision", priority="low"),
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"v0", "n0", "v2"}),
+        ],
+        id="order-within-a-team-priority-before-nominal",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model considers a team's workloads that fit its nominal quota before its workloads that would "
+                "borrow, whatever their priority; Kueue orders a ClusterQueue by priority then creation "
+                "(pkg/cache/queue/cluster_queue.go baseCompareFunc), takes one head per ClusterQueue per cycle, and "
+                "applies 'under nominal quota first' only between the heads (pkg/scheduler/scheduler.go "
+                "makeClassicalIterator): it admits the high job v2, the model the low job v1"
+            ),
+        ),
+    ),
+    pytest.param(
+        danlu_yaml(
+            {"vision": team(2, within="never"), "nlp": team(2, within="never"), "ops": team(2)}, [{**A100, "count": 6}]
+        ),
+        [
+            Job("v0", "vision", gpus=2),
+            Job("n0", "nlp", gpus=2),
+            Settle({"v0", "n0"}),
+            # ops lends two; vision's two high jobs and nlp's normal one would all borrow
+            Job("v1", "vision", priority="high"),
+            Job("v2", "vision", priority="high"),
+            Job("n1", "nlp"),
+            Settle({"v0", "n0", "v1", "n1"}),
+        ],
+        id="order-one-head-per-team-per-cycle",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model sorts all pending workloads of a cohort by priority and age, so vision's second high job "
+                "goes before nlp's normal one; Kueue's scheduling cycle takes one head per ClusterQueue "
+                "(pkg/scheduler/scheduler.go schedule: queues.Heads, nominate), so nlp's head is admitted in the same "
+                "cycle as vision's first and vision's second finds the cohort full"
+            ),
+        ),
+    ),
+    pytest.param(
+        danlu_yaml(TWO),
+        [
+            Job("v1", "vision", gpus=3, priority="low"),
+            Settle({"v1"}),  # borrows one
+            # more than vision's nominal quota: without borrowWithinCohort, which Danlu never renders, Kueue lets
+            # it preempt no one
+            Job("v2", "vision", gpus=3, priority="high"),
+            Settle({"v1"}),
+        ],
+        id="more-than-nominal-preempts-nothing",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model lets a workload that asks for more than its team's nominal quota preempt its team's lower "
+                "priorities and borrow; Kueue's flavor assigner considers preemption only when the request fits the "
+                "flavor's nominal quota or borrowWithinCohort is set (pkg/scheduler/flavorassigner/flavorassigner.go "
+                "fitsResourceQuota; docs/concepts/preemption.md 'Classic Preemption'), so v2 waits"
+            ),
+        ),
+    ),
+    pytest.param(
+        danlu_yaml(TWO),
+        [
+            Job("v1", "vision", priority="low"),
+            Settle({"v1"}),
+            Job("n1", "nlp"),
+            Settle({"v1", "n1"}),
+            Job("n2", "nlp"),
+            Settle({"v1", "n1", "n2"}),
+            Job("n3", "nlp"),
+            Settle({"v1", "n1", "n2", "n3"}),  # nlp borrows vision's second
+            # vision is under its nominal quota but would borrow with v2 (1 + 2 > 2): Kueue reclaims nlp's borrowed
+            # GPU and preempts vision's own low job together, so that v2 fits without borrowing
+            Job("v2", "vision", gpus=2, priority="high"),
+            Settle({"n1", "n2", "v2"}, preempted={"n3": "v2", "v1": "v2"}),
+        ],
+        id="reclaim-with-own-lower-priority",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model reclaims from borrowers only for a workload that fits its team's nominal quota with what "
+                "the team uses now, and otherwise looks only at its own team's lower priorities; Kueue, when the "
+                "queue is under its nominal quota, also tries borrowers and its own lower priorities together "
+                "without borrowing (pkg/scheduler/preemption/preemption.go classicalPreemptions, attempt "
+                "borrowing=false; classical/hierarchical_preemption.go ReclaimWithoutBorrowing; docs 'Classic "
+                "Preemption' heuristic 3): it preempts n3 and v1, the model nothing"
+            ),
+        ),
+    ),
+    pytest.param(
+        danlu_yaml(
+            {"vision": team({"a100": 1, "h100": 1}), "nlp": team({"a100": 1})},
+            [{**FLAVORS[0], "count": 2}, {**FLAVORS[1], "count": 1}],
+        ),
+        [
+            Job("n1", "nlp"),
+            Settle({"n1": "a100"}),
+            Job("n2", "nlp"),
+            Settle({"n1": "a100", "n2": "a100"}),  # borrows vision's a100
+            Job("n3", "nlp"),
+            Settle({"n1": "a100", "n2": "a100", "n3": "h100"}),  # and its h100
+            # Kueue picks the flavor first (the first that preemption frees, in the team's order), then the victims
+            # on it: vision reclaims its a100 from n2, although n3 was admitted more recently
+            Job("v1", "vision"),
+            Settle({"n1": "a100", "n3": "h100", "v1": "a100"}, preempted={"n2": "v1"}),
+        ],
+        id="preemption-picks-the-flavor-first",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model orders the candidates on every flavor the workload may use together (lowest priority, "
+                "most recently admitted) and takes the first that make it fit on any flavor; Kueue's flavor assigner "
+                "picks one flavor first (whenCanPreempt: TryNextFlavor keeps the best preemption mode: reclaim over "
+                "priority preemption, then the least borrowing, then the first flavor; pkg/scheduler/flavorassigner/"
+                "flavorassigner.go findFlavorForPodSets, isPreferred) and preempts only workloads using that flavor "
+                "(frsNeedPreemption, classical/hierarchical_preemption.go WorkloadUsesResources): Kueue preempts n2 "
+                "and runs v1 on a100, the model preempts n3 and runs v1 on h100; within a team alike"
+            ),
+        ),
+    ),
+    pytest.param(
+        danlu_yaml({"vision": team(2), "nlp": team(1), "ops": team(1, reclaim="never")}),
+        [
+            Job("n1", "nlp", priority="low"),
+            Settle({"n1"}),
+            Job("n2", "nlp", priority="low"),
+            Settle({"n1", "n2"}),
+            Job("n3", "nlp", priority="low"),
+            Settle({"n1", "n2", "n3"}),
+            Job("n4", "nlp", priority="low"),
+            Settle({"n1", "n2", "n3", "n4"}),  # nlp borrows three: the cohort is full
+            Job("o1", "ops", priority="low"),
+            Settle({"n1", "n2", "n3", "n4"}),  # ops may not reclaim
+            # n5 preempts n4 and would then borrow; o1, within its nominal quota, goes before it and takes the GPU
+            # n4 gave back, so n5 preempts again
+            Job("n5", "nlp", priority="high"),
+            Settle({"n1", "n2", "o1", "n5"}, preempted={"n4": "n5", "n3": "n5"}),
+        ],
+        id="a-preemptor-waits-its-turn",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=ModelDisagrees,
+            reason=(
+                "the model considers a workload that preempted before every other in the next passes, whether or not "
+                "it borrows; Kueue v0.19 does so only with the PrioritizePreemptorWorkloads feature gate (alpha, off "
+                "by default, pkg/features/kube_features.go): otherwise the preemptor is its ClusterQueue's head and "
+                "the heads are ordered within nominal quota first (pkg/scheduler/scheduler.go makeClassicalIterator), "
+                "so ops's o1 takes the GPU n4 gave back and n5 preempts n3 as well; the model runs n5 and keeps o1 "
+                "waiting"
+            ),
+        ),
+    ),
 ]
 
 
@@ -564,6 +777,7 @@ def test_scenario(config, steps):
 
 # --- random scenarios -----------------------------------------------------------------------------------
 
+
 @st.composite
 def random_scenarios(draw):
     """2-3 teams in a cohort (or in none) with random quotas, limits and policies, and 1-14 events. Either one
@@ -572,7 +786,7 @@ def random_scenarios(draw):
     cohort = draw(st.sampled_from(["lab", None]))
     two_flavors = draw(st.booleans())
     teams, sizes = {}, {}
-    for name in ("vision", "nlp", "ops")[:draw(st.integers(2, 3))]:
+    for name in ("vision", "nlp", "ops")[: draw(st.integers(2, 3))]:
         if two_flavors:
             quota = {f: draw(st.integers(0, 2)) for f in draw(st.permutations(["a100", "h100"]))}
             quota = {f: n for f, n in quota.items() if n} or {"a100": 1}
@@ -582,19 +796,30 @@ def random_scenarios(draw):
         nominal = draw(st.integers(1, 3))
         sizes[name] = draw(st.sampled_from([d for d in (1, 2, 3) if nominal % d == 0]))
         teams[name] = team(
-            nominal, cohort=cohort,
+            nominal,
+            cohort=cohort,
             borrow=draw(st.none() | st.integers(0, 3)) if cohort else None,
             lend=draw(st.none() | st.integers(0, nominal)) if cohort else None,
             within=draw(st.sampled_from([None, "never"])),
-            reclaim=draw(st.sampled_from([None, None, "lower_priority", "never"])) if cohort else None)
+            reclaim=draw(st.sampled_from([None, None, "lower_priority", "never"])) if cohort else None,
+        )
     declared = []
     for flavor in ("a100", "h100"):
         count = sum(spec["quota"]["gpus"].get(flavor, 0) for spec in teams.values())
         if count:
             declared.append({"count": count, "flavor": flavor, "node_labels": {"nvidia.com/gpu.product": flavor}})
-    events = draw(st.lists(st.tuples(st.sampled_from([True, True, False]), st.sampled_from(sorted(teams)),
-                                     st.sampled_from(["low", "normal", "high"]), st.integers(0, 9)),
-                           min_size=1, max_size=14))
+    events = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from([True, True, False]),
+                st.sampled_from(sorted(teams)),
+                st.sampled_from(["low", "normal", "high"]),
+                st.integers(0, 9),
+            ),
+            min_size=1,
+            max_size=14,
+        )
+    )
     return danlu_yaml(teams, declared), sizes, events
 
 

@@ -44,7 +44,7 @@ BROWSER_TOKEN = "browser-token-4567"  # what the browser logs in to Jupyter with
 A, B, C = "aaaaaaaaaaa1", "bbbbbbbbbbb2", "ccccccccccc3"  # alice's ended job, bob's job, alice's running job
 RUN_A, RUN_B = "a" * 32, "b" * 32
 
-FAKE_TENSORBOARD = r'''
+FAKE_TENSORBOARD = r"""
 import argparse, http.server, json
 p = argparse.ArgumentParser()
 for option in ("--logdir_spec", "--host", "--port", "--path_prefix"):
@@ -66,35 +66,66 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply("posted " + self.rfile.read(size).decode())
 
 http.server.HTTPServer((args.host, int(args.port)), Handler).serve_forever()
-'''
+"""
 
 
 # the fake upstream ----------------------------------------------------------------------
 def _job(job_id, owner, state, name):
-    return {"id": job_id, "owner": owner, "state": state, "name": name, "reason": "",
-            "tensorboard_dir": f"/jobs/{job_id}/tensorboard"}
+    return {
+        "id": job_id,
+        "owner": owner,
+        "state": state,
+        "name": name,
+        "reason": "",
+        "tensorboard_dir": f"/jobs/{job_id}/tensorboard",
+    }
 
 
 def _run(run_id, user, job_id, experiment_id="1"):
-    return {"info": {"run_id": run_id, "run_name": f"run-{run_id[:4]}", "experiment_id": experiment_id,
-                     "status": "FINISHED", "start_time": 1700000000000, "end_time": 1700000001000},
-            "data": {"params": [{"key": "lr", "value": "0.1"}], "metrics": [{"key": "loss", "value": 0.25}],
-                     "tags": [{"key": "danlu.user", "value": user}, {"key": "danlu.job_id", "value": job_id}]}}
+    return {
+        "info": {
+            "run_id": run_id,
+            "run_name": f"run-{run_id[:4]}",
+            "experiment_id": experiment_id,
+            "status": "FINISHED",
+            "start_time": 1700000000000,
+            "end_time": 1700000001000,
+        },
+        "data": {
+            "params": [{"key": "lr", "value": "0.1"}],
+            "metrics": [{"key": "loss", "value": 0.25}],
+            "tags": [{"key": "danlu.user", "value": user}, {"key": "danlu.job_id", "value": job_id}],
+        },
+    }
 
 
 def model_version(name, run_id):
     """The jobs service's answer to POST /models (its API contract)."""
-    return {"name": name, "version": 1, "run_id": run_id, "job_id": A, "source": f"runs:/{run_id}/model",
-            "approval": "pending", "evaluation": {"state": "queued", "job_id": C, "metrics": {},
-                                                  "thresholds": {"accuracy": 0.9}, "failures": []},
-            "decisions": [], "aliases": []}
+    return {
+        "name": name,
+        "version": 1,
+        "run_id": run_id,
+        "job_id": A,
+        "source": f"runs:/{run_id}/model",
+        "approval": "pending",
+        "evaluation": {"state": "queued", "job_id": C, "metrics": {}, "thresholds": {"accuracy": 0.9}, "failures": []},
+        "decisions": [],
+        "aliases": [],
+    }
 
 
 LINEAGE = {
     "model": {"name": "mnist.v2", "version": 1, "approval": "pending", "aliases": []},
-    "nodes": [{"id": "mv", "kind": "model_version", "label": "mnist.v2 v1", "detail": {}, "url": None},
-              {"id": "run", "kind": "run", "label": "run-aaaa", "detail": {"status": "FINISHED"},
-               "url": f"/services/mlflow/#/experiments/1/runs/{RUN_A}"}],
+    "nodes": [
+        {"id": "mv", "kind": "model_version", "label": "mnist.v2 v1", "detail": {}, "url": None},
+        {
+            "id": "run",
+            "kind": "run",
+            "label": "run-aaaa",
+            "detail": {"status": "FINISHED"},
+            "url": f"/services/mlflow/#/experiments/1/runs/{RUN_A}",
+        },
+    ],
     "edges": [{"from": "mv", "to": "run", "relation": "logged_by"}],
 }
 
@@ -104,8 +135,11 @@ class FakeUpstream:
 
     def __init__(self):
         self.port = free_port()
-        self.jobs = {A: _job(A, "alice", "succeeded", "mnist"), B: _job(B, "bob", "running", "bobs"),
-                     C: _job(C, "alice", "running", "forever")}
+        self.jobs = {
+            A: _job(A, "alice", "succeeded", "mnist"),
+            B: _job(B, "bob", "running", "bobs"),
+            C: _job(C, "alice", "running", "forever"),
+        }
         self.runs = {RUN_A: _run(RUN_A, "alice", A), RUN_B: _run(RUN_B, "bob", B)}
         self.cancelled: list[str] = []
         self.registrations: list[dict] = []
@@ -166,34 +200,66 @@ class FakeUpstream:
         class Output(Handler):
             def get(self, job_id):
                 self.job_or_404(job_id)
-                self.finish(json.dumps({"cells": [{"cell_type": "markdown", "id": "m1", "metadata": {},
-                                                   "source": f"output of {job_id}"}],
-                                        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+                self.finish(
+                    json.dumps(
+                        {
+                            "cells": [
+                                {"cell_type": "markdown", "id": "m1", "metadata": {}, "source": f"output of {job_id}"}
+                            ],
+                            "metadata": {},
+                            "nbformat": 4,
+                            "nbformat_minor": 5,
+                        }
+                    )
+                )
 
         class Listing(Handler):
             def get(self, what):
-                self.answer({"profiles": [{"slug": "python", "display_name": "Python"}]} if what == "profiles"
-                            else {"queues": [{"name": "default"}]})
+                self.answer(
+                    {"profiles": [{"slug": "python", "display_name": "Python"}]}
+                    if what == "profiles"
+                    else {"queues": [{"name": "default"}]}
+                )
 
         class JobExperiments(Handler):  # the jobs service's records of the caller's runs
             def get(self):
                 fake.experiment_calls += 1
-                self.answer({"experiments": [
-                    {"experiment_id": "1", "name": "alice/mnist", "runs": 1, "latest": "2026-11-30T10:00:00Z"},
-                    {"experiment_id": None, "name": "alice/starting", "runs": 1, "latest": "2026-11-30T11:00:00Z"}]})
+                self.answer(
+                    {
+                        "experiments": [
+                            {"experiment_id": "1", "name": "alice/mnist", "runs": 1, "latest": "2026-11-30T10:00:00Z"},
+                            {
+                                "experiment_id": None,
+                                "name": "alice/starting",
+                                "runs": 1,
+                                "latest": "2026-11-30T11:00:00Z",
+                            },
+                        ]
+                    }
+                )
 
         class Experiments(Handler):
             def post(self):
-                self.answer({"experiments": [{"experiment_id": "1", "name": "alice/mnist"},
-                                             {"experiment_id": "2", "name": "bob/other"}]})
+                self.answer(
+                    {
+                        "experiments": [
+                            {"experiment_id": "1", "name": "alice/mnist"},
+                            {"experiment_id": "2", "name": "bob/other"},
+                        ]
+                    }
+                )
 
         class SearchRuns(Handler):
             def post(self):
                 body = json.loads(self.request.body)
                 fake.filters.append(body["filter"])
                 user = re.fullmatch(r"tags\.`danlu\.user` = '(\w+)'", body["filter"]).group(1)
-                runs = [r for r in fake.runs.values() if r["info"]["experiment_id"] in body["experiment_ids"]
-                        and {"key": "danlu.user", "value": user} in r["data"]["tags"]]
+                runs = [
+                    r
+                    for r in fake.runs.values()
+                    if r["info"]["experiment_id"] in body["experiment_ids"]
+                    and {"key": "danlu.user", "value": user} in r["data"]["tags"]
+                ]
                 self.answer({"runs": runs})
 
         class GetRun(Handler):
@@ -209,12 +275,24 @@ class FakeUpstream:
                 assert self.get_argument("metric_key") == "loss"
                 page = self.get_argument("page_token", None)
                 if page is None:  # two pages; step 1 logged twice, the later value wins
-                    self.answer({"metrics": [{"key": "loss", "value": 1.0, "step": 0, "timestamp": 1},
-                                             {"key": "loss", "value": 0.9, "step": 1, "timestamp": 2}],
-                                 "next_page_token": "p2"})
+                    self.answer(
+                        {
+                            "metrics": [
+                                {"key": "loss", "value": 1.0, "step": 0, "timestamp": 1},
+                                {"key": "loss", "value": 0.9, "step": 1, "timestamp": 2},
+                            ],
+                            "next_page_token": "p2",
+                        }
+                    )
                 else:
-                    self.answer({"metrics": [{"key": "loss", "value": 0.5, "step": 1, "timestamp": 3},
-                                             {"key": "loss", "value": 0.25, "step": 2, "timestamp": 4}]})
+                    self.answer(
+                        {
+                            "metrics": [
+                                {"key": "loss", "value": 0.5, "step": 1, "timestamp": 3},
+                                {"key": "loss", "value": 0.25, "step": 2, "timestamp": 4},
+                            ]
+                        }
+                    )
 
         class Models(Handler):
             def get(self):
@@ -224,19 +302,39 @@ class FakeUpstream:
                 body = json.loads(self.request.body)
                 fake.registrations.append(body)
                 if body["name"] == "taken":
-                    self.answer({"status": 409, "reason": "name_taken", "field": "name",
-                                 "message": "model taken belongs to bob (choose another name)"}, 409)
+                    self.answer(
+                        {
+                            "status": 409,
+                            "reason": "name_taken",
+                            "field": "name",
+                            "message": "model taken belongs to bob (choose another name)",
+                        },
+                        409,
+                    )
                 elif body["run_id"] not in fake.runs or fake.runs[body["run_id"]] is fake.runs[RUN_B]:
-                    self.answer({"status": 404, "reason": "no_such_run", "field": "run_id",
-                                 "message": f"run {body['run_id']} not found"}, 404)
+                    self.answer(
+                        {
+                            "status": 404,
+                            "reason": "no_such_run",
+                            "field": "run_id",
+                            "message": f"run {body['run_id']} not found",
+                        },
+                        404,
+                    )
                 else:
                     self.answer(model_version(body["name"], body["run_id"]), 201)
 
         class Lineage(Handler):
             def get(self, name, version):
                 if (name, version) != ("mnist.v2", "1"):
-                    self.answer({"status": 404, "reason": "no_such_model_version",
-                                 "message": f"model {name} version {version} not found"}, 404)
+                    self.answer(
+                        {
+                            "status": 404,
+                            "reason": "no_such_model_version",
+                            "message": f"model {name} version {version} not found",
+                        },
+                        404,
+                    )
                 else:
                     self.answer(LINEAGE)
 
@@ -245,15 +343,24 @@ class FakeUpstream:
                 self.answer({"name": "alice", "admin": False})
 
         api, mlflow = "/services/danlu/api/v1", "/services/mlflow/api/2.0/mlflow"
-        return web.Application([
-            (f"{api}/jobs", Jobs), (f"{api}/jobs/(\\w+)", Job), (f"{api}/jobs/(\\w+)/cancel", Cancel),
-            (f"{api}/jobs/(\\w+)/logs", Logs), (f"{api}/jobs/(\\w+)/output", Output),
-            (f"{api}/(profiles|queues)", Listing), (f"{api}/experiments", JobExperiments),
-            (f"{mlflow}/experiments/search", Experiments), (f"{mlflow}/runs/search", SearchRuns),
-            (f"{mlflow}/runs/get", GetRun), (f"{mlflow}/metrics/get-history", History),
-            (f"{api}/models", Models), (f"{api}/lineage/models/([^/]+)/([^/]+)", Lineage),
-            ("/hub/api/user", HubUser),
-        ])
+        return web.Application(
+            [
+                (f"{api}/jobs", Jobs),
+                (f"{api}/jobs/(\\w+)", Job),
+                (f"{api}/jobs/(\\w+)/cancel", Cancel),
+                (f"{api}/jobs/(\\w+)/logs", Logs),
+                (f"{api}/jobs/(\\w+)/output", Output),
+                (f"{api}/(profiles|queues)", Listing),
+                (f"{api}/experiments", JobExperiments),
+                (f"{mlflow}/experiments/search", Experiments),
+                (f"{mlflow}/runs/search", SearchRuns),
+                (f"{mlflow}/runs/get", GetRun),
+                (f"{mlflow}/metrics/get-history", History),
+                (f"{api}/models", Models),
+                (f"{api}/lineage/models/([^/]+)/([^/]+)", Lineage),
+                ("/hub/api/user", HubUser),
+            ]
+        )
 
     def _call(self, fn):
         done = threading.Event()
@@ -263,6 +370,7 @@ class FakeUpstream:
     def listen(self):
         def start():
             self.server = self.app().listen(self.port, "127.0.0.1")
+
         self._call(start)
 
     @contextlib.contextmanager
@@ -290,20 +398,42 @@ class LabServer:
         fake_tb.write_text(FAKE_TENSORBOARD)
         (tmp / "config.py").write_text(
             f"c.DanluLab.tensorboard_command = [{sys.executable!r}, {str(fake_tb)!r}]\n"
-            "c.DanluLab.tensorboard_idle_seconds = 2\n")
+            "c.DanluLab.tensorboard_idle_seconds = 2\n"
+        )
         origin = f"http://127.0.0.1:{upstream.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "DANLU_", "MLFLOW_"))}
-        env.update({"DANLU_URL": origin, "JUPYTERHUB_API_TOKEN": UPSTREAM_TOKEN, "JUPYTERHUB_USER": "alice",
-                    "MLFLOW_TRACKING_URI": f"{origin}/services/mlflow", "MLFLOW_TRACKING_TOKEN": UPSTREAM_TOKEN,
-                    "JUPYTERHUB_API_URL": f"{origin}/hub/api", "JUPYTER_CONFIG_DIR": str(tmp / "config"),
-                    "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "JUPYTER_DATA_DIR": str(tmp / "data")})
+        env.update(
+            {
+                "DANLU_URL": origin,
+                "JUPYTERHUB_API_TOKEN": UPSTREAM_TOKEN,
+                "JUPYTERHUB_USER": "alice",
+                "MLFLOW_TRACKING_URI": f"{origin}/services/mlflow",
+                "MLFLOW_TRACKING_TOKEN": UPSTREAM_TOKEN,
+                "JUPYTERHUB_API_URL": f"{origin}/hub/api",
+                "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+                "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+                "JUPYTER_DATA_DIR": str(tmp / "data"),
+            }
+        )
         self.log = open(tmp / "server.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root", f"--port={self.port}",
-             "--ServerApp.base_url=/user/alice/", f"--ServerApp.root_dir={tmp / 'root'}",
-             f"--IdentityProvider.token={BROWSER_TOKEN}", f"--config={tmp / 'config.py'}",
-             *server_args(tmp / "labextensions")],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "jupyter_server",
+                "--no-browser",
+                "--allow-root",
+                f"--port={self.port}",
+                "--ServerApp.base_url=/user/alice/",
+                f"--ServerApp.root_dir={tmp / 'root'}",
+                f"--IdentityProvider.token={BROWSER_TOKEN}",
+                f"--config={tmp / 'config.py'}",
+                *server_args(tmp / "labextensions"),
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.root, self.log_path = tmp / "root", tmp / "server.log"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -325,9 +455,13 @@ class LabServer:
         return requests.post(f"{self.url}danlu/{path}", headers=self.auth, timeout=60, **kwargs)
 
     def tensorboards(self) -> list[psutil.Process]:
-        return [p for p in psutil.Process(self.proc.pid).children()
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                and any("fake_tensorboard" in part for part in p.cmdline())]
+        return [
+            p
+            for p in psutil.Process(self.proc.pid).children()
+            if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE
+            and any("fake_tensorboard" in part for part in p.cmdline())
+        ]
 
     def stop(self):
         self.proc.terminate()
@@ -356,10 +490,20 @@ def wait_for(predicate, timeout=30.0, what="condition"):
 
 
 # authentication and errors -----------------------------------------------------------------
-@pytest.mark.parametrize("method, path", [("GET", "api/jobs"), ("GET", "api/whoami"), ("POST", f"api/jobs/{A}/cancel"),
-                                          ("GET", f"api/jobs/{A}/logs/stream"), ("POST", "api/tensorboard"),
-                                          ("GET", "api/runs?experiment_id=1"), ("GET", "api/models"),
-                                          ("POST", "api/models"), ("GET", "api/lineage/models/mnist.v2/1")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "api/jobs"),
+        ("GET", "api/whoami"),
+        ("POST", f"api/jobs/{A}/cancel"),
+        ("GET", f"api/jobs/{A}/logs/stream"),
+        ("POST", "api/tensorboard"),
+        ("GET", "api/runs?experiment_id=1"),
+        ("GET", "api/models"),
+        ("POST", "api/models"),
+        ("GET", "api/lineage/models/mnist.v2/1"),
+    ],
+)
 def test_every_endpoint_needs_a_login(lab, upstream, method, path):
     r = requests.request(method, f"{lab.url}danlu/{path}", timeout=30, allow_redirects=False)
     assert r.status_code == 403
@@ -379,15 +523,18 @@ def test_whoami_names_the_servers_user_and_no_token(lab):
     assert UPSTREAM_TOKEN not in r.text
 
 
-@pytest.mark.parametrize("method, path, field", [
-    ("GET", "api/jobs/..%2F..%2Fetc%2Fpasswd", "job_id"),
-    ("POST", "api/jobs/ABC/cancel", "job_id"),
-    ("GET", "api/jobs/12345/logs/stream", "job_id"),
-    ("GET", "api/runs?experiment_id=..%2F1", "experiment_id"),
-    ("GET", "api/runs", "experiment_id"),
-    ("GET", "api/metric-history?run_id=x&run_id=..%2Fy&key=loss", "run_id"),
-    ("GET", f"api/metric-history?run_id={RUN_A}", "key"),
-])
+@pytest.mark.parametrize(
+    "method, path, field",
+    [
+        ("GET", "api/jobs/..%2F..%2Fetc%2Fpasswd", "job_id"),
+        ("POST", "api/jobs/ABC/cancel", "job_id"),
+        ("GET", "api/jobs/12345/logs/stream", "job_id"),
+        ("GET", "api/runs?experiment_id=..%2F1", "experiment_id"),
+        ("GET", "api/runs", "experiment_id"),
+        ("GET", "api/metric-history?run_id=x&run_id=..%2Fy&key=loss", "run_id"),
+        ("GET", f"api/metric-history?run_id={RUN_A}", "key"),
+    ],
+)
 def test_bad_ids_are_refused_naming_the_field(lab, upstream, method, path, field):
     r = requests.request(method, f"{lab.url}danlu/{path}", headers=lab.auth, timeout=30)
     assert r.status_code == 400, r.text
@@ -395,10 +542,16 @@ def test_bad_ids_are_refused_naming_the_field(lab, upstream, method, path, field
     assert upstream.cancelled == []
 
 
-@pytest.mark.parametrize("body, field", [
-    ({}, "job_ids"), ({"job_ids": []}, "job_ids"), ({"job_ids": ["../../etc"]}, "job_ids"),
-    ({"run_ids": "abc"}, "run_ids"), ({"job_ids": [A], "run_ids": [RUN_A]}, "job_ids"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({}, "job_ids"),
+        ({"job_ids": []}, "job_ids"),
+        ({"job_ids": ["../../etc"]}, "job_ids"),
+        ({"run_ids": "abc"}, "run_ids"),
+        ({"job_ids": [A], "run_ids": [RUN_A]}, "job_ids"),
+    ],
+)
 def test_bad_tensorboard_requests_name_the_field(lab, body, field):
     r = lab.post("api/tensorboard", json=body)
     assert r.status_code == 400, r.text
@@ -468,8 +621,12 @@ def test_log_stream_sends_each_line_then_the_end(lab):
     r = lab.get(f"api/jobs/{A}/logs/stream", stream=True)
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("text/event-stream")
-    assert _events(r) == [("message", {"line": "epoch 1"}), ("message", {"line": "epoch 2"}),
-                          ("message", {"line": "done"}), ("end", {"state": "succeeded"})]
+    assert _events(r) == [
+        ("message", {"line": "epoch 1"}),
+        ("message", {"line": "epoch 2"}),
+        ("message", {"line": "done"}),
+        ("end", {"state": "succeeded"}),
+    ]
 
 
 def test_closing_the_log_stream_hangs_up_on_the_jobs_service(lab, upstream):
@@ -493,17 +650,31 @@ def test_experiments_come_from_the_jobs_service_not_an_mlflow_search(lab, upstre
 
 def test_runs_of_an_experiment(lab):
     r = lab.get("api/runs", params={"experiment_id": "1"})
-    assert r.json() == {"runs": [{
-        "run_id": RUN_A, "run_name": "run-aaaa", "experiment_id": "1", "status": "FINISHED",
-        "start_time": 1700000000000, "end_time": 1700000001000, "params": {"lr": "0.1"},
-        "metrics": {"loss": 0.25}, "job_id": A, "mlflow_url": f"/services/mlflow/#/experiments/1/runs/{RUN_A}"}]}
+    assert r.json() == {
+        "runs": [
+            {
+                "run_id": RUN_A,
+                "run_name": "run-aaaa",
+                "experiment_id": "1",
+                "status": "FINISHED",
+                "start_time": 1700000000000,
+                "end_time": 1700000001000,
+                "params": {"lr": "0.1"},
+                "metrics": {"loss": 0.25},
+                "job_id": A,
+                "mlflow_url": f"/services/mlflow/#/experiments/1/runs/{RUN_A}",
+            }
+        ]
+    }
 
 
 def test_metric_history_is_one_series_per_run(lab):
     r = lab.get("api/metric-history", params={"run_id": [RUN_A], "key": "loss"})
     assert r.status_code == 200
-    assert r.json() == {"key": "loss", "series": [
-        {"run_id": RUN_A, "run_name": "run-aaaa", "points": [[0, 1.0], [1, 0.5], [2, 0.25]]}]}
+    assert r.json() == {
+        "key": "loss",
+        "series": [{"run_id": RUN_A, "run_name": "run-aaaa", "points": [[0, 1.0], [1, 0.5], [2, 0.25]]}],
+    }
 
 
 @pytest.mark.parametrize("run_id", [RUN_B, "c" * 32])
@@ -529,8 +700,9 @@ def test_tensorboard_is_reused_for_the_same_set_then_stopped_when_idle(lab):
     page = requests.get(f"http://127.0.0.1:{lab.port}{board['url']}", headers=lab.auth, timeout=30)
     assert page.status_code == 200
     assert page.text.startswith(f"<title>TensorBoard</title>{board['url']} mnist-{A[:6]}:/jobs/{A}/tensorboard")
-    posted = requests.post(f"http://127.0.0.1:{lab.port}{board['url']}data/query", data="x=1", headers=lab.auth,
-                           timeout=30)
+    posted = requests.post(
+        f"http://127.0.0.1:{lab.port}{board['url']}data/query", data="x=1", headers=lab.auth, timeout=30
+    )
     assert posted.text == "posted x=1"
 
     wait_for(lambda: lab.tensorboards() == [], what="the idle TensorBoard to stop")
@@ -564,17 +736,20 @@ def test_registering_a_model_forwards_the_run_and_name(lab, upstream):
     assert upstream.registrations[-1] == {"run_id": RUN_A, "name": "mnist.v2"}
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"name": "mnist"}, "run_id"),
-    ({"run_id": RUN_A}, "name"),
-    ({"run_id": RUN_A, "name": ""}, "name"),
-    ({"run_id": "../runs", "name": "mnist"}, "run_id"),
-    ({"run_id": RUN_A, "name": "-starts-with-a-dash"}, "name"),
-    ({"run_id": RUN_A, "name": "has space"}, "name"),
-    ({"run_id": RUN_A, "name": "a" * 64}, "name"),
-    ({"run_id": RUN_A, "name": ["mnist"]}, "name"),
-    ({"run_id": RUN_A, "name": "mnist", "stage": "Production"}, "stage"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"name": "mnist"}, "run_id"),
+        ({"run_id": RUN_A}, "name"),
+        ({"run_id": RUN_A, "name": ""}, "name"),
+        ({"run_id": "../runs", "name": "mnist"}, "run_id"),
+        ({"run_id": RUN_A, "name": "-starts-with-a-dash"}, "name"),
+        ({"run_id": RUN_A, "name": "has space"}, "name"),
+        ({"run_id": RUN_A, "name": "a" * 64}, "name"),
+        ({"run_id": RUN_A, "name": ["mnist"]}, "name"),
+        ({"run_id": RUN_A, "name": "mnist", "stage": "Production"}, "stage"),
+    ],
+)
 def test_a_bad_registration_never_reaches_the_jobs_service(lab, upstream, body, field):
     before = len(upstream.registrations)
     r = lab.post("api/models", json=body)
@@ -586,16 +761,20 @@ def test_a_bad_registration_never_reaches_the_jobs_service(lab, upstream, body, 
 @pytest.mark.parametrize("data", [b"[1]", b"not json", b'{"run_id": "' + b"a" * 5000 + b'", "name": "x"}'])
 def test_a_malformed_or_oversized_body_is_a_400_naming_the_body(lab, upstream, data):
     before = len(upstream.registrations)
-    r = requests.post(f"{lab.url}danlu/api/models", data=data, timeout=30,
-                      headers={**lab.auth, "Content-Type": "application/json"})
+    r = requests.post(
+        f"{lab.url}danlu/api/models", data=data, timeout=30, headers={**lab.auth, "Content-Type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["field"] == "body"
     assert len(upstream.registrations) == before
 
 
-@pytest.mark.parametrize("body, status, field, message", [
-    ({"run_id": RUN_A, "name": "taken"}, 409, "name", "model taken belongs to bob (choose another name)"),
-    ({"run_id": RUN_B, "name": "mnist"}, 404, "run_id", f"run {RUN_B} not found"),
-])
+@pytest.mark.parametrize(
+    "body, status, field, message",
+    [
+        ({"run_id": RUN_A, "name": "taken"}, 409, "name", "model taken belongs to bob (choose another name)"),
+        ({"run_id": RUN_B, "name": "mnist"}, 404, "run_id", f"run {RUN_B} not found"),
+    ],
+)
 def test_the_jobs_services_refusal_passes_through_with_its_message(lab, body, status, field, message):
     r = lab.post("api/models", json=body)
     assert r.status_code == status
@@ -611,10 +790,17 @@ def test_lineage_of_a_model_version(lab):
     assert r.status_code == 200 and r.json() == LINEAGE
 
 
-@pytest.mark.parametrize("path, field", [
-    ("mnist/0", "version"), ("mnist/v1", "version"), ("mnist/1234567890", "version"),
-    ("..%2Fjobs/1", "name"), ("-x/1", "name"), ("a%20b/1", "name"),
-])
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("mnist/0", "version"),
+        ("mnist/v1", "version"),
+        ("mnist/1234567890", "version"),
+        ("..%2Fjobs/1", "name"),
+        ("-x/1", "name"),
+        ("a%20b/1", "name"),
+    ],
+)
 def test_lineage_refuses_a_bad_name_or_version(lab, path, field):
     r = lab.get(f"api/lineage/models/{path}")
     assert r.status_code == 400, r.text
@@ -695,8 +881,10 @@ def test_unreachable_upstream_is_503():
 
 def test_spawner_args_load_both_extensions(tmp_path):
     args = server_args(tmp_path / "labextensions")
-    assert args == ["--ServerApp.jpserver_extensions=danlu.lab=True",
-                    f"--LabServerApp.extra_labextensions_path={tmp_path / 'labextensions'}"]
+    assert args == [
+        "--ServerApp.jpserver_extensions=danlu.lab=True",
+        f"--LabServerApp.extra_labextensions_path={tmp_path / 'labextensions'}",
+    ]
     link = tmp_path / "labextensions" / "danlu-lab"
     assert link.is_symlink() and link.resolve() == labextension_dir().resolve()
     assert link_labextension(tmp_path / "labextensions") == tmp_path / "labextensions"  # idempotent
@@ -768,8 +956,11 @@ def test_alices_server_lists_her_job_runs_history_and_tensorboard(workbench):
     finally:
         if started:  # the session's workbench is shared: later tests start alice's server themselves
             wb.hub("DELETE", "/users/alice/server")
-            wait_for(lambda: not wb.hub("GET", "/users/alice").json().get("servers"), timeout=120,
-                     what="alice's server to stop")
+            wait_for(
+                lambda: not wb.hub("GET", "/users/alice").json().get("servers"),
+                timeout=120,
+                what="alice's server to stop",
+            )
 
 
 def check_alices_server(wb, token: str) -> None:
@@ -797,12 +988,14 @@ def check_alices_server(wb, token: str) -> None:
     assert job_id in [j["id"] for j in jobs] and {j["owner"] for j in jobs} == {"alice"}
     experiments = requests.get(f"{api}/experiments", headers=auth, timeout=60).json()["experiments"]
     [experiment] = [e for e in experiments if e["name"] == job["experiment"]]
-    runs = requests.get(f"{api}/runs", params={"experiment_id": experiment["experiment_id"]}, headers=auth,
-                        timeout=60).json()["runs"]
+    runs = requests.get(
+        f"{api}/runs", params={"experiment_id": experiment["experiment_id"]}, headers=auth, timeout=60
+    ).json()["runs"]
     [run] = [r for r in runs if r["job_id"] == job_id]
     assert run["run_id"] == job["mlflow_run_id"] and run["metrics"]["loss"] == pytest.approx(1 / 3)
-    history = requests.get(f"{api}/metric-history", params={"run_id": run["run_id"], "key": "loss"},
-                           headers=auth, timeout=60).json()
+    history = requests.get(
+        f"{api}/metric-history", params={"run_id": run["run_id"], "key": "loss"}, headers=auth, timeout=60
+    ).json()
     assert [p[0] for p in history["series"][0]["points"]] == [0, 1, 2]
 
     board = requests.post(f"{api}/tensorboard", json={"job_ids": [job_id]}, headers=auth, timeout=180)
@@ -810,6 +1003,9 @@ def check_alices_server(wb, token: str) -> None:
     url = f"{wb.url}{board.json()['url']}"
     page = requests.get(url, headers=auth, timeout=60)
     assert page.status_code == 200 and "<tb-webapp>" in page.text  # TensorBoard's own page
-    runs_seen = wait_for(lambda: requests.get(f"{url}data/runs", headers=auth, timeout=60).json(), timeout=60,
-                         what="TensorBoard to read the job's event files")
+    runs_seen = wait_for(
+        lambda: requests.get(f"{url}data/runs", headers=auth, timeout=60).json(),
+        timeout=60,
+        what="TensorBoard to read the job's event files",
+    )
     assert any(name.startswith("tb-demo-") for name in runs_seen), runs_seen

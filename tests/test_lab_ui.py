@@ -45,8 +45,10 @@ def _missing() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)"
     if not (UI_TESTS / "node_modules" / "@jupyterlab" / "galata").exists():
-        return (f"{UI_TESTS / 'node_modules'} is missing "
-                f"(cd {UI_TESTS.relative_to(ROOT)} && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci)")
+        return (
+            f"{UI_TESTS / 'node_modules'} is missing "
+            f"(cd {UI_TESTS.relative_to(ROOT)} && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci)"
+        )
     if not SERVER_EXTENSION.exists():
         return f"the server extension {SERVER_EXTENSION.relative_to(ROOT)} is missing"
     if not LABEXTENSION.exists():
@@ -58,16 +60,22 @@ def _missing() -> str | None:
 
 def notebook(kernel_name: str, display_name: str) -> dict:
     """A parameters cell and a training cell that writes a few scalars, logs a model and prints a known line."""
+
     def cell(source: str, tags: list[str] = ()) -> dict:
-        return {"cell_type": "code", "execution_count": None, "metadata": {"tags": list(tags)} if tags else {},
-                "outputs": [], "source": source}
+        return {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {"tags": list(tags)} if tags else {},
+            "outputs": [],
+            "source": source,
+        }
 
     train = (
         "import danlu\n"
         "import torch\n"
         "from torch.utils.tensorboard import SummaryWriter\n"
         "\n"
-        "rows = (danlu.dataset(\"ui-points\") / \"points.csv\").read_text().splitlines()  # a catalog dataset\n"
+        'rows = (danlu.dataset("ui-points") / "points.csv").read_text().splitlines()  # a catalog dataset\n'
         "writer = SummaryWriter()\n"
         "w = torch.zeros(1, requires_grad=True)\n"
         "for step in range(20):\n"
@@ -76,17 +84,21 @@ def notebook(kernel_name: str, display_name: str) -> dict:
         "    with torch.no_grad():\n"
         "        w -= lr * w.grad\n"
         "        w.grad.zero_()\n"
-        "    writer.add_scalar(\"loss\", loss.item(), step)\n"
+        '    writer.add_scalar("loss", loss.item(), step)\n'
         "writer.close()\n"
         "import mlflow\n"
-        "mlflow.create_external_model(name=\"model\")  # what the sidebar registers as a model\n"
-        "print(f\"danlu-ui-test finished: lr={lr}\")"
+        'mlflow.create_external_model(name="model")  # what the sidebar registers as a model\n'
+        'print(f"danlu-ui-test finished: lr={lr}")'
     )
     cells = [cell("lr = 0.1", ["parameters"]), cell(train)]
     for i, c in enumerate(cells):
         c["id"] = f"cell-{i}"
-    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": kernel_name, "display_name": display_name, "language": "python"}}}
+    return {
+        "cells": cells,
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": kernel_name, "display_name": display_name, "language": "python"}},
+    }
 
 
 def prepare_home(home: Path) -> None:
@@ -100,8 +112,9 @@ def prepare_home(home: Path) -> None:
     labextensions.mkdir(parents=True, exist_ok=True)
     link = labextensions / "galata-extension"
     if not link.exists():
-        link.symlink_to(Path(jupyterlab.__file__).parent / "galata" / "@jupyterlab" / "galata-extension",
-                        target_is_directory=True)
+        link.symlink_to(
+            Path(jupyterlab.__file__).parent / "galata" / "@jupyterlab" / "galata-extension", target_is_directory=True
+        )
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +138,30 @@ def lab(tmp_path_factory):
         assert r.status_code in (200, 201), r.text
         r = requests.put(f"{api}/contents/{FOLDER}/data", headers=headers, json={"type": "directory"}, timeout=30)
         assert r.status_code in (200, 201), r.text
-        r = requests.put(f"{api}/contents/{FOLDER}/data/points.csv", headers=headers, timeout=30,
-                         json={"type": "file", "format": "text", "content": "x,y\n1,2\n2,4\n3,6\n"})
+        r = requests.put(
+            f"{api}/contents/{FOLDER}/data/points.csv",
+            headers=headers,
+            timeout=30,
+            json={"type": "file", "format": "text", "content": "x,y\n1,2\n2,4\n3,6\n"},
+        )
         assert r.status_code in (200, 201), r.text
-        r = wb.api("POST", "/datasets", token=token, json={
-            "name": DATASET, "path": f"{FOLDER}/data", "description": "three points on a line (the UI tests' data)"})
+        r = wb.api(
+            "POST",
+            "/datasets",
+            token=token,
+            json={
+                "name": DATASET,
+                "path": f"{FOLDER}/data",
+                "description": "three points on a line (the UI tests' data)",
+            },
+        )
         assert r.status_code in (200, 201), r.text
-        r = requests.put(f"{api}/contents/{FOLDER}/{NOTEBOOK}", headers=headers, timeout=30,
-                         json={"type": "notebook", "format": "json", "content": notebook(name, display)})
+        r = requests.put(
+            f"{api}/contents/{FOLDER}/{NOTEBOOK}",
+            headers=headers,
+            timeout=30,
+            json={"type": "notebook", "format": "json", "content": notebook(name, display)},
+        )
         assert r.status_code in (200, 201), r.text
         yield wb
     finally:
@@ -140,19 +169,35 @@ def lab(tmp_path_factory):
 
 
 def test_lab_extension_in_the_browser(lab):
-    env = {**os.environ,
-           "DANLU_UI_HUB_URL": lab.url, "DANLU_UI_USER": "alice",
-           "DANLU_UI_FOLDER": FOLDER, "DANLU_UI_NOTEBOOK": NOTEBOOK,
-           "DANLU_UI_CHROMIUM": CHROMIUM, "DANLU_UI_DATASET": DATASET,
-           # an admin (admins may always decide on a model version), who approves alice's in the lineage scenario
-           "DANLU_UI_APPROVER_TOKEN": lab.admin_token, "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
-           "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": "1"}
+    env = {
+        **os.environ,
+        "DANLU_UI_HUB_URL": lab.url,
+        "DANLU_UI_USER": "alice",
+        "DANLU_UI_FOLDER": FOLDER,
+        "DANLU_UI_NOTEBOOK": NOTEBOOK,
+        "DANLU_UI_CHROMIUM": CHROMIUM,
+        "DANLU_UI_DATASET": DATASET,
+        # an admin (admins may always decide on a model version), who approves alice's in the lineage scenario
+        "DANLU_UI_APPROVER_TOKEN": lab.admin_token,
+        "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
+        "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
+        "CI": "1",
+    }
     try:
-        done = subprocess.run(["npx", "--no-install", "playwright", "test"], cwd=UI_TESTS, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=20 * 60)
+        done = subprocess.run(
+            ["npx", "--no-install", "playwright", "test"],
+            cwd=UI_TESTS,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=20 * 60,
+        )
         output, code = done.stdout, done.returncode
     except subprocess.TimeoutExpired as e:
         output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         code = "timeout (20 min)"
-    assert code == 0, (f"playwright test exited {code}:\n{output}\n--- traces and report: {ARTIFACTS}\n"
-                       f"--- workbench log:\n{lab.log_tail(80)}")
+    assert code == 0, (
+        f"playwright test exited {code}:\n{output}\n--- traces and report: {ARTIFACTS}\n"
+        f"--- workbench log:\n{lab.log_tail(80)}"
+    )

@@ -28,18 +28,57 @@ SERVICE = "danlu.hub.service"
 ORDER = ("leaves", "store", "admission", "usage", "datasets", "jobs", "registry", "manager", "api", "app")
 PACKAGES = {"store", "admission", "usage", "datasets", "jobs", "registry", "api"}
 #: what ``danlu.hub`` may import of ``danlu`` (the kernel side): its leaves, which import nothing of their own
-KERNEL_LEAVES = {"danlu", "danlu.errors", "danlu.env", "danlu.states", "danlu.tags", "danlu.jobdir",
-                 "danlu.proctree", "danlu.lean", "danlu.client", "danlu.digests"}
+KERNEL_LEAVES = {
+    "danlu",
+    "danlu.errors",
+    "danlu.env",
+    "danlu.states",
+    "danlu.tags",
+    "danlu.jobdir",
+    "danlu.proctree",
+    "danlu.lean",
+    "danlu.client",
+    "danlu.digests",
+}
 #: the ``danlu`` script joins the two sides: the client's commands plus the hub's (hub/cli.py)
 SCRIPT = "danlu.hub.cli"
 #: modules the pure admission model never imports (a database, the clock, files, the network, threads)
-IMPURE = {"sqlalchemy", "time", "datetime", "os", "io", "pathlib", "shutil", "tempfile", "socket", "asyncio",
-          "subprocess", "threading", "concurrent", "random", "logging", "requests", "httpx", "tornado", "psutil"}
+IMPURE = {
+    "sqlalchemy",
+    "time",
+    "datetime",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "socket",
+    "asyncio",
+    "subprocess",
+    "threading",
+    "concurrent",
+    "random",
+    "logging",
+    "requests",
+    "httpx",
+    "tornado",
+    "psutil",
+}
 #: what the admission model may import beyond its own modules: pure leaves, which import nothing themselves
 PURE = {"danlu.errors", "danlu.hub.teams"}
 #: what the manager holds that a handler must not reach past it for
-MANAGER_INSIDES = {"core", "groups", "profiles", "settings", "backend", "database", "scheduler", "supervisor",
-                   "submission", "mlflow"}
+MANAGER_INSIDES = {
+    "core",
+    "groups",
+    "profiles",
+    "settings",
+    "backend",
+    "database",
+    "scheduler",
+    "supervisor",
+    "submission",
+    "mlflow",
+}
 REASONS = ("# deferred:", "# cycle:")
 MAX_LINES, MAX_CONFIGURABLE = 500, 600
 FOLDERS = {"hub": "danlu.hub", "magics": "danlu", "extensions/server": "danlu.lab"}
@@ -140,24 +179,35 @@ def admission_violations(found: list[Import]) -> list[str]:
         if top in IMPURE:
             out.append(f"{i.source}:{i.line} imports {i.target}: the admission model has no database, clock or I/O")
         elif i.target.startswith("danlu") and unit(i.target) != "admission" and i.target not in PURE:
-            out.append(f"{i.source}:{i.line} imports {i.target}: the admission model imports only its own "
-                       f"modules and {', '.join(sorted(PURE))}")
+            out.append(
+                f"{i.source}:{i.line} imports {i.target}: the admission model imports only its own "
+                f"modules and {', '.join(sorted(PURE))}"
+            )
     return out
 
 
 def handler_violations(found: list[Import]) -> list[str]:
-    return [f"{i.source}:{i.line} imports {i.target}: handlers import only leaves and the manager"
-            for i in found if unit(i.source) == "api" and unit(i.target) not in (None, "leaves", "manager", "api")
-            and not i.typing_only]
+    return [
+        f"{i.source}:{i.line} imports {i.target}: handlers import only leaves and the manager"
+        for i in found
+        if unit(i.source) == "api" and unit(i.target) not in (None, "leaves", "manager", "api") and not i.typing_only
+    ]
 
 
 def kernel_violations(found: list[Import]) -> list[str]:
     out = []
     for i in found:
-        if i.source.startswith("danlu.hub") and i.target.startswith("danlu") and not i.target.startswith(
-                ("danlu.hub", "danlu.lab")) and i.target not in KERNEL_LEAVES and i.source != SCRIPT:
-            out.append(f"{i.source}:{i.line} imports {i.target}: danlu.hub imports only danlu's leaves "
-                       f"({', '.join(sorted(KERNEL_LEAVES))})")
+        if (
+            i.source.startswith("danlu.hub")
+            and i.target.startswith("danlu")
+            and not i.target.startswith(("danlu.hub", "danlu.lab"))
+            and i.target not in KERNEL_LEAVES
+            and i.source != SCRIPT
+        ):
+            out.append(
+                f"{i.source}:{i.line} imports {i.target}: danlu.hub imports only danlu's leaves "
+                f"({', '.join(sorted(KERNEL_LEAVES))})"
+            )
         if not i.source.startswith(("danlu.hub", "danlu.lab")) and i.target.startswith("danlu.hub"):
             out.append(f"{i.source}:{i.line} imports {i.target}: what runs in kernels and jobs never imports the hub")
     return out
@@ -167,10 +217,14 @@ def handler_reach(source: str, text: str) -> list[str]:
     """Attributes a handler reads past the manager (``self.manager.core``, ``.settings``, ...)."""
     if unit(source) != "api":
         return []
-    return [f"{source}:{node.lineno} reads manager.{node.attr}: ask the manager (or one of its facades) instead"
-            for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.Attribute) and node.attr in MANAGER_INSIDES
-            and isinstance(node.value, ast.Attribute) and node.value.attr == "manager"]
+    return [
+        f"{source}:{node.lineno} reads manager.{node.attr}: ask the manager (or one of its facades) instead"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Attribute)
+        and node.attr in MANAGER_INSIDES
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "manager"
+    ]
 
 
 def queues_readers(source: str, text: str) -> list[str]:
@@ -182,8 +236,10 @@ def queues_readers(source: str, text: str) -> list[str]:
         if isinstance(node, ast.Attribute) and node.attr == "queues":
             owner = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
             if "backend" in owner.lower():
-                out.append(f"{source}:{node.lineno} reads {owner}.queues: ask the scheduler (owns_queues, "
-                           "multi_node, explain) instead")
+                out.append(
+                    f"{source}:{node.lineno} reads {owner}.queues: ask the scheduler (owns_queues, "
+                    "multi_node, explain) instead"
+                )
     return out
 
 
@@ -201,8 +257,10 @@ def unexplained_local_imports(source: str, text: str) -> list[str]:
                 break
             above -= 1
         if above < 0 or not any(r in lines[above] for r in REASONS):
-            out.append(f"{source}:{i.line} imports {i.target} inside a function without saying why "
-                       "(# deferred: ... or # cycle: ...)")
+            out.append(
+                f"{source}:{i.line} imports {i.target} inside a function without saying why "
+                "(# deferred: ... or # cycle: ...)"
+            )
     return out
 
 
@@ -257,9 +315,12 @@ def test_a_module_importing_to_its_right_is_found():
 def test_the_admission_model_importing_io_is_found():
     assert admission_violations(_found(f"{SERVICE}.admission.model", "import time\n"))
     assert admission_violations(_found(f"{SERVICE}.admission.model", f"from {SERVICE}.store.orm import Job\n"))
-    assert not admission_violations(_found(f"{SERVICE}.admission.model",
-                                           "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                           "    from danlu.hub.config import Settings\n"))
+    assert not admission_violations(
+        _found(
+            f"{SERVICE}.admission.model",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from danlu.hub.config import Settings\n",
+        )
+    )
 
 
 def test_a_handler_importing_the_database_is_found():

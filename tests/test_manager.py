@@ -58,6 +58,7 @@ ADMIN = admin()
 
 def in_loop(test):
     """Run an ``async def`` test in a fresh event loop (pytest-asyncio is not a dependency)."""
+
     @functools.wraps(test)
     def run(*args, **kwargs):
         return asyncio.run(test(*args, **kwargs))
@@ -93,9 +94,18 @@ async def submit(manager, who=ALICE, **fields) -> str:
 
 async def attempt_rows(manager, job_id: str) -> list[dict]:
     """What the database holds about the job's attempts (reports and token hashes included)."""
+
     def query(s):
-        return [{"number": a.number, "state": a.state, "report": dict(a.report or {}), "token_hash": a.token_hash,
-                 "stop_reason": a.stop_reason} for a in s.get(Job, job_id).attempts]
+        return [
+            {
+                "number": a.number,
+                "state": a.state,
+                "report": dict(a.report or {}),
+                "token_hash": a.token_hash,
+                "stop_reason": a.stop_reason,
+            }
+            for a in s.get(Job, job_id).attempts
+        ]
 
     return await manager.database.write(query)
 
@@ -123,8 +133,14 @@ async def test_a_job_that_succeeds_is_recorded_and_its_log_and_output_are_served
     assert [(a["state"], a["exit_code"], a["devices"]) for a in done["attempts"]] == [("succeeded", 0, [0])]
     assert log == f"danlu: job {job_id} attempt 1: profile python\n".encode() and size == len(log)
     assert json.loads(output)["cells"][0]["outputs"][0]["text"] == "ran greeting\n"
-    assert (launch.job_id, launch.attempt, launch.owner, launch.kernel_name, launch.devices, launch.api_url) == \
-        (job_id, 1, "alice", "danlu-python", (0,), UNUSED_API)
+    assert (launch.job_id, launch.attempt, launch.owner, launch.kernel_name, launch.devices, launch.api_url) == (
+        job_id,
+        1,
+        "alice",
+        "danlu-python",
+        (0,),
+        UNUSED_API,
+    )
     assert launch.token and launch.token not in repr(launch)
 
 
@@ -146,12 +162,15 @@ async def test_infrastructure_failures_retry_with_doubling_backoff_then_fail_the
     async with service(backend, tmp_path, jobs={"retry_backoff_seconds": 0.01}) as manager:
         job_id = await submit(manager, retries=2)
         done = await final(manager, job_id)
-        retries = await manager.audit_records(ADMIN, limit=10, action="retry", target=job_id)
+        retries = await manager.audit.records(ADMIN, limit=10, action="retry", target=job_id)
 
     assert (done["state"], done["failure"]) == ("failed", "infrastructure")
     assert done["reason"] == "infrastructure failure: the job runner ended without reporting (killed by signal 9)"
-    assert [(a["number"], a["state"], a["failure"]) for a in done["attempts"]] == \
-        [(1, "failed", "infrastructure"), (2, "failed", "infrastructure"), (3, "failed", "infrastructure")]
+    assert [(a["number"], a["state"], a["failure"]) for a in done["attempts"]] == [
+        (1, "failed", "infrastructure"),
+        (2, "failed", "infrastructure"),
+        (3, "failed", "infrastructure"),
+    ]
     assert sorted((r["after"]["retry"], r["after"]["after_seconds"]) for r in retries) == [(1, 0.01), (2, 0.02)]
 
 
@@ -161,8 +180,7 @@ async def test_a_retry_after_an_infrastructure_failure_can_succeed(tmp_path):
         done = await final(manager, await submit(manager, retries=1))
 
     assert done["state"] == "succeeded" and done["failure"] is None
-    assert [(a["state"], a["failure"]) for a in done["attempts"]] == [("failed", "infrastructure"),
-                                                                      ("succeeded", None)]
+    assert [(a["state"], a["failure"]) for a in done["attempts"]] == [("failed", "infrastructure"), ("succeeded", None)]
 
 
 @in_loop
@@ -367,8 +385,9 @@ async def test_a_job_cancelled_while_it_is_starting_leaves_no_runner(tmp_path):
         finished = track(manager, "start")
         job_id = await submit(manager, resources={"gpus": 2})
         cancelling = asyncio.ensure_future(manager.cancel(ALICE, job_id))  # "oops": at once
-        await until(lambda: manager.audit_records(ADMIN, limit=1, action="cancel", target=job_id),
-                    "the cancel to be under way")
+        await until(
+            lambda: manager.audit.records(ADMIN, limit=1, action="cancel", target=job_id), "the cancel to be under way"
+        )
         backend.start_gate.set()
         run = await backend.machine.running(job_id)
         await until(lambda: ("start", job_id) in finished, "the start to end")
@@ -412,7 +431,7 @@ async def test_cancel_while_queued_ends_the_job_before_it_ever_runs(tmp_path):
         assert (await final(manager, holder))["state"] == "succeeded"
         with pytest.raises(Conflict):
             await manager.cancel(ALICE, waiting)
-        assert (await manager.audit_records(ADMIN, limit=5, action="cancel", target=waiting))[0]["actor"] == "alice"
+        assert (await manager.audit.records(ADMIN, limit=5, action="cancel", target=waiting))[0]["actor"] == "alice"
 
     assert (cancelled["state"], cancelled["reason"]) == ("cancelled", "cancelled by alice while queued")
     assert cancelled["attempts"] == []
@@ -453,7 +472,7 @@ async def test_preemption_stops_the_victim_which_goes_back_to_the_queue_and_runs
         second = await backend.machine.running(victim, attempt=2)
         backend.finish(victim)
         done = await final(manager, victim)
-        preempts = await manager.audit_records(ADMIN, limit=5, action="preempt", target=victim)
+        preempts = await manager.audit.records(ADMIN, limit=5, action="preempt", target=victim)
 
     assert (victim, "preempted") in backend.cancels
     assert first.stop == {"reason": "preempted", "grace": 2.0} and ("finished preempted", 200) in first.answers
@@ -521,9 +540,18 @@ def add_history(manager, count: int, *, start=dt.datetime(2026, 11, 1), ties: in
     ``created_at`` (the id must break ties), over owners alice/carol/dave, queues a/b, and four states;
     returned newest first, as listings order them."""
     states = ("succeeded", "failed", "cancelled", "timed_out")
-    jobs = [Job(id=f"{0xe00000000000 + (i * 7919) % 0xfffff:012x}", owner=("alice", "carol", "dave")[i % 3],
-                name=f"h{i}", state=states[i % 4], profile="python", queue=("a", "b")[i % 2],
-                created_at=start + dt.timedelta(seconds=i // ties)) for i in range(count)]
+    jobs = [
+        Job(
+            id=f"{0xE00000000000 + (i * 7919) % 0xFFFFF:012x}",
+            owner=("alice", "carol", "dave")[i % 3],
+            name=f"h{i}",
+            state=states[i % 4],
+            profile="python",
+            queue=("a", "b")[i % 2],
+            created_at=start + dt.timedelta(seconds=i // ties),
+        )
+        for i in range(count)
+    ]
     with manager.database.sessions() as s, s.begin():
         s.add_all(jobs)
     return sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)
@@ -553,10 +581,16 @@ async def test_pages_follow_each_other_newest_first_with_every_filter(tmp_path):
             (ADMIN, {"queue": "b"}, lambda j: j.queue == "b"),
             (ADMIN, {"states": ["failed"]}, lambda j: j.state == "failed"),
             (ADMIN, {"states": ["timed_out", "succeeded"]}, lambda j: j.state in ("timed_out", "succeeded")),
-            (ALICE, {"states": ["failed", "cancelled"], "queue": "a"},
-             lambda j: j.owner == "alice" and j.state in ("failed", "cancelled") and j.queue == "a"),
-            (ADMIN, {"owner": "dave", "states": ["succeeded"], "queue": "a"},
-             lambda j: j.owner == "dave" and j.state == "succeeded" and j.queue == "a"),
+            (
+                ALICE,
+                {"states": ["failed", "cancelled"], "queue": "a"},
+                lambda j: j.owner == "alice" and j.state in ("failed", "cancelled") and j.queue == "a",
+            ),
+            (
+                ADMIN,
+                {"owner": "dave", "states": ["succeeded"], "queue": "a"},
+                lambda j: j.owner == "dave" and j.state == "succeeded" and j.queue == "a",
+            ),
         ]
         for who, filters, keep in cases:
             expected = [j.id for j in history if keep(j)]
@@ -590,17 +624,20 @@ def cursor_of(*parts) -> str:
     return base64.urlsafe_b64encode(json.dumps(list(parts)).encode()).decode().rstrip("=")
 
 
-@pytest.mark.parametrize("cursor, words", [
-    ("%%%", "not base64 of JSON"),
-    ("bm90IGpzb24", "not base64 of JSON"),  # "not json"
-    (cursor_of("1", "2026-11-01T00:00:00"), "not a key"),
-    (cursor_of(["1"], "2026-11-01T00:00:00", "e00000000001"), "not a key"),
-    (cursor_of("2", "2026-11-01T00:00:00", "e00000000001"), "version '2'"),
-    (cursor_of("1", "2026-11-01T00:00:00", "../../etc"), "no job id"),
-    (cursor_of("1", "yesterday", "e00000000001"), "no time"),
-    (cursor_of("1", "2026-11-01T00:00:00+02:00", "e00000000001"), "a time with a zone"),
-    ("A" * 201, "longer than 200"),
-])
+@pytest.mark.parametrize(
+    "cursor, words",
+    [
+        ("%%%", "not base64 of JSON"),
+        ("bm90IGpzb24", "not base64 of JSON"),  # "not json"
+        (cursor_of("1", "2026-11-01T00:00:00"), "not a key"),
+        (cursor_of(["1"], "2026-11-01T00:00:00", "e00000000001"), "not a key"),
+        (cursor_of("2", "2026-11-01T00:00:00", "e00000000001"), "version '2'"),
+        (cursor_of("1", "2026-11-01T00:00:00", "../../etc"), "no job id"),
+        (cursor_of("1", "yesterday", "e00000000001"), "no time"),
+        (cursor_of("1", "2026-11-01T00:00:00+02:00", "e00000000001"), "a time with a zone"),
+        ("A" * 201, "longer than 200"),
+    ],
+)
 def test_a_cursor_the_service_did_not_make_is_a_400_naming_cursor(cursor, words):
     with pytest.raises(UsageError) as e:
         listing.decode_cursor(cursor)
@@ -650,9 +687,15 @@ async def test_a_listing_is_the_views_of_its_page_byte_for_byte_and_only_ended_j
         running = await submit(manager, name="running", resources={"gpus": 2})
         queued = await submit(manager, who=user("carol", "vision"), resources={"gpus": 2})
         await until(lambda: len(backend.launches) == 2, "the second job to start")
-        cases = [(ADMIN, {}), (ALICE, {}), (ADMIN, {"owner": "carol"}), (ADMIN, {"states": ["queued", "running"]}),
-                 (ALICE, {"states": ["succeeded", "failed"]}), (ADMIN, {"queue": "b", "limit": 4}),
-                 (ADMIN, {"limit": 7, "cursor": listing.encode_cursor((history[9].created_at, history[9].id))})]
+        cases = [
+            (ADMIN, {}),
+            (ALICE, {}),
+            (ADMIN, {"owner": "carol"}),
+            (ADMIN, {"states": ["queued", "running"]}),
+            (ALICE, {"states": ["succeeded", "failed"]}),
+            (ADMIN, {"queue": "b", "limit": 4}),
+            (ADMIN, {"limit": 7, "cursor": listing.encode_cursor((history[9].created_at, history[9].id))}),
+        ]
         compared = []
         for who, filters in cases * 2:  # the second time from the cache
             sent, expected = await body_and_views(manager, who, **filters)
@@ -698,8 +741,18 @@ async def test_a_kept_view_changes_with_anything_its_job_was_built_from(tmp_path
 
         def used_a_dataset(s):
             s.add(Dataset(name="faces", created_by="alice"))
-            s.add(DatasetVersion(dataset="faces", version=1, digest="d" * 64, files=1, bytes=1, source="faces",
-                                 path="/data/faces", created_by="alice"))
+            s.add(
+                DatasetVersion(
+                    dataset="faces",
+                    version=1,
+                    digest="d" * 64,
+                    files=1,
+                    bytes=1,
+                    source="faces",
+                    path="/data/faces",
+                    created_by="alice",
+                )
+            )
             s.flush()
             s.add(DatasetUse(job_id=job_id, dataset="faces", version=1, digest="d" * 64, context="training"))
 
@@ -734,8 +787,9 @@ async def test_a_kept_view_never_shows_a_job_to_a_caller_who_may_not_see_it(tmp_
 
     assert [j["id"] for j in everyone] == [j.id for j in history] and kept == len(history)
     assert [j["id"] for j in for_alice] == [j.id for j in history if j.owner == "alice"]
-    assert [j["id"] for j in failed] == [j.id for j in history
-                                         if j.owner == "alice" and j.state in ("failed", "succeeded")]
+    assert [j["id"] for j in failed] == [
+        j.id for j in history if j.owner == "alice" and j.state in ("failed", "succeeded")
+    ]
     assert for_bob == []
 
 
@@ -749,13 +803,32 @@ async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp
     manager = make_manager(backend, tmp_path / "state")
     with manager.database.sessions() as s, s.begin():  # before it starts, as an upgraded database holds them
         for i, who in enumerate(("alice", "carol")):  # two 1-GPU jobs of an hour each, samples old and new
-            job = Job(id=f"f0000000000{i}", owner=who, name="old", state="succeeded", profile="python",
-                      queue="default", created_at=hour)
-            job.attempts.append(Attempt(number=1, state="succeeded", devices=[i], flavor="sim",
-                                        started_at=hour, finished_at=hour + dt.timedelta(hours=1)))
+            job = Job(
+                id=f"f0000000000{i}",
+                owner=who,
+                name="old",
+                state="succeeded",
+                profile="python",
+                queue="default",
+                created_at=hour,
+            )
+            job.attempts.append(
+                Attempt(
+                    number=1,
+                    state="succeeded",
+                    devices=[i],
+                    flavor="sim",
+                    started_at=hour,
+                    finished_at=hour + dt.timedelta(hours=1),
+                )
+            )
             s.add(job)
-        s.add_all([GpuSample(device=0, at=hour - dt.timedelta(days=20), utilization=5.0),
-                   GpuSample(device=0, at=hour + dt.timedelta(minutes=30), utilization=50.0)])
+        s.add_all(
+            [
+                GpuSample(device=0, at=hour - dt.timedelta(days=20), utilization=5.0),
+                GpuSample(device=0, at=hour + dt.timedelta(minutes=30), utilization=50.0),
+            ]
+        )
     async with serving(manager):
         caught_up = rollups.floor_hour(utcnow() - rollups.GRACE)
         await until(lambda: manager.database.read(lambda s: rollups.watermark(s) == caught_up), "usage to be rolled up")
@@ -765,7 +838,9 @@ async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp
     await backend.machine.kill_all()
 
     assert {r["user"]: (r["gpu_hours"], r["jobs"], r["measured_utilization"]) for r in report["rows"]} == {
-        "alice": (1.0, 1, 50.0), "carol": (1.0, 1, None)}
+        "alice": (1.0, 1, 50.0),
+        "carol": (1.0, 1, None),
+    }
     assert report["from"] == isoformat(hour - dt.timedelta(days=1)) and rolled >= 2
 
 
@@ -787,8 +862,13 @@ async def test_reports_for_another_job_attempt_or_token_are_refused_and_change_n
 
     assert hostile.answers[:7] == [
         ("spec", 200),
-        ("another job's report", 403), ("another job's spec", 403), ("another job's stop", 403),
-        ("its next attempt's report", 403), ("a forged token", 403), ("a malformed token", 401)]
+        ("another job's report", 403),
+        ("another job's spec", 403),
+        ("another job's stop", 403),
+        ("its next attempt's report", 403),
+        ("a forged token", 403),
+        ("a malformed token", 401),
+    ]
     assert states == ("running", "running")
     assert victim_rows[0]["report"] == {} and attacker_rows[0]["report"] == {}
     assert ends == ("succeeded", "succeeded")
@@ -806,8 +886,11 @@ async def test_an_earlier_attempts_token_is_refused_and_the_job_folder_changes_n
     assert ("an earlier attempt's token for that attempt", 403) in second.answers
     assert json.loads(second.folder["job.json"])["owner"] == "root"  # what the job wrote there...
     assert {**first.spec, "attempt": 2} == second.spec  # ...is not where the spec comes from
-    assert (second.spec["owner"], second.spec["profile"], second.spec["parameters"]) == \
-        ("alice", "python", {"then": "exit", "lr": 0.5})
+    assert (second.spec["owner"], second.spec["profile"], second.spec["parameters"]) == (
+        "alice",
+        "python",
+        {"then": "exit", "lr": 0.5},
+    )
     assert (done["state"], done["failure"]) == ("failed", "infrastructure")
 
 
@@ -997,22 +1080,56 @@ async def test_the_runner_gets_its_spec_from_the_database_as_submitted(tmp_path)
     submitted["cells"][0]["metadata"]["tags"] = ["parameters"]
     submitted["metadata"]["kernelspec"] = {"name": "some-other-kernel", "display_name": "x", "language": "python"}
     async with service(backend, tmp_path) as manager:
-        status, body = await manager.submit(ALICE, {
-            "notebook": submitted, "name": "spec-check", "parameters": {"lr": 0.5, "layers": [1, 2]},
-            "datasets": ["data/train.csv"], "experiment": "alice/specs", "resources": {"gpus": 1}})
+        status, body = await manager.submit(
+            ALICE,
+            {
+                "notebook": submitted,
+                "name": "spec-check",
+                "parameters": {"lr": 0.5, "layers": [1, 2]},
+                "datasets": ["data/train.csv"],
+                "experiment": "alice/specs",
+                "resources": {"gpus": 1},
+            },
+        )
         job_id = body["id"]
         await final(manager, job_id)
         _, recorded = await manager.input_notebook(ALICE, job_id)
         spec = backend.machine.run(job_id).spec
 
     assert status == 201
-    assert {k: spec[k] for k in ("job_id", "attempt", "name", "owner", "profile", "kernel_name", "nproc", "gpus",
-                                 "devices", "parameters", "experiment", "queue")} == {
-        "job_id": job_id, "attempt": 1, "name": "spec-check", "owner": "alice", "profile": "python",
-        "kernel_name": "danlu-python", "nproc": 1, "gpus": 1, "devices": [0],
-        "parameters": {"lr": 0.5, "layers": [1, 2]}, "experiment": "alice/specs", "queue": "default"}
-    assert spec["datasets"] == [{"name": "data/train.csv", "path": os.path.realpath(home / "data" / "train.csv"),
-                                 "context": "training"}]
+    assert {
+        k: spec[k]
+        for k in (
+            "job_id",
+            "attempt",
+            "name",
+            "owner",
+            "profile",
+            "kernel_name",
+            "nproc",
+            "gpus",
+            "devices",
+            "parameters",
+            "experiment",
+            "queue",
+        )
+    } == {
+        "job_id": job_id,
+        "attempt": 1,
+        "name": "spec-check",
+        "owner": "alice",
+        "profile": "python",
+        "kernel_name": "danlu-python",
+        "nproc": 1,
+        "gpus": 1,
+        "devices": [0],
+        "parameters": {"lr": 0.5, "layers": [1, 2]},
+        "experiment": "alice/specs",
+        "queue": "default",
+    }
+    assert spec["datasets"] == [
+        {"name": "data/train.csv", "path": os.path.realpath(home / "data" / "train.csv"), "context": "training"}
+    ]
     assert spec["cwd"] == str(home) and spec["env"] == {"HOME": str(home), "USER": "alice"}
     assert spec["mlflow_env"] == {}
     assert spec["notebook"]["cells"] == submitted["cells"]
@@ -1065,8 +1182,9 @@ async def test_an_attempt_recorded_but_never_launched_is_requeued_without_counti
         done = await final(manager, launch.job_id)
 
     assert requeued["state"] == "queued"
-    assert [(a["state"], a["failure"], a["reason"]) for a in requeued["attempts"]] == \
-        [("failed", None, "the service stopped while starting it")]
+    assert [(a["state"], a["failure"], a["reason"]) for a in requeued["attempts"]] == [
+        ("failed", None, "the service stopped while starting it")
+    ]
     assert backend.cancels == [(launch.job_id, "interrupted")]
     assert done["state"] == "succeeded" and done["retries"] == 0, "the interruption used no retry"
     assert [a["state"] for a in done["attempts"]] == ["failed", "succeeded"]
@@ -1098,49 +1216,126 @@ async def _requeued(manager, job_id) -> bool:
 
 
 # next_state, a pure function ------------------------------------------------------------------------------
-DEFAULTS = {"stopping": None, "preempt_reason": "", "retries": 0, "failures_before": 0, "limit_seconds": 3600.0,
-            "backoff_seconds": 10.0}
+DEFAULTS = {
+    "stopping": None,
+    "preempt_reason": "",
+    "retries": 0,
+    "failures_before": 0,
+    "limit_seconds": 3600.0,
+    "backoff_seconds": 10.0,
+}
 KILLED = Ending("failed", "the job runner ended without reporting (killed by signal 9)", infrastructure=True)
 CASES = {
     # name: (job state, ending, arguments, (state, failure, attempt state, retry_in, reason))
     "success": ("running", Ending("succeeded"), {}, ("succeeded", "", "succeeded", None, "")),
-    "success wins over a cancel": ("running", Ending("succeeded"), {"stopping": "cancelled"},
-                                   ("succeeded", "", "succeeded", None, "")),
-    "success wins over a preemption": ("preempted", Ending("succeeded"), {"stopping": "preempted"},
-                                       ("succeeded", "", "succeeded", None, "")),
-    "cancel, whatever the processes did": ("running", KILLED, {"stopping": "cancelled"},
-                                           ("cancelled", "", "cancelled", None, KILLED.reason)),
-    "cancel with no word from anyone": ("running", Ending("failed"), {"stopping": "cancelled"},
-                                        ("cancelled", "", "cancelled", None, "cancelled")),
-    "cancel keeps who cancelled": ("running", Ending("cancelled", "cancelled by alice"), {"stopping": "cancelled"},
-                                   ("cancelled", "", "cancelled", None, "cancelled by alice")),
-    "cancel wins over a user error": ("running", Ending("failed", "cell 1 raised"), {"stopping": "cancelled"},
-                                      ("cancelled", "", "cancelled", None, "cell 1 raised")),
-    "time limit": ("running", KILLED, {"stopping": "timed_out", "limit_seconds": 90.0},
-                   ("timed_out", "", "timed_out", None, "ran longer than its limit of 90 s and was stopped")),
-    "preemption": ("preempted", Ending("preempted", "preempted"), {"preempt_reason": "preempted by job b"},
-                   ("queued", "", "preempted", None,
-                    "preempted by job b; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)")),
-    "preemption whose runner died": ("preempted", KILLED, {"stopping": "preempted", "preempt_reason": "by b"},
-                                     ("queued", "", "preempted", None,
-                                      "by b; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)")),
-    "interruption is not counted": ("running", Ending("failed", "the service stopped", interrupted=True), {},
-                                    ("queued", "", "failed", None, "the service stopped; runs again")),
-    "user error, retries left": ("running", Ending("failed", "cell 2 raised KeyError"), {"retries": 5},
-                                 ("failed", "user", "failed", None, "error in your code: cell 2 raised KeyError")),
-    "first retry": ("running", KILLED, {"retries": 2},
-                    ("queued", "infrastructure", "failed", 10.0, f"retry 1 of 2 after an infrastructure failure: "
-                                                                 f"{KILLED.reason}")),
-    "backoff doubles": ("running", KILLED, {"retries": 3, "failures_before": 2},
-                        ("queued", "infrastructure", "failed", 40.0, f"retry 3 of 3 after an infrastructure "
-                                                                     f"failure: {KILLED.reason}")),
-    "backoff is capped at an hour": ("running", KILLED, {"retries": 20, "failures_before": 12},
-                                     ("queued", "infrastructure", "failed", 3600.0,
-                                      f"retry 13 of 20 after an infrastructure failure: {KILLED.reason}")),
-    "allowance spent": ("running", KILLED, {"retries": 2, "failures_before": 2},
-                        ("failed", "infrastructure", "failed", None, f"infrastructure failure: {KILLED.reason}")),
-    "no allowance": ("running", KILLED, {}, ("failed", "infrastructure", "failed", None,
-                                             f"infrastructure failure: {KILLED.reason}")),
+    "success wins over a cancel": (
+        "running",
+        Ending("succeeded"),
+        {"stopping": "cancelled"},
+        ("succeeded", "", "succeeded", None, ""),
+    ),
+    "success wins over a preemption": (
+        "preempted",
+        Ending("succeeded"),
+        {"stopping": "preempted"},
+        ("succeeded", "", "succeeded", None, ""),
+    ),
+    "cancel, whatever the processes did": (
+        "running",
+        KILLED,
+        {"stopping": "cancelled"},
+        ("cancelled", "", "cancelled", None, KILLED.reason),
+    ),
+    "cancel with no word from anyone": (
+        "running",
+        Ending("failed"),
+        {"stopping": "cancelled"},
+        ("cancelled", "", "cancelled", None, "cancelled"),
+    ),
+    "cancel keeps who cancelled": (
+        "running",
+        Ending("cancelled", "cancelled by alice"),
+        {"stopping": "cancelled"},
+        ("cancelled", "", "cancelled", None, "cancelled by alice"),
+    ),
+    "cancel wins over a user error": (
+        "running",
+        Ending("failed", "cell 1 raised"),
+        {"stopping": "cancelled"},
+        ("cancelled", "", "cancelled", None, "cell 1 raised"),
+    ),
+    "time limit": (
+        "running",
+        KILLED,
+        {"stopping": "timed_out", "limit_seconds": 90.0},
+        ("timed_out", "", "timed_out", None, "ran longer than its limit of 90 s and was stopped"),
+    ),
+    "preemption": (
+        "preempted",
+        Ending("preempted", "preempted"),
+        {"preempt_reason": "preempted by job b"},
+        (
+            "queued",
+            "",
+            "preempted",
+            None,
+            "preempted by job b; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)",
+        ),
+    ),
+    "preemption whose runner died": (
+        "preempted",
+        KILLED,
+        {"stopping": "preempted", "preempt_reason": "by b"},
+        ("queued", "", "preempted", None, "by b; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)"),
+    ),
+    "interruption is not counted": (
+        "running",
+        Ending("failed", "the service stopped", interrupted=True),
+        {},
+        ("queued", "", "failed", None, "the service stopped; runs again"),
+    ),
+    "user error, retries left": (
+        "running",
+        Ending("failed", "cell 2 raised KeyError"),
+        {"retries": 5},
+        ("failed", "user", "failed", None, "error in your code: cell 2 raised KeyError"),
+    ),
+    "first retry": (
+        "running",
+        KILLED,
+        {"retries": 2},
+        ("queued", "infrastructure", "failed", 10.0, f"retry 1 of 2 after an infrastructure failure: {KILLED.reason}"),
+    ),
+    "backoff doubles": (
+        "running",
+        KILLED,
+        {"retries": 3, "failures_before": 2},
+        ("queued", "infrastructure", "failed", 40.0, f"retry 3 of 3 after an infrastructure failure: {KILLED.reason}"),
+    ),
+    "backoff is capped at an hour": (
+        "running",
+        KILLED,
+        {"retries": 20, "failures_before": 12},
+        (
+            "queued",
+            "infrastructure",
+            "failed",
+            3600.0,
+            f"retry 13 of 20 after an infrastructure failure: {KILLED.reason}",
+        ),
+    ),
+    "allowance spent": (
+        "running",
+        KILLED,
+        {"retries": 2, "failures_before": 2},
+        ("failed", "infrastructure", "failed", None, f"infrastructure failure: {KILLED.reason}"),
+    ),
+    "no allowance": (
+        "running",
+        KILLED,
+        {},
+        ("failed", "infrastructure", "failed", None, f"infrastructure failure: {KILLED.reason}"),
+    ),
 }
 
 
@@ -1150,8 +1345,13 @@ def test_next_state(name):
 
     nxt = next_state(job_state, ending, **{**DEFAULTS, **arguments})
 
-    assert (nxt.state, nxt.failure, nxt.attempt_state, nxt.retry_in, nxt.reason) == \
-        (JobState(state), failure, attempt_state, retry_in, reason)
+    assert (nxt.state, nxt.failure, nxt.attempt_state, nxt.retry_in, nxt.reason) == (
+        JobState(state),
+        failure,
+        attempt_state,
+        retry_in,
+        reason,
+    )
 
 
 def test_a_retry_is_numbered_and_records_the_attempts_own_reason():

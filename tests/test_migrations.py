@@ -78,16 +78,29 @@ def schema(url: str) -> dict:
     try:
         with engine.connect() as c:
             found = inspect(c)
-            return {table: {
-                "columns": [(col["name"], str(col["type"]), col["nullable"], col["default"])
-                            for col in found.get_columns(table)],
-                "pk": found.get_pk_constraint(table)["constrained_columns"],
-                "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
-                                  for i in found.get_indexes(table)),
-                "unique": sorted(tuple(u["column_names"]) for u in found.get_unique_constraints(table)),
-                "fks": sorted((tuple(f["constrained_columns"]), f["referred_table"], tuple(f["referred_columns"]),
-                               f["options"].get("ondelete")) for f in found.get_foreign_keys(table)),
-            } for table in sorted(set(found.get_table_names()) - {"alembic_version"})}
+            return {
+                table: {
+                    "columns": [
+                        (col["name"], str(col["type"]), col["nullable"], col["default"])
+                        for col in found.get_columns(table)
+                    ],
+                    "pk": found.get_pk_constraint(table)["constrained_columns"],
+                    "indexes": sorted(
+                        (i["name"], tuple(i["column_names"]), bool(i["unique"])) for i in found.get_indexes(table)
+                    ),
+                    "unique": sorted(tuple(u["column_names"]) for u in found.get_unique_constraints(table)),
+                    "fks": sorted(
+                        (
+                            tuple(f["constrained_columns"]),
+                            f["referred_table"],
+                            tuple(f["referred_columns"]),
+                            f["options"].get("ondelete"),
+                        )
+                        for f in found.get_foreign_keys(table)
+                    ),
+                }
+                for table in sorted(set(found.get_table_names()) - {"alembic_version"})
+            }
     finally:
         engine.dispose()
 
@@ -121,8 +134,11 @@ def postgres_url():
     for statement in (f"DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE", f"CREATE SCHEMA {PG_SCHEMA}"):
         with engine.begin() as c:
             c.execute(text(statement))
-    yield make_url(POSTGRES_URL).update_query_dict({"options": f"-csearch_path={PG_SCHEMA}"}).render_as_string(
-        hide_password=False)
+    yield (
+        make_url(POSTGRES_URL)
+        .update_query_dict({"options": f"-csearch_path={PG_SCHEMA}"})
+        .render_as_string(hide_password=False)
+    )
     with engine.begin() as c:
         c.execute(text(f"DROP SCHEMA {PG_SCHEMA} CASCADE"))
     engine.dispose()
@@ -142,8 +158,15 @@ def test_revision_0001_is_the_schema_of_danlu_0_1_0(tmp_path):
     command.upgrade(db_schema.alembic_config(migrated), "0001")  # env.py on a URL, as the alembic command line runs it
     assert schema(migrated) == schema(previous)
     assert set(schema(migrated)) == set(Base.metadata.tables) - {
-        "job_inputs", "datasets", "dataset_versions", "dataset_uses", "models", "model_versions", "model_decisions",
-        "usage_rollups"}
+        "job_inputs",
+        "datasets",
+        "dataset_versions",
+        "dataset_uses",
+        "models",
+        "model_versions",
+        "model_decisions",
+        "usage_rollups",
+    }
 
 
 def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
@@ -200,10 +223,18 @@ def test_a_database_without_revision_but_with_the_new_tables_is_refused(tmp_path
 def make_job_folders(jobs: Path, outside: Path) -> dict[str, str]:
     """A folder for each unfinished job of the fixture, as its name says; the good notebooks' text."""
     good = {}
-    for name, job_id in (("good-queued", "b00000000001"), ("good-running", "b00000000002"),
-                         ("good-preempted", "b00000000003")):
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(
-            f"print('{name}')", metadata={"tags": ["danlu-cell"]}), nbformat.v4.new_code_cell("y = 2")])
+    for name, job_id in (
+        ("good-queued", "b00000000001"),
+        ("good-running", "b00000000002"),
+        ("good-preempted", "b00000000003"),
+    ):
+        nb = nbformat.v4.new_notebook(
+            cells=[
+                nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell(f"print('{name}')", metadata={"tags": ["danlu-cell"]}),
+                nbformat.v4.new_code_cell("y = 2"),
+            ]
+        )
         (jobs / job_id).mkdir(parents=True)
         good[job_id] = nbformat.writes(nb)
         (jobs / job_id / "input.ipynb").write_text(good[job_id], encoding="utf-8")
@@ -263,8 +294,15 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     assert db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == unchanged
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
-        job = Job(id="d00000000001", owner="alice", name="kept", state="queued", profile="python",
-                  cell_sha256="ab" * 32, tracking={"run_id": "r1"})
+        job = Job(
+            id="d00000000001",
+            owner="alice",
+            name="kept",
+            state="queued",
+            profile="python",
+            cell_sha256="ab" * 32,
+            tracking={"run_id": "r1"},
+        )
         job.attempts.append(Attempt(number=1, state="failed", token_hash="cd" * 32, report={"state": "failed"}))
         s.add_all([job, JobInput(job_id=job.id, notebook="{}")])
     sessions.kw["bind"].dispose()

@@ -68,7 +68,9 @@ def test_the_secret_is_made_once_and_only_the_owner_reads_it(tmp_path):
 
 def test_jobs_log_in_as_their_owner():
     assert mlflow_auth.job_environment("alice", SECRET) == {
-        "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": password(SECRET, "alice")}
+        "MLFLOW_TRACKING_USERNAME": "alice",
+        "MLFLOW_TRACKING_PASSWORD": password(SECRET, "alice"),
+    }
     assert mlflow_auth.job_environment("alice", None) == {}
     with pytest.raises(PolicyError):
         mlflow_auth.job_environment(SERVICE_ACCOUNT, SECRET)
@@ -87,19 +89,23 @@ def basic(user: str, pw: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
 
 
-@pytest.mark.parametrize("header, accepted", [
-    (basic("alice", password(SECRET, "alice")), True),
-    (basic(SERVICE_ACCOUNT, password(SECRET, SERVICE_ACCOUNT)), True),
-    (basic("bob", password(SECRET, "alice")), False),  # alice's password is not bob's
-    (basic("alice", password("cd" * 32, "alice")), False),  # derived from another secret
-    (basic("alice", ""), False),
-    ("Bearer " + password(SECRET, "alice"), False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    "header, accepted",
+    [
+        (basic("alice", password(SECRET, "alice")), True),
+        (basic(SERVICE_ACCOUNT, password(SECRET, SERVICE_ACCOUNT)), True),
+        (basic("bob", password(SECRET, "alice")), False),  # alice's password is not bob's
+        (basic("alice", password("cd" * 32, "alice")), False),  # derived from another secret
+        (basic("alice", ""), False),
+        ("Bearer " + password(SECRET, "alice"), False),
+        (None, False),
+    ],
+)
 def test_mlflow_accepts_only_derived_passwords(monkeypatch, header, accepted):
     monkeypatch.setenv(MLFLOW_AUTH_SECRET, SECRET)
-    with Flask(__name__).test_request_context("/api/2.0/mlflow/runs/get",
-                                              headers={"Authorization": header} if header else {}):
+    with Flask(__name__).test_request_context(
+        "/api/2.0/mlflow/runs/get", headers={"Authorization": header} if header else {}
+    ):
         result = mlflow_auth.authenticate()
         if accepted:
             assert basic(result.username, result.password) == header
@@ -144,16 +150,29 @@ def test_auth_config_from_danlu_yaml(tmp_path, monkeypatch):
 
 def test_mlflow_server_environment(tmp_path):
     env = mlflow_auth.server_environment(tmp_path / "mlflow-auth.ini", SECRET)
-    assert env == {"MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "mlflow-auth.ini"),
-                   "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_auth.flask_secret_key(SECRET), MLFLOW_AUTH_SECRET: SECRET}
+    assert env == {
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "mlflow-auth.ini"),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_auth.flask_secret_key(SECRET),
+        MLFLOW_AUTH_SECRET: SECRET,
+    }
 
 
 def test_the_secret_reaches_the_jobs_service_and_the_gateway_only(tmp_path):
     (tmp_path / "danlu.yaml").write_text("{}")
-    environ = {str(k): v for k, v in {
-        env.CONFIG: str(tmp_path / "danlu.yaml"), env.STATE_DIR: str(tmp_path / "state"), env.HUB_PORT: "8081",
-        env.PROXY_API_PORT: "8001", env.ADMIN_TOKEN: "a" * 64, env.MLFLOW_URL: "http://127.0.0.1:5000",
-        env.SERVICE_PORT: "10101", env.GATEWAY_PORT: "10102", "PATH": "/usr/bin"}.items()}
+    environ = {
+        str(k): v
+        for k, v in {
+            env.CONFIG: str(tmp_path / "danlu.yaml"),
+            env.STATE_DIR: str(tmp_path / "state"),
+            env.HUB_PORT: "8081",
+            env.PROXY_API_PORT: "8001",
+            env.ADMIN_TOKEN: "a" * 64,
+            env.MLFLOW_URL: "http://127.0.0.1:5000",
+            env.SERVICE_PORT: "10101",
+            env.GATEWAY_PORT: "10102",
+            "PATH": "/usr/bin",
+        }.items()
+    }
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / mlflow_auth.SECRET_FILE).write_text(SECRET + "\n")  # as danlu up leaves it
     c = Config()
@@ -195,8 +214,7 @@ class FakeMlflow:
         class Handler(web.RequestHandler):
             def check(self):
                 fake.calls.append(f"{self.request.method} {self.request.path}")
-                assert self.request.headers["Authorization"] == mlflow_auth.basic_authorization(
-                    SERVICE_ACCOUNT, SECRET)
+                assert self.request.headers["Authorization"] == mlflow_auth.basic_authorization(SERVICE_ACCOUNT, SECRET)
 
             def error(self, status, code):
                 self.set_status(status)
@@ -310,22 +328,28 @@ def test_the_service_account_is_never_provisioned():
 def hub_users(*names):
     async def exists(name: str) -> bool:
         return name in names
+
     return exists
 
 
-@pytest.mark.parametrize("name, owner, admin, refused", [
-    ("alice/mnist", "alice", False, False),  # her own name space, a new experiment
-    ("bob/mnist", "alice", False, True),  # squatting another user's name space
-    ("bob/mnist", "admin", True, False),  # admins may use any name
-    ("project/mnist", "alice", False, False),  # not a user: a shared name, new
-    ("shared", "alice", False, True),  # exists; alice may only read it (the default)
-    ("shared", "bob", False, False),  # bob was granted EDIT
-    ("alice/old", "alice", False, False),  # exists; hers (MANAGE)
-])
+@pytest.mark.parametrize(
+    "name, owner, admin, refused",
+    [
+        ("alice/mnist", "alice", False, False),  # her own name space, a new experiment
+        ("bob/mnist", "alice", False, True),  # squatting another user's name space
+        ("bob/mnist", "admin", True, False),  # admins may use any name
+        ("project/mnist", "alice", False, False),  # not a user: a shared name, new
+        ("shared", "alice", False, True),  # exists; alice may only read it (the default)
+        ("shared", "bob", False, False),  # bob was granted EDIT
+        ("alice/old", "alice", False, False),  # exists; hers (MANAGE)
+    ],
+)
 def test_check_experiment(name, owner, admin, refused):
-    fake = FakeMlflow(users={"alice": False, "bob": False, "admin": True},
-                      experiments={"shared": "7", "alice/old": "9"},
-                      permissions={("bob", "7"): "EDIT", ("alice", "9"): "MANAGE"})
+    fake = FakeMlflow(
+        users={"alice": False, "bob": False, "admin": True},
+        experiments={"shared": "7", "alice/old": "9"},
+        permissions={("bob", "7"): "EDIT", ("alice", "9"): "MANAGE"},
+    )
 
     async def check(users):
         if refused:
@@ -389,8 +413,11 @@ def test_no_permissions_hides_other_users_experiments(private_mlflow):
     assert requests.get(get, params=experiment, auth=alice, timeout=30).status_code == 200
     assert requests.get(get, params=experiment, auth=bob, timeout=30).status_code == 403
     assert requests.get(get, params=experiment, auth=carol, timeout=30).status_code == 200  # an admin
-    found = requests.post(f"{url}/api/2.0/mlflow/experiments/search", auth=bob, json={"max_results": 100},
-                          timeout=30).json().get("experiments", [])
+    found = (
+        requests.post(f"{url}/api/2.0/mlflow/experiments/search", auth=bob, json={"max_results": 100}, timeout=30)
+        .json()
+        .get("experiments", [])
+    )
     assert "team-x" not in [e["name"] for e in found]
     # what the jobs service asks before it takes a job for an experiment
     asyncio.run(users.check_experiment("team-x", "alice", False, hub_users("alice", "bob")))
@@ -400,8 +427,14 @@ def test_no_permissions_hides_other_users_experiments(private_mlflow):
 
 # service: the whole workbench --------------------------------------------------------------------------
 def notebook(source: str) -> dict:
-    return {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": source}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def artifact(run: dict, name: str) -> str:
@@ -426,8 +459,12 @@ def alice_run(workbench):
     run = r.json()["run"]
     r = wb.mlflow("PUT", artifact(run, "notes.txt"), token=alice, data=b"alice's notes")
     assert r.status_code == 200, r.text
-    return {"run": run, "run_id": run["info"]["run_id"], "experiment_id": experiments[name],
-            "shared": f"permissions-shared-{suffix}"}
+    return {
+        "run": run,
+        "run_id": run["info"]["run_id"],
+        "experiment_id": experiments[name],
+        "shared": f"permissions-shared-{suffix}",
+    }
 
 
 def writes(alice_run: dict) -> list[tuple[str, str, dict]]:
@@ -435,8 +472,11 @@ def writes(alice_run: dict) -> list[tuple[str, str, dict]]:
     return [
         ("POST", "/api/2.0/mlflow/runs/set-tag", {"json": {"run_id": run_id, "key": "k", "value": "v"}}),
         ("POST", "/ajax-api/2.0/mlflow/runs/set-tag", {"json": {"run_id": run_id, "key": "k", "value": "v"}}),
-        ("POST", "/api/2.0/mlflow/runs/log-metric", {"json": {
-            "run_id": run_id, "key": "loss", "value": 1.0, "timestamp": int(time.time() * 1000), "step": 0}}),
+        (
+            "POST",
+            "/api/2.0/mlflow/runs/log-metric",
+            {"json": {"run_id": run_id, "key": "loss", "value": 1.0, "timestamp": int(time.time() * 1000), "step": 0}},
+        ),
         ("PUT", artifact(alice_run["run"], "notes.txt"), {"data": b"overwritten"}),
         ("PUT", artifact(alice_run["run"], "more.txt"), {"data": b"added"}),
         ("DELETE", artifact(alice_run["run"], "notes.txt"), {}),
@@ -450,8 +490,12 @@ def test_everyone_reads_only_the_owner_changes(workbench, alice_run):
     wb, bob = workbench, workbench.tokens["bob"]
     run_id = alice_run["run_id"]
     assert wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=bob).status_code == 200
-    assert wb.mlflow("GET", f"/api/2.0/mlflow/experiments/get?experiment_id={alice_run['experiment_id']}",
-                     token=bob).status_code == 200
+    assert (
+        wb.mlflow(
+            "GET", f"/api/2.0/mlflow/experiments/get?experiment_id={alice_run['experiment_id']}", token=bob
+        ).status_code
+        == 200
+    )
     assert wb.mlflow("GET", artifact(alice_run["run"], "notes.txt"), token=bob).content == b"alice's notes"
     for method, path, kwargs in writes(alice_run):
         r = wb.mlflow(method, path, token=bob, **kwargs)
@@ -461,8 +505,12 @@ def test_everyone_reads_only_the_owner_changes(workbench, alice_run):
     run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=bob).json()["run"]
     assert run["info"]["lifecycle_stage"] == "active" and "k" not in {t["key"] for t in run["data"].get("tags", [])}
     # while alice may
-    r = wb.mlflow("POST", "/api/2.0/mlflow/runs/set-tag", token=wb.tokens["alice"],
-                  json={"run_id": run_id, "key": "k", "value": "alice"})
+    r = wb.mlflow(
+        "POST",
+        "/api/2.0/mlflow/runs/set-tag",
+        token=wb.tokens["alice"],
+        json={"run_id": run_id, "key": "k", "value": "alice"},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -487,8 +535,12 @@ def log_in(wb, user: str) -> requests.Session:
     session = requests.Session()
     page = session.get(f"{wb.url}/hub/login", timeout=30)
     xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
-    r = session.post(f"{wb.url}/hub/login", data={"username": user, "password": "any", "_xsrf": xsrf},
-                     allow_redirects=False, timeout=30)
+    r = session.post(
+        f"{wb.url}/hub/login",
+        data={"username": user, "password": "any", "_xsrf": xsrf},
+        allow_redirects=False,
+        timeout=30,
+    )
     assert r.status_code == 302, r.text
     return session
 
@@ -533,8 +585,12 @@ def test_a_job_logs_as_its_owner(workbench):
     assert "logged as alice" in output and "no secret" in output
     run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}", token=alice).json()["run"]
     assert {m["key"] for m in run["data"]["metrics"]} >= {"from_kernel"}
-    permission = wb.mlflow("GET", "/api/3.0/mlflow/users/permissions/get", token=wb.tokens["admin"], params={
-        "username": "alice", "resource_type": "experiment", "resource_id": run["info"]["experiment_id"]}).json()
+    permission = wb.mlflow(
+        "GET",
+        "/api/3.0/mlflow/users/permissions/get",
+        token=wb.tokens["admin"],
+        params={"username": "alice", "resource_type": "experiment", "resource_id": run["info"]["experiment_id"]},
+    ).json()
     assert permission["permission"] == "MANAGE"
     tag = {"run_id": done["mlflow_run_id"], "key": "reviewed", "value": "yes"}
     assert wb.mlflow("POST", "/api/2.0/mlflow/runs/set-tag", token=bob, json=tag).status_code == 403
@@ -544,10 +600,18 @@ def test_a_job_logs_as_its_owner(workbench):
 @pytest.mark.service
 def test_jobs_go_only_into_experiments_their_owner_may_write(workbench, alice_run):
     wb = workbench
-    for owner, experiment, status in (("bob", "alice/squatted", 403), ("bob", alice_run["shared"], 403),
-                                      ("alice", alice_run["shared"], 200), ("admin", "alice/anything", 200)):
-        r = wb.api("POST", "/jobs", token=wb.tokens[owner], json={
-            "notebook": notebook("1"), "experiment": experiment, "dry_run": True})
+    for owner, experiment, status in (
+        ("bob", "alice/squatted", 403),
+        ("bob", alice_run["shared"], 403),
+        ("alice", alice_run["shared"], 200),
+        ("admin", "alice/anything", 200),
+    ):
+        r = wb.api(
+            "POST",
+            "/jobs",
+            token=wb.tokens[owner],
+            json={"notebook": notebook("1"), "experiment": experiment, "dry_run": True},
+        )
         assert r.status_code == status, (owner, experiment, r.text)
         if status == 403:
             assert r.json()["reason"] == "experiment_not_yours"

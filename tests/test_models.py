@@ -49,8 +49,9 @@ CAROL = user("carol", "ml-leads")  # an approver
 DAVE = user("dave", "research", "ml-leads")  # an approver who registers his own
 ADMIN = admin()
 GROUPS = {"alice": ["research"], "bob": [], "carol": ["ml-leads"], "dave": ["ml-leads", "research"], "admin": []}
-EVAL_NOTEBOOK = notebook("import mlflow\nmodel = mlflow.pyfunc.load_model(model_uri)\n"
-                         "mlflow.log_metric('accuracy', 0.95)")
+EVAL_NOTEBOOK = notebook(
+    "import mlflow\nmodel = mlflow.pyfunc.load_model(model_uri)\nmlflow.log_metric('accuracy', 0.95)"
+)
 
 
 # one MLflow server for the module -------------------------------------------------------------------------
@@ -92,8 +93,9 @@ class MlflowServer:
         self.url, self.secret = url, secret
 
     def call(self, who: str, method: str, path: str, **kwargs) -> requests.Response:
-        return requests.request(method, f"{self.url}{path}", auth=(who, password(self.secret, who)), timeout=60,
-                                **kwargs)
+        return requests.request(
+            method, f"{self.url}{path}", auth=(who, password(self.secret, who)), timeout=60, **kwargs
+        )
 
     def ok(self, who: str, method: str, path: str, **kwargs) -> dict:
         r = self.call(who, method, path, **kwargs)
@@ -106,31 +108,53 @@ class MlflowServer:
             return r.json()["experiment"]["experiment_id"]
         return self.ok(who, "POST", "/api/2.0/mlflow/experiments/create", json={"name": name})["experiment_id"]
 
-    def run(self, who: str, *, logged_model: str | None = None, artifact: str | None = None,
-            metrics: dict | None = None, experiment: str | None = None) -> str:
+    def run(
+        self,
+        who: str,
+        *,
+        logged_model: str | None = None,
+        artifact: str | None = None,
+        metrics: dict | None = None,
+        experiment: str | None = None,
+    ) -> str:
         """A finished run of ``who``'s (tagged as a job's runner tags it), with a logged model or an artifact file."""
         experiment_id = self.experiment(who, experiment or f"{who}/models-{uuid.uuid4().hex[:8]}")
-        run = self.ok(who, "POST", "/api/2.0/mlflow/runs/create", json={
-            "experiment_id": experiment_id, "tags": [{"key": tags.USER, "value": who}]})["run"]
+        run = self.ok(
+            who,
+            "POST",
+            "/api/2.0/mlflow/runs/create",
+            json={"experiment_id": experiment_id, "tags": [{"key": tags.USER, "value": who}]},
+        )["run"]
         run_id = run["info"]["run_id"]
         if metrics:
             now = int(time.time() * 1000)
-            self.ok(who, "POST", "/api/2.0/mlflow/runs/log-batch", json={"run_id": run_id, "metrics": [
-                {"key": k, "value": v, "timestamp": now, "step": 0} for k, v in metrics.items()]})
+            self.ok(
+                who,
+                "POST",
+                "/api/2.0/mlflow/runs/log-batch",
+                json={
+                    "run_id": run_id,
+                    "metrics": [{"key": k, "value": v, "timestamp": now, "step": 0} for k, v in metrics.items()],
+                },
+            )
         if logged_model:
-            self.ok(who, "POST", "/api/2.0/mlflow/logged-models", json={
-                "experiment_id": experiment_id, "name": logged_model, "source_run_id": run_id})
+            self.ok(
+                who,
+                "POST",
+                "/api/2.0/mlflow/logged-models",
+                json={"experiment_id": experiment_id, "name": logged_model, "source_run_id": run_id},
+            )
         if artifact:
             where = run["info"]["artifact_uri"].split("mlflow-artifacts:", 1)[1].strip("/")
-            r = self.call(who, "PUT", f"/api/2.0/mlflow-artifacts/artifacts/{where}/{artifact}",
-                          data=b"flavors: {}\n")
+            r = self.call(who, "PUT", f"/api/2.0/mlflow-artifacts/artifacts/{where}/{artifact}", data=b"flavors: {}\n")
             assert r.status_code == 200, r.text
         self.ok(who, "POST", "/api/2.0/mlflow/runs/update", json={"run_id": run_id, "status": "FINISHED"})
         return run_id
 
     def version(self, name: str, version: int) -> dict:
-        return self.ok("alice", "GET", "/api/2.0/mlflow/model-versions/get",
-                       params={"name": name, "version": str(version)})["model_version"]
+        return self.ok(
+            "alice", "GET", "/api/2.0/mlflow/model-versions/get", params={"name": name, "version": str(version)}
+        )["model_version"]
 
 
 # an evaluation job's runner -------------------------------------------------------------------------------
@@ -156,8 +180,10 @@ class EvaluatingBackend(FakeBackend):
         assert env["MLFLOW_TRACKING_USERNAME"] == spec["owner"]  # it logs as the registrant
         run_id = await asyncio.to_thread(self._log, env, spec)
         launch = run.launch
-        await run.call("tracking", lambda api: api.event(launch.job_id, launch.attempt, launch.token, {
-            "event": "tracking", "run_id": run_id}))
+        await run.call(
+            "tracking",
+            lambda api: api.event(launch.job_id, launch.attempt, launch.token, {"event": "tracking", "run_id": run_id}),
+        )
         await run.report("succeeded")
         return 0
 
@@ -170,18 +196,33 @@ class EvaluatingBackend(FakeBackend):
             assert r.status_code == 200, (path, r.text)
             return r.json()
 
-        r = requests.get(f"{base}/api/2.0/mlflow/experiments/get-by-name", auth=auth, timeout=60,
-                         params={"experiment_name": spec["experiment"]})
-        experiment_id = r.json()["experiment"]["experiment_id"] if r.status_code == 200 else ok(
-            "POST", "/api/2.0/mlflow/experiments/create", json={"name": spec["experiment"]})["experiment_id"]
+        r = requests.get(
+            f"{base}/api/2.0/mlflow/experiments/get-by-name",
+            auth=auth,
+            timeout=60,
+            params={"experiment_name": spec["experiment"]},
+        )
+        experiment_id = (
+            r.json()["experiment"]["experiment_id"]
+            if r.status_code == 200
+            else ok("POST", "/api/2.0/mlflow/experiments/create", json={"name": spec["experiment"]})["experiment_id"]
+        )
         created = ok("POST", "/api/2.0/mlflow/runs/create", json={"experiment_id": experiment_id})
         run_id = created["run"]["info"]["run_id"]
         # what the notebook does first: load the version it evaluates, which its owner may read
         model = spec["parameters"]["model_name"], str(spec["parameters"]["model_version"])
         ok("GET", "/api/2.0/mlflow/model-versions/get", params={"name": model[0], "version": model[1]})
         now = int(time.time() * 1000)
-        ok("POST", "/api/2.0/mlflow/runs/log-batch", json={"run_id": run_id, "metrics": [
-            {"key": k, "value": v, "timestamp": now, "step": 0} for k, v in self.scores[model[0]].items()]})
+        ok(
+            "POST",
+            "/api/2.0/mlflow/runs/log-batch",
+            json={
+                "run_id": run_id,
+                "metrics": [
+                    {"key": k, "value": v, "timestamp": now, "step": 0} for k, v in self.scores[model[0]].items()
+                ],
+            },
+        )
         return run_id
 
 
@@ -197,8 +238,9 @@ async def service(tmp_path, mlflow: MlflowServer, backend: FakeBackend, evaluati
         path.write_text(json.dumps(nb))
         specs[name] = {"notebook": str(path), "thresholds": thresholds}
     settings = make_settings(state, models={"approvers": ["ml-leads"], "evaluations": specs, **models})
-    manager = make_manager(backend, state, settings=settings, groups=FakeGroups(GROUPS),
-                           mlflow=MlflowAccess(mlflow.url, mlflow.secret))
+    manager = make_manager(
+        backend, state, settings=settings, groups=FakeGroups(GROUPS), mlflow=MlflowAccess(mlflow.url, mlflow.secret)
+    )
     async with serving(manager):
         yield manager
 
@@ -215,6 +257,7 @@ def in_loop(test):
 
 async def gate(manager, name: str, version: int, *states: str) -> dict:
     """The version once its evaluation is in one of ``states``."""
+
     async def check():
         v = await manager.models.version_view(ALICE, name, version)
         return v if v["evaluation"]["state"] in states else None
@@ -225,15 +268,18 @@ async def gate(manager, name: str, version: int, *states: str) -> dict:
 # the whole path ------------------------------------------------------------------------------------------
 @in_loop
 async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_and_the_alias_follows(
-        tmp_path, mlflow_server):
+    tmp_path, mlflow_server
+):
     mlflow = mlflow_server
     name = f"gated-{uuid.uuid4().hex[:6]}"
     run_id = await asyncio.to_thread(mlflow.run, "dave", logged_model="model")
     backend = EvaluatingBackend({name: {"accuracy": 0.95, "loss": 0.2}})
-    async with service(tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"},
-                                                          EVAL_NOTEBOOK)}) as manager:
-        status, registered = await manager.models.register(DAVE, {"run_id": run_id, "name": name,
-                                                                   "description": "digits"})
+    async with service(
+        tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"}, EVAL_NOTEBOOK)}
+    ) as manager:
+        status, registered = await manager.models.register(
+            DAVE, {"run_id": run_id, "name": name, "description": "digits"}
+        )
         passed = await gate(manager, name, 1, "passed", "failed", "error")
         with pytest.raises(Forbidden) as own:
             await manager.models.decide(DAVE, name, 1, {"decision": "approve", "comment": "mine is great"})
@@ -247,8 +293,8 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
         moved = await manager.models.set_alias(CAROL, name, "champion", {"version": 1})
         shown = await manager.models.show(ALICE, name)
         listed = await manager.models.list(BOB)
-        records = await manager.audit_records(ADMIN, limit=50, action=None, target=None)
-        verified = await manager.audit_verify(ADMIN)
+        records = await manager.audit.records(ADMIN, limit=50, action=None, target=None)
+        verified = await manager.audit.verify(ADMIN)
         evaluation_job = await manager.get(DAVE, passed["evaluation"]["job_id"])
 
     assert status == 201 and registered["version"] == 1 and registered["run_id"] == run_id
@@ -269,8 +315,9 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
     assert [m["name"] for m in listed if m["name"] == name] == [name]
 
     # MLflow's copy: the alias follows, the version's tags say what the database says
-    by_alias = await asyncio.to_thread(mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/alias",
-                                       params={"name": name, "alias": "champion"})
+    by_alias = await asyncio.to_thread(
+        mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/alias", params={"name": name, "alias": "champion"}
+    )
     assert by_alias["model_version"]["version"] == "1"
     version_tags = {t["key"]: t["value"] for t in (await asyncio.to_thread(mlflow.version, name, 1))["tags"]}
     assert version_tags[tags.APPROVAL] == "approved" and version_tags[tags.APPROVED_BY] == "carol"
@@ -278,11 +325,14 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
     assert json.loads(version_tags[tags.EVALUATION_METRICS]) == {"accuracy": 0.95, "loss": 0.2}
 
     # every step is in the audit log, and the chain holds
-    mine = [(r["action"], r["target"], r["actor"]) for r in reversed(records)
-            if r["target"].startswith(name)]
-    assert mine == [("create_model", name, "dave"), ("register_model", f"{name}@1", "dave"),
-                    ("evaluate_model", f"{name}@1", "danlu"), ("approve_model", f"{name}@1", "carol"),
-                    ("set_model_alias", f"{name}@1", "carol")]
+    mine = [(r["action"], r["target"], r["actor"]) for r in reversed(records) if r["target"].startswith(name)]
+    assert mine == [
+        ("create_model", name, "dave"),
+        ("register_model", f"{name}@1", "dave"),
+        ("evaluate_model", f"{name}@1", "danlu"),
+        ("approve_model", f"{name}@1", "carol"),
+        ("set_model_alias", f"{name}@1", "carol"),
+    ]
     approval = next(r for r in records if r["action"] == "approve_model")
     assert approval["after"] == {"approval": "approved", "comment": "meets the bar"}
     assert approval["seq"] == decision["audit_seq"]
@@ -310,13 +360,22 @@ async def test_users_cannot_write_around_the_approvals_in_mlflow(tmp_path, mlflo
         ("POST", "/api/2.0/mlflow/registered-models/alias", {"name": name, "alias": "champion", "version": "2"}),
         ("POST", "/api/2.0/mlflow/registered-models/alias", {"name": name, "alias": "staging", "version": "2"}),
         ("DELETE", "/api/2.0/mlflow/registered-models/alias", {"name": name, "alias": "champion"}),
-        ("POST", "/api/2.0/mlflow/model-versions/set-tag",
-         {"name": name, "version": "2", "key": tags.APPROVAL, "value": "approved"}),
+        (
+            "POST",
+            "/api/2.0/mlflow/model-versions/set-tag",
+            {"name": name, "version": "2", "key": tags.APPROVAL, "value": "approved"},
+        ),
         ("POST", "/api/2.0/mlflow/registered-models/set-tag", {"name": name, "key": "k", "value": "v"}),
-        ("POST", "/api/2.0/mlflow/model-versions/create", {"name": name, "source": f"runs:/{run_id}/model",
-                                                           "run_id": run_id}),
-        ("POST", "/api/2.0/mlflow/model-versions/transition-stage",
-         {"name": name, "version": "2", "stage": "Production", "archive_existing_versions": False}),
+        (
+            "POST",
+            "/api/2.0/mlflow/model-versions/create",
+            {"name": name, "source": f"runs:/{run_id}/model", "run_id": run_id},
+        ),
+        (
+            "POST",
+            "/api/2.0/mlflow/model-versions/transition-stage",
+            {"name": name, "version": "2", "stage": "Production", "archive_existing_versions": False},
+        ),
         ("POST", "/api/2.0/mlflow/registered-models/rename", {"name": name, "new_name": f"{name}-x"}),
         ("DELETE", "/api/2.0/mlflow/model-versions/delete", {"name": name, "version": "1"}),
         ("DELETE", "/api/2.0/mlflow/registered-models/delete", {"name": name}),
@@ -326,8 +385,9 @@ async def test_users_cannot_write_around_the_approvals_in_mlflow(tmp_path, mlflo
             r = await asyncio.to_thread(mlflow.call, who, method, path, json=body)
             assert r.status_code == 403, (who, method, path, r.status_code, r.text)
     # nothing moved, and alice reads her versions (what her evaluation job needs)
-    by_alias = await asyncio.to_thread(mlflow.ok, "alice", "GET", "/api/2.0/mlflow/registered-models/alias",
-                                       params={"name": name, "alias": "champion"})
+    by_alias = await asyncio.to_thread(
+        mlflow.ok, "alice", "GET", "/api/2.0/mlflow/registered-models/alias", params={"name": name, "alias": "champion"}
+    )
     assert by_alias["model_version"]["version"] == "1"
     version_tags = {t["key"]: t["value"] for t in (await asyncio.to_thread(mlflow.version, name, 2))["tags"]}
     assert version_tags[tags.APPROVAL] == "pending"
@@ -340,8 +400,9 @@ async def test_a_failing_or_unfinished_evaluation_blocks_approval(tmp_path, mlfl
     run_id = await asyncio.to_thread(mlflow.run, "alice", logged_model="model")
     backend = EvaluatingBackend({name: {"accuracy": 0.5}})
     backend.hold.clear()
-    async with service(tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"},
-                                                          EVAL_NOTEBOOK)}) as manager:
+    async with service(
+        tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"}, EVAL_NOTEBOOK)}
+    ) as manager:
         await manager.models.register(ALICE, {"run_id": run_id, "name": name})
         waiting = await gate(manager, name, 1, "running")
         with pytest.raises(Conflict) as pending:
@@ -353,12 +414,14 @@ async def test_a_failing_or_unfinished_evaluation_blocks_approval(tmp_path, mlfl
         with pytest.raises(Conflict) as no_alias:
             await manager.models.set_alias(ADMIN, name, "staging", {"version": 1})
         rejected = await manager.models.decide(ADMIN, name, 1, {"decision": "reject", "comment": "too weak"})
-        verdicts = await manager.audit_records(ADMIN, limit=10, action="evaluate_model", target=f"{name}@1")
+        verdicts = await manager.audit.records(ADMIN, limit=10, action="evaluate_model", target=f"{name}@1")
 
     assert waiting["evaluation"]["state"] == "running" and pending.value.reason == "evaluation_pending"
     assert failed["evaluation"]["state"] == "failed"
-    assert failed["evaluation"]["failures"] == ["accuracy = 0.5, needs >= 0.9",
-                                                "loss was not logged by the evaluation run (needs <= 0.5)"]
+    assert failed["evaluation"]["failures"] == [
+        "accuracy = 0.5, needs >= 0.9",
+        "loss was not logged by the evaluation run (needs <= 0.5)",
+    ]
     assert blocked.value.reason == "evaluation_failed" and "accuracy = 0.5" in str(blocked.value)
     assert no_alias.value.reason == "not_approved"
     assert rejected["approval"] == "rejected" and rejected["decisions"][0]["decision"] == "reject"
@@ -377,11 +440,12 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
     async with service(tmp_path, mlflow, EvaluatingBackend({})) as manager:
         refusals = {}
         for key, who, body in (
-                ("bob's view of alice's run", BOB, {"run_id": alices, "name": f"b-{suffix}"}),
-                ("no such run", ALICE, {"run_id": "0" * 32, "name": f"b-{suffix}"}),
-                ("no model", ALICE, {"run_id": bare, "name": f"b-{suffix}"}),
-                ("no such artifact", ALICE, {"run_id": alices, "name": f"b-{suffix}", "artifact_path": "nope"}),
-                ("squatted", ALICE, {"run_id": alices, "name": squat})):
+            ("bob's view of alice's run", BOB, {"run_id": alices, "name": f"b-{suffix}"}),
+            ("no such run", ALICE, {"run_id": "0" * 32, "name": f"b-{suffix}"}),
+            ("no model", ALICE, {"run_id": bare, "name": f"b-{suffix}"}),
+            ("no such artifact", ALICE, {"run_id": alices, "name": f"b-{suffix}", "artifact_path": "nope"}),
+            ("squatted", ALICE, {"run_id": alices, "name": squat}),
+        ):
             with pytest.raises(DanluError) as e:
                 await manager.models.register(who, body)
             refusals[key] = (type(e.value), e.value.reason, e.value.field)
@@ -400,8 +464,9 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
     }
     assert by_admin["registered_by"] == "admin"  # admins may register any run
     assert missing.value.reason == "no_such_version" and no_model.value.reason == "no_such_model"
-    squatted = await asyncio.to_thread(mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/get",
-                                       params={"name": squat})
+    squatted = await asyncio.to_thread(
+        mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/get", params={"name": squat}
+    )
     assert not squatted["registered_model"].get("latest_versions")  # nothing was added to bob's model
 
 
@@ -430,8 +495,12 @@ async def test_hostile_bodies_are_refused_naming_the_field(tmp_path, mlflow_serv
                 await manager.models.register(ALICE, body)
             found.append((e.value.field, e.value.status < 500 and bool(e.value.fix)))
         decisions = []
-        for body in ({"decision": "approve"}, {"decision": "approve", "comment": " "},
-                     {"decision": "merge", "comment": "x"}, {"decision": "approve", "comment": "x", "by": "carol"}):
+        for body in (
+            {"decision": "approve"},
+            {"decision": "approve", "comment": " "},
+            {"decision": "merge", "comment": "x"},
+            {"decision": "approve", "comment": "x", "by": "carol"},
+        ):
             with pytest.raises(ValidationError) as e:
                 await manager.models.decide(CAROL, "any", 1, body)
             decisions.append(e.value.field)
@@ -493,15 +562,24 @@ def test_cli_models_commands_print_tables_and_the_apis_json(tmp_path, mlflow_ser
             _, registered = await manager.models.register(ALICE, {"run_id": run_id, "name": name})
             await manager.models.decide(CAROL, name, 1, {"decision": "approve", "comment": "fine"})
             alias = await manager.models.set_alias(CAROL, name, "staging", {"version": 1})
-            return {"register": registered, "list": await manager.models.list(ALICE),
-                    "show": await manager.models.show(ALICE, name),
-                    "version": await manager.models.version_view(ALICE, name, 1), "alias": alias}
+            return {
+                "register": registered,
+                "list": await manager.models.list(ALICE),
+                "show": await manager.models.show(ALICE, name),
+                "version": await manager.models.version_view(ALICE, name, 1),
+                "alias": alias,
+            }
 
     client = AnsweringClient(asyncio.run(answers()))
     monkeypatch.setattr(cliclient, "client", lambda args: client)
-    for argv, key in ((["register", run_id, name], "register"), (["list"], "list"), (["show", name], "show"),
-                      (["show", name, "1"], "version"), (["approve", name, "1", "--comment", "ok"], "version"),
-                      (["alias", name, "staging", "1"], "alias")):
+    for argv, key in (
+        (["register", run_id, name], "register"),
+        (["list"], "list"),
+        (["show", name], "show"),
+        (["show", name, "1"], "version"),
+        (["approve", name, "1", "--comment", "ok"], "version"),
+        (["alias", name, "staging", "1"], "alias"),
+    ):
         assert cli.main(["models", *argv, "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == client.answers[key]
         assert cli.main(["models", *argv]) == 0
@@ -533,13 +611,17 @@ class TrainingBackend(EvaluatingBackend):
         env = spec["mlflow_env"]
         server = MlflowServer(env["MLFLOW_TRACKING_URI"], None)
         auth = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
-        server.call = lambda who, method, path, **kw: requests.request(method, f"{server.url}{path}", auth=auth,
-                                                                       timeout=60, **kw)
-        run_id = await asyncio.to_thread(server.run, spec["owner"], logged_model="model",
-                                         metrics={"accuracy": 0.97}, experiment=spec["experiment"])
+        server.call = lambda who, method, path, **kw: requests.request(
+            method, f"{server.url}{path}", auth=auth, timeout=60, **kw
+        )
+        run_id = await asyncio.to_thread(
+            server.run, spec["owner"], logged_model="model", metrics={"accuracy": 0.97}, experiment=spec["experiment"]
+        )
         launch = run.launch
-        await run.call("tracking", lambda api: api.event(launch.job_id, launch.attempt, launch.token, {
-            "event": "tracking", "run_id": run_id}))
+        await run.call(
+            "tracking",
+            lambda api: api.event(launch.job_id, launch.attempt, launch.token, {"event": "tracking", "run_id": run_id}),
+        )
         await run.report("succeeded")
         return 0
 
@@ -556,10 +638,15 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
         data.mkdir()
         (data / "train.csv").write_text("x,y\n1,2\n")
         _, dataset = await manager.datasets.register(ALICE, {"name": "digits", "path": "digits"})
-        status, job = await manager.submit(ALICE, {
-            "notebook": notebook("import random\nrandom.seed(7)"), "parameters": {"lr": 0.1},
-            "datasets": ["digits@1", {"ref": "digits@1", "context": "evaluation"}],
-            "source": {"notebook_path": "work/train.ipynb"}})
+        status, job = await manager.submit(
+            ALICE,
+            {
+                "notebook": notebook("import random\nrandom.seed(7)"),
+                "parameters": {"lr": 0.1},
+                "datasets": ["digits@1", {"ref": "digits@1", "context": "evaluation"}],
+                "source": {"notebook_path": "work/train.ipynb"},
+            },
+        )
         assert status == 201, job
         done = await until(lambda: manager.get(ALICE, job["id"]), "the training job")
 
@@ -578,10 +665,24 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
     assert done is not None and version["job_id"] == job["id"]
 
     kinds = {n["kind"]: n for n in mine["nodes"]}
-    assert set(kinds) == {"model_version", "approval", "run", "job", "notebook", "cell", "dataset_version",
-                          "environment"} and set(kinds) <= set(KINDS)
-    assert mine["model"] == {"name": name, "version": 1, "approval": "approved", "aliases": ["champion"],
-                             "run_id": trained.mlflow_run_id, "job_id": job["id"]}
+    assert set(kinds) == {
+        "model_version",
+        "approval",
+        "run",
+        "job",
+        "notebook",
+        "cell",
+        "dataset_version",
+        "environment",
+    } and set(kinds) <= set(KINDS)
+    assert mine["model"] == {
+        "name": name,
+        "version": 1,
+        "approval": "approved",
+        "aliases": ["champion"],
+        "run_id": trained.mlflow_run_id,
+        "job_id": job["id"],
+    }
     assert kinds["approval"]["detail"]["comment"] == "traced end to end"
     assert kinds["job"]["detail"]["owner"] == "alice" and kinds["notebook"]["label"] == "work/train.ipynb"
     assert kinds["cell"]["detail"]["sha256"] == trained.cell_sha256
@@ -589,10 +690,16 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
     assert kinds["dataset_version"]["detail"]["digest"] == dataset["digest"]
     assert kinds["environment"]["detail"]["profile"] == trained.profile and kinds["environment"]["detail"]["digest"]
     edges = {(e["from"].split(":")[0], e["to"].split(":")[0], e["relation"]) for e in mine["edges"]}
-    assert edges == {("approval", "model_version", "decided"), ("model_version", "run", "produced_by"),
-                     ("run", "job", "ran_as"), ("job", "notebook", "executed"), ("job", "cell", "ran_cell"),
-                     ("job", "dataset_version", "used (training)"), ("job", "dataset_version", "used (evaluation)"),
-                     ("job", "environment", "ran_in")}
+    assert edges == {
+        ("approval", "model_version", "decided"),
+        ("model_version", "run", "produced_by"),
+        ("run", "job", "ran_as"),
+        ("job", "notebook", "executed"),
+        ("job", "cell", "ran_cell"),
+        ("job", "dataset_version", "used (training)"),
+        ("job", "dataset_version", "used (evaluation)"),
+        ("job", "environment", "ran_in"),
+    }
     ids = {n["id"] for n in mine["nodes"]}
     assert all(e["from"] in ids and e["to"] in ids for e in mine["edges"])
     # bob may read the model but not alice's job: the chain stops at a node that says so
@@ -602,13 +709,27 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
 
 
 def test_cli_lineage_prints_the_chain_and_the_apis_json(monkeypatch, capsys):
-    answer = {"model": {"name": "m", "version": 2, "approval": "approved", "aliases": ["champion"]},
-              "nodes": [{"id": "job:abc", "kind": "job", "label": "train", "detail": {"owner": "alice"}, "url": None},
-                        {"id": "model_version:m/2", "kind": "model_version", "label": "m v2",
-                         "detail": {"approval": "approved"}, "url": "http://x/models/m/versions/2"},
-                        {"id": "dataset_version:d@1", "kind": "dataset_version", "label": "d@1",
-                         "detail": {"digest": "ab" * 32}, "url": None}],
-              "edges": [{"from": "model_version:m/2", "to": "job:abc", "relation": "ran_as"}]}
+    answer = {
+        "model": {"name": "m", "version": 2, "approval": "approved", "aliases": ["champion"]},
+        "nodes": [
+            {"id": "job:abc", "kind": "job", "label": "train", "detail": {"owner": "alice"}, "url": None},
+            {
+                "id": "model_version:m/2",
+                "kind": "model_version",
+                "label": "m v2",
+                "detail": {"approval": "approved"},
+                "url": "http://x/models/m/versions/2",
+            },
+            {
+                "id": "dataset_version:d@1",
+                "kind": "dataset_version",
+                "label": "d@1",
+                "detail": {"digest": "ab" * 32},
+                "url": None,
+            },
+        ],
+        "edges": [{"from": "model_version:m/2", "to": "job:abc", "relation": "ran_as"}],
+    }
     asked = []
 
     class Client:
@@ -622,7 +743,10 @@ def test_cli_lineage_prints_the_chain_and_the_apis_json(monkeypatch, capsys):
     assert cli.main(["lineage", "m", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0].strip() for line in lines if not line.startswith(" " * 16)] == [
-        "model version", "job", "dataset version"]
+        "model version",
+        "job",
+        "dataset version",
+    ]
     assert asked == [("m", 2), ("m", 2)]
     assert cli.main(["lineage", "m"]) != 0
     assert "name a model version" in capsys.readouterr().err

@@ -41,11 +41,13 @@ def refused(path) -> ConfigError:
 
 def every_option() -> list[tuple[tuple[str, ...], object]]:
     """(key path, trait) of every option, top level first."""
-    return [((*node.key_path, name), trait) for node in Settings().walk() for name, trait in
-            options(type(node)).items()]
+    return [
+        ((*node.key_path, name), trait) for node in Settings().walk() for name, trait in options(type(node)).items()
+    ]
 
 
 # the options themselves ---------------------------------------------------------------------------------------
+
 
 def test_every_option_has_help_and_a_default():
     settings = Settings()
@@ -67,6 +69,7 @@ def test_reads_are_copies_so_no_reader_changes_the_configuration():
 
 
 # the generated schema ----------------------------------------------------------------------------------------
+
 
 def _objects(node, path=()):
     if isinstance(node, dict):
@@ -108,7 +111,7 @@ def _cluster_files() -> list[tuple[str, str]]:
 def _guide_files() -> list[tuple[str, str]]:
     """The admin guide's complete danlu.yaml (the block under 'A complete file')."""
     text = GUIDE.read_text()
-    block = text[text.index("### A complete file"):]
+    block = text[text.index("### A complete file") :]
     return [("docs/admin-guide.md", re.search(r"```yaml\n(.*?)```", block, re.S).group(1))]
 
 
@@ -136,13 +139,17 @@ def test_explicit_options_load_back_to_the_same_settings():
 
 # errors ------------------------------------------------------------------------------------------------------
 
+
 def test_an_unknown_key_names_the_nearest_valid_one_and_the_keys_of_its_section(tmp_path):
-    path = write_config(tmp_path, """
+    path = write_config(
+        tmp_path,
+        """
         port: 8000
         jobs:
           warm_runners: 1
           max_runtime: 3600
-    """)
+    """,
+    )
 
     error = refused(path)
 
@@ -150,12 +157,15 @@ def test_an_unknown_key_names_the_nearest_valid_one_and_the_keys_of_its_section(
     assert error.fix.startswith("the keys of jobs are backend, database_url,") and "warm_runners_per_user" in error.fix
 
 
-@pytest.mark.parametrize("text, line, key, nearest", [
-    ("job:\n  max_nproc: 2\n", 1, "job", "jobs"),
-    ("kubernetes:\n  mlflow:\n    imag: x\n", 3, "kubernetes.mlflow.imag", "image"),
-    ("auth:\n  type: pam\n  allowed_user: [a]\n", 3, "auth.allowed_user", "allowed_users"),
-    ("teams:\n  vision:\n    quota: {gpus: {sim: 1}}\n    cohrt: shared\n", 4, "teams.vision.cohrt", "cohort"),
-])
+@pytest.mark.parametrize(
+    "text, line, key, nearest",
+    [
+        ("job:\n  max_nproc: 2\n", 1, "job", "jobs"),
+        ("kubernetes:\n  mlflow:\n    imag: x\n", 3, "kubernetes.mlflow.imag", "image"),
+        ("auth:\n  type: pam\n  allowed_user: [a]\n", 3, "auth.allowed_user", "allowed_users"),
+        ("teams:\n  vision:\n    quota: {gpus: {sim: 1}}\n    cohrt: shared\n", 4, "teams.vision.cohrt", "cohort"),
+    ],
+)
 def test_a_mistyped_key_anywhere_gets_file_line_and_nearest_name(tmp_path, text, line, key, nearest):
     path = tmp_path / "danlu.yaml"
     path.write_text(text)
@@ -163,12 +173,15 @@ def test_a_mistyped_key_anywhere_gets_file_line_and_nearest_name(tmp_path, text,
     assert str(refused(path)).startswith(f"{path}:{line}: {key}: unknown key, did you mean '{nearest}'?")
 
 
-@pytest.mark.parametrize("text, line, key, expected", [
-    ("jobs:\n  max_nproc: many\n", 2, "jobs.max_nproc", "use an integer"),
-    ("usage:\n  gpu_hour_cost: {sim: cheap}\n", 2, "usage.gpu_hour_cost.sim", "use a number"),
-    ("gpus:\n  detect: 2\n", 2, "gpus.detect", "use a boolean"),
-    ("admin_users: alice\n", 1, "admin_users", "use an array"),
-])
+@pytest.mark.parametrize(
+    "text, line, key, expected",
+    [
+        ("jobs:\n  max_nproc: many\n", 2, "jobs.max_nproc", "use an integer"),
+        ("usage:\n  gpu_hour_cost: {sim: cheap}\n", 2, "usage.gpu_hour_cost.sim", "use a number"),
+        ("gpus:\n  detect: 2\n", 2, "gpus.detect", "use a boolean"),
+        ("admin_users: alice\n", 1, "admin_users", "use an array"),
+    ],
+)
 def test_a_mistyped_value_names_the_key_and_the_type_expected(tmp_path, text, line, key, expected):
     path = tmp_path / "danlu.yaml"
     path.write_text(text)
@@ -199,6 +212,7 @@ def test_flags_are_checked_like_the_file():
 
 # where values come from ----------------------------------------------------------------------------------------
 
+
 def test_origins_say_file_environment_flag_or_default(tmp_path):
     path = write_config(tmp_path, "ip: 10.0.0.1\njobs:\n  max_nproc: 2\n")
 
@@ -210,8 +224,7 @@ def test_origins_say_file_environment_flag_or_default(tmp_path):
     assert settings.origin("state_dir") == ("flag", "--state-dir")
     assert settings.origin("jobs", "backend") == ("default", "")
     assert settings.is_set("jobs") and settings.is_set("jobs", "max_nproc") and not settings.is_set("auth")
-    assert settings.explicit() == {"ip": "10.0.0.1", "port": 8100, "state_dir": str(tmp_path),
-                                   "jobs": {"max_nproc": 2}}
+    assert settings.explicit() == {"ip": "10.0.0.1", "port": 8100, "state_dir": str(tmp_path), "jobs": {"max_nproc": 2}}
 
 
 # danlu config -----------------------------------------------------------------------------------------------
@@ -228,7 +241,7 @@ def test_danlu_config_shows_every_option_with_its_help_default_and_origin(tmp_pa
     for key, trait in every_option():
         assert f"\n{'.'.join(key)} = " in out, key
         assert " ".join(trait.help.split())[:60] in " ".join(out.split()), key
-    assert f'jobs.max_nproc = 8  [{path}:2]\n    integer >= 1; default 64\n' in out
+    assert f"jobs.max_nproc = 8  [{path}:2]\n    integer >= 1; default 64\n" in out
     assert 'jobs.backend = "local"  [default]' in out
 
 
@@ -240,21 +253,33 @@ def test_danlu_config_json_has_one_entry_per_option(tmp_path, capsys):
 
     assert [tuple(row["key"].split(".")) for row in rows] == [key for key, _ in every_option()]
     port = next(row for row in rows if row["key"] == "port")
-    assert port == {"key": "port", "section": "", "class": "Settings", "type": "integer, 1-65535", "default": 8000,
-                    "value": 8100, "source": "file", "where": f"{path}:1", "help": port["help"]}
+    assert port == {
+        "key": "port",
+        "section": "",
+        "class": "Settings",
+        "type": "integer, 1-65535",
+        "default": 8000,
+        "value": 8100,
+        "source": "file",
+        "where": f"{path}:1",
+        "help": port["help"],
+    }
 
 
 def test_danlu_config_never_shows_a_secret(tmp_path, capsys):
-    path = write_config(tmp_path, f"""
+    path = write_config(
+        tmp_path,
+        f"""
         auth:
           type: github
           client_id: workbench
-          client_secret: {SECRETS['client_secret']}
+          client_secret: {SECRETS["client_secret"]}
           oauth_callback_url: https://wb.example.org/hub/oauth_callback
-          options: {{token_secret: x-{SECRETS['db_password']}}}
+          options: {{token_secret: x-{SECRETS["db_password"]}}}
         jobs:
-          database_url: postgresql+psycopg://danlu:{SECRETS['db_password']}@db:5432/danlu
-    """)
+          database_url: postgresql+psycopg://danlu:{SECRETS["db_password"]}@db:5432/danlu
+    """,
+    )
 
     assert cli.main(["config", "--config", str(path)]) == 0
     out = capsys.readouterr().out
@@ -264,8 +289,11 @@ def test_danlu_config_never_shows_a_secret(tmp_path, capsys):
     assert not [secret for secret in SECRETS.values() if secret in out]
     assert 'auth.client_secret = "(set)"' in out and 'auth.user_password = "(not set)"' in out
     assert "postgresql+psycopg://danlu:***@db:5432/danlu" in out
-    assert {".".join(path) for path in secret_options()} == {"auth.client_secret", "auth.user_password",
-                                                             "auth.admin_password"}
+    assert {".".join(path) for path in secret_options()} == {
+        "auth.client_secret",
+        "auth.user_password",
+        "auth.admin_password",
+    }
 
 
 def test_danlu_config_names_a_bad_file_in_one_line(tmp_path, capsys):
@@ -278,6 +306,7 @@ def test_danlu_config_names_a_bad_file_in_one_line(tmp_path, capsys):
 
 
 # the admin guide --------------------------------------------------------------------------------------------
+
 
 def _chunks(text: str) -> list[tuple[str, str]]:
     """(heading, body) of each heading of a markdown text (code blocks left out: their ``#`` are comments)."""
@@ -294,7 +323,8 @@ def _mentions(chunks, key: tuple[str, ...]) -> bool:
         for k in range(len(key)):
             owner, rest = ".".join(key[:k]), ".".join(key[k:])
             if (f"`{owner}`" in heading if owner else "Top level" in heading) and (
-                    f"`{rest}`" in body or f"`{rest}`," in body):
+                f"`{rest}`" in body or f"`{rest}`," in body
+            ):
                 return True
     return False
 

@@ -20,8 +20,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LABEXTENSION = ROOT / "extensions" / "server" / "labextension"
-SOURCES = ["pyproject.toml", "README.md", "LICENSE", "magics", "hub", "extensions/server",
-           "extensions/jupyter-config", "extensions/lab/install.json", "extensions/lab/package.json"]
+SOURCES = [
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "magics",
+    "hub",
+    "extensions/server",
+    "extensions/jupyter-config",
+    "extensions/lab/install.json",
+    "extensions/lab/package.json",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +47,23 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "-w", str(out), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     [built] = out.glob("danlu-*.whl")
     return zipfile.ZipFile(built)
 
@@ -51,8 +75,10 @@ def test_wheel_installs_the_prebuilt_lab_extension(wheel):
     names = set(wheel.namelist())
     assert f"{where}/package.json" in names
     assert json.loads(wheel.read(f"{where}/install.json")) == {
-        "packageManager": "python", "packageName": "danlu",
-        "uninstallInstructions": "Use your Python package manager (pip, conda, etc.) to uninstall the package danlu"}
+        "packageManager": "python",
+        "packageName": "danlu",
+        "uninstallInstructions": "Use your Python package manager (pip, conda, etc.) to uninstall the package danlu",
+    }
     static = {p.name for p in (LABEXTENSION / "static").iterdir()}
     assert static and {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{where}/static/")} == static
     remote = json.loads(wheel.read(f"{where}/package.json"))["jupyterlab"]["_build"]["load"]

@@ -73,6 +73,7 @@ def load_error(path) -> str:
 
 # loading ----------------------------------------------------------------------------
 
+
 def test_valid_file_loads_every_profile(tmp_path):
     folder = tmp_path / "kernel-images"
 
@@ -92,7 +93,9 @@ def test_valid_file_loads_every_profile(tmp_path):
 
 
 def test_duplicate_slug_names_the_line_and_first_use(tmp_path):
-    path = write_profiles(tmp_path, """
+    path = write_profiles(
+        tmp_path,
+        """
         profiles:
           - slug: python
             display_name: One
@@ -100,7 +103,8 @@ def test_duplicate_slug_names_the_line_and_first_use(tmp_path):
           - slug: python  # again
             display_name: Two
             environment: {current: true}
-    """)
+    """,
+    )
 
     message = load_error(path)
 
@@ -177,7 +181,9 @@ def test_image_must_be_pinned_by_digest(tmp_path):
 
 
 def test_two_defaults_are_refused(tmp_path):
-    path = write_profiles(tmp_path, """
+    path = write_profiles(
+        tmp_path,
+        """
         profiles:
           - slug: python
             display_name: Python
@@ -187,7 +193,9 @@ def test_two_defaults_are_refused(tmp_path):
             display_name: Other
             default: true
             environment: {current: true}
-    """, requirements=None)
+    """,
+        requirements=None,
+    )
 
     message = load_error(path)
 
@@ -205,6 +213,7 @@ def test_unknown_key_in_a_profile_suggests_the_right_one(tmp_path):
 
 
 # authorize --------------------------------------------------------------------------
+
 
 def test_member_of_an_allowed_group_gets_the_profile(profiles):
     profile = profiles.authorize("gpu-vision", ["research", "vision"], gpus=2)
@@ -284,7 +293,10 @@ def test_no_slug_gives_the_default_profile(profiles):
 
 
 def test_no_slug_falls_back_to_first_allowed_when_default_is_restricted(tmp_path):
-    profiles = load_profiles(write_profiles(tmp_path, """
+    profiles = load_profiles(
+        write_profiles(
+            tmp_path,
+            """
         profiles:
           - slug: open
             display_name: Open
@@ -294,20 +306,29 @@ def test_no_slug_falls_back_to_first_allowed_when_default_is_restricted(tmp_path
             default: true
             environment: {current: true}
             groups: [vision]
-    """, requirements=None))
+    """,
+            requirements=None,
+        )
+    )
 
     assert profiles.authorize(None, ["research"]).slug == "open"
     assert profiles.authorize(None, ["vision"]).slug == "team"
 
 
 def test_no_slug_and_nothing_allowed_is_refused(tmp_path):
-    profiles = load_profiles(write_profiles(tmp_path, """
+    profiles = load_profiles(
+        write_profiles(
+            tmp_path,
+            """
         profiles:
           - slug: team
             display_name: Team only
             environment: {current: true}
             groups: [vision]
-    """, requirements=None))
+    """,
+            requirements=None,
+        )
+    )
 
     with pytest.raises(PolicyError) as info:
         profiles.authorize(None, ["research"])

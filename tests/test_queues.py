@@ -32,10 +32,8 @@ CONFIG = {
         "vision": {"cohort": "shared", "quota": {"gpus": {"sim": 2}}, "borrowing_limit": {"gpus": {"sim": 2}}},
         "nlp": {"cohort": "shared", "quota": {"gpus": {"sim": 2}}, "borrowing_limit": {"gpus": {"sim": 2}}},
     },
-    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True},
-                         "high": {"value": 10000}},
-    "jobs": {"grace_period_seconds": 6, "preemption_grace_seconds": 5, "retry_backoff_seconds": 1,
-             "warm_runners": 1},
+    "priority_classes": {"low": {"value": 100}, "normal": {"value": 1000, "default": True}, "high": {"value": 10000}},
+    "jobs": {"grace_period_seconds": 6, "preemption_grace_seconds": 5, "retry_backoff_seconds": 1, "warm_runners": 1},
     "usage": {"gpu_hour_cost": {"sim": 2.5}, "currency": "USD"},
 }
 QPROFILES = {"profiles": [{**PROFILES["profiles"][0], "resources": {"gpus": [0, 1, 2, 4]}}]}
@@ -57,15 +55,23 @@ print("done", step, flush=True)
 
 
 def notebook(source: str) -> dict:
-    return {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": source}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 @pytest.fixture(scope="module")
 def wb(tmp_path_factory):
     bench = Workbench(tmp_path_factory.mktemp("queues"), config=CONFIG, profiles=QPROFILES).start()
-    bench.tokens = {name: bench.create_user(name, groups) for name, groups in (
-        ("alice", ["vision"]), ("carol", ["vision"]), ("bob", ["nlp"]), ("admin", []), ("eve", []))}
+    bench.tokens = {
+        name: bench.create_user(name, groups)
+        for name, groups in (("alice", ["vision"]), ("carol", ["vision"]), ("bob", ["nlp"]), ("admin", []), ("eve", []))
+    }
     yield bench
     code = bench.stop()
     assert code == 0, bench.log_tail()
@@ -127,20 +133,36 @@ class DeviceWatch:
 
 def test_borrowing_then_reclaim_preempts_the_borrowed_job_which_resumes(wb):
     with DeviceWatch(wb) as watch:
-        vision = [submit(wb, "alice", f"STEPS = {n}\n" + RESUMABLE, name=f"v{i}", resources={"gpus": 1})
-                  for i, n in enumerate((44, 48, 16))]
+        vision = [
+            submit(wb, "alice", f"STEPS = {n}\n" + RESUMABLE, name=f"v{i}", resources={"gpus": 1})
+            for i, n in enumerate((44, 48, 16))
+        ]
         wait_for(lambda: all(job(wb, "alice", v["id"])["state"] == "running" for v in vision), what="3 vision jobs")
         queues = {q["name"]: q for q in wb.api("GET", "/queues", token=wb.tokens["alice"]).json()["queues"]}
         assert queues["vision"]["usage"]["gpus"] == {"sim": 3} and queues["vision"]["borrowing"] == {"sim": 1}
         newest = vision[-1]
-        wait_for(lambda: "checkpointed step 2" in wb.api("GET", f"/jobs/{newest['id']}/logs",
-                                                         token=wb.tokens["alice"]).text,
-                 what="the newest vision job to checkpoint")
-        high = [submit(wb, "bob", "import time; time.sleep(3); print('nlp done')", name=f"h{i}",
-                       resources={"gpus": 1}, priority="high") for i in range(2)]
+        wait_for(
+            lambda: "checkpointed step 2" in wb.api("GET", f"/jobs/{newest['id']}/logs", token=wb.tokens["alice"]).text,
+            what="the newest vision job to checkpoint",
+        )
+        high = [
+            submit(
+                wb,
+                "bob",
+                "import time; time.sleep(3); print('nlp done')",
+                name=f"h{i}",
+                resources={"gpus": 1},
+                priority="high",
+            )
+            for i in range(2)
+        ]
         # the newest (borrowed) vision job is preempted for nlp's second job
-        preempted = wait_for(lambda: job(wb, "alice", newest["id"])["state"] in ("preempted", "queued")
-                             and job(wb, "alice", newest["id"]), what="the preemption")
+        preempted = wait_for(
+            lambda: (
+                job(wb, "alice", newest["id"])["state"] in ("preempted", "queued") and job(wb, "alice", newest["id"])
+            ),
+            what="the preemption",
+        )
         assert "preempted by job" in preempted["reason"]
         assert [job(wb, "alice", v["id"])["state"] for v in vision[:2]] == ["running", "running"]
         for h in high:
@@ -159,9 +181,17 @@ def test_borrowing_then_reclaim_preempts_the_borrowed_job_which_resumes(wb):
 
 def test_fifty_concurrent_submissions_never_overshoot_the_quota(wb):
     def one(i):
-        return wb.api("POST", "/jobs", token=wb.tokens["carol"], json={
-            "notebook": notebook("import time; time.sleep(1)"), "name": f"burst-{i}", "resources": {"gpus": 1},
-            "priority": "low"}).status_code
+        return wb.api(
+            "POST",
+            "/jobs",
+            token=wb.tokens["carol"],
+            json={
+                "notebook": notebook("import time; time.sleep(1)"),
+                "name": f"burst-{i}",
+                "resources": {"gpus": 1},
+                "priority": "low",
+            },
+        ).status_code
 
     with DeviceWatch(wb) as watch:
         with ThreadPoolExecutor(50) as pool:
@@ -175,16 +205,21 @@ def test_fifty_concurrent_submissions_never_overshoot_the_quota(wb):
             peak = max(peak, used)
             assert used <= 4, queues["vision"]
             time.sleep(0.2)
-        burst = [j for j in wb.api("GET", "/jobs?owner=carol&state=queued,running").json()["jobs"]
-                 if j["name"].startswith("burst-")]
+        burst = [
+            j
+            for j in wb.api("GET", "/jobs?owner=carol&state=queued,running").json()["jobs"]
+            if j["name"].startswith("burst-")
+        ]
         for j in burst:
             wb.api("POST", f"/jobs/{j['id']}/cancel", token=wb.tokens["carol"])
     assert peak >= 1 and watch.problems == []
 
 
 def test_waiting_jobs_say_why_where_and_when(wb):
-    full = [submit(wb, user, "import time; time.sleep(12)", name=f"full-{user}", resources={"gpus": 2},
-                   timeout_seconds=60) for user in ("bob", "alice")]
+    full = [
+        submit(wb, user, "import time; time.sleep(12)", name=f"full-{user}", resources={"gpus": 2}, timeout_seconds=60)
+        for user in ("bob", "alice")
+    ]
     wait_for(lambda: all(job(wb, j["owner"], j["id"])["state"] == "running" for j in full), what="4 GPUs in use")
     waiting = submit(wb, "carol", "print('finally')", name="waiter", resources={"gpus": 1})
     info = wait_for(lambda: (j := job(wb, "carol", waiting["id"]))["queue_position"] and j, what="a position")
@@ -192,8 +227,12 @@ def test_waiting_jobs_say_why_where_and_when(wb):
     assert info["state"] == "queued" and info["queue_position"] == 1
     assert info["reason"] == "waiting for 1 `sim` GPU: vision uses 2/2, cohort has 0 to lend, 0 free on the machine"
     assert info["estimated_start"] is not None  # from the running jobs' limits
-    dry = wb.api("POST", "/jobs", token=wb.tokens["carol"], json={"notebook": notebook("1"), "dry_run": True,
-                                                                  "resources": {"gpus": 1}}).json()
+    dry = wb.api(
+        "POST",
+        "/jobs",
+        token=wb.tokens["carol"],
+        json={"notebook": notebook("1"), "dry_run": True, "resources": {"gpus": 1}},
+    ).json()
     assert dry["admitted"] is False and dry["reason"].startswith("waiting for 1 `sim` GPU")
     assert wb.wait_job(waiting["id"], wb.tokens["carol"])["state"] == "succeeded"
 
@@ -220,8 +259,10 @@ pathlib.Path(os.environ["DANLU_CHECKPOINT_DIR"], "saved").write_text("ok")
 print("saved on SIGTERM", flush=True)
 """
     graceful = submit(wb, "alice", source, name="graceful")
-    wait_for(lambda: "ready" in wb.api("GET", f"/jobs/{graceful['id']}/logs", token=wb.tokens["alice"]).text,
-             what="the job to run its cell")
+    wait_for(
+        lambda: "ready" in wb.api("GET", f"/jobs/{graceful['id']}/logs", token=wb.tokens["alice"]).text,
+        what="the job to run its cell",
+    )
     cancelled = wb.api("POST", f"/jobs/{graceful['id']}/cancel", token=wb.tokens["alice"]).json()
     assert cancelled["state"] == "cancelled"
     assert (wb.state / "jobs" / graceful["id"] / "checkpoints" / "saved").read_text() == "ok"
@@ -229,13 +270,14 @@ print("saved on SIGTERM", flush=True)
 
 
 def test_infrastructure_failures_retry_with_backoff_user_errors_do_not(wb):
-    crash = ("import os, pathlib\nmark = pathlib.Path(os.environ['DANLU_CHECKPOINT_DIR'], 'crashed')\n"
-             "if not mark.exists():\n    mark.touch()\n    os.kill(os.getpid(), 9)\nprint('second time lucky')")
+    crash = (
+        "import os, pathlib\nmark = pathlib.Path(os.environ['DANLU_CHECKPOINT_DIR'], 'crashed')\n"
+        "if not mark.exists():\n    mark.touch()\n    os.kill(os.getpid(), 9)\nprint('second time lucky')"
+    )
     flaky = submit(wb, "alice", crash, name="flaky", retries=2)
     done = wb.wait_job(flaky["id"], wb.tokens["alice"])
     assert done["state"] == "succeeded"
-    assert [(a["state"], a["failure"]) for a in done["attempts"]] == [("failed", "infrastructure"),
-                                                                      ("succeeded", None)]
+    assert [(a["state"], a["failure"]) for a in done["attempts"]] == [("failed", "infrastructure"), ("succeeded", None)]
     assert "kernel died" in done["attempts"][0]["reason"]
     assert any(r["target"] == flaky["id"] for r in wb.api("GET", "/audit?action=retry").json()["records"])
     broken = submit(wb, "alice", "1 / 0", name="broken", retries=2)
@@ -256,8 +298,10 @@ def test_hold_release_cancel_a_queued_job_and_drain(wb):
     assert wb.api("POST", "/queues/vision/hold", token=admin).json()["held"] is True
     held = submit(wb, "alice", "print('released')", name="held")
     other = submit(wb, "alice", "print('never')", name="dropped")
-    info = wait_for(lambda: (j := job(wb, "alice", held["id"]))["reason"].startswith("queue vision is held") and j,
-                    what="the held reason")
+    info = wait_for(
+        lambda: (j := job(wb, "alice", held["id"]))["reason"].startswith("queue vision is held") and j,
+        what="the held reason",
+    )
     assert info["state"] == "queued"
     cancelled = wb.api("POST", f"/jobs/{other['id']}/cancel", token=alice).json()
     assert cancelled["state"] == "cancelled" and "while queued" in cancelled["reason"]
@@ -265,8 +309,10 @@ def test_hold_release_cancel_a_queued_job_and_drain(wb):
     assert wb.wait_job(held["id"], alice)["state"] == "succeeded"
     assert wb.api("POST", "/drain", token=admin, json={"on": True}).json() == {"draining": True}
     drained = submit(wb, "alice", "print('after the drain')", name="drained")
-    info = wait_for(lambda: (j := job(wb, "alice", drained["id"]))["reason"].startswith("the workbench is draining")
-                    and j, what="the drain reason")
+    info = wait_for(
+        lambda: (j := job(wb, "alice", drained["id"]))["reason"].startswith("the workbench is draining") and j,
+        what="the drain reason",
+    )
     assert info["state"] == "queued"
     wb.api("POST", "/drain", token=admin, json={"on": False})
     assert wb.wait_job(drained["id"], alice)["state"] == "succeeded"
@@ -274,8 +320,12 @@ def test_hold_release_cancel_a_queued_job_and_drain(wb):
 
 def test_live_quota_change_and_reprioritize_are_audited(wb):
     admin = wb.admin_token
-    r = wb.api("PATCH", "/queues/vision", token=admin,
-               json={"quota": {"gpus": {"sim": 1}}, "borrowing_limit": {"gpus": {"sim": 0}}})
+    r = wb.api(
+        "PATCH",
+        "/queues/vision",
+        token=admin,
+        json={"quota": {"gpus": {"sim": 1}}, "borrowing_limit": {"gpus": {"sim": 0}}},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["quota"]["gpus"] == {"sim": 1}
     first = submit(wb, "alice", "import time; time.sleep(8)", name="q1", resources={"gpus": 1})
@@ -287,27 +337,44 @@ def test_live_quota_change_and_reprioritize_are_audited(wb):
     assert bad.status_code == 422 and bad.json()["field"] == "quota.gpus.a100"
     r = wb.api("PATCH", f"/jobs/{second['id']}", token=admin, json={"priority": "high"})
     assert r.json()["priority"] == "high"
-    wb.api("PATCH", "/queues/vision", token=admin,
-           json={"quota": {"gpus": {"sim": 2}}, "borrowing_limit": {"gpus": {"sim": 2}}})
+    wb.api(
+        "PATCH",
+        "/queues/vision",
+        token=admin,
+        json={"quota": {"gpus": {"sim": 2}}, "borrowing_limit": {"gpus": {"sim": 2}}},
+    )
     assert wb.wait_job(second["id"], wb.tokens["alice"])["state"] == "succeeded"
     # the first job's GPU counts against vision until it ends: later tests read vision's usage
     assert wb.wait_job(first["id"], wb.tokens["alice"])["state"] == "succeeded"
     changes = wb.api("GET", "/audit?action=change_quota").json()["records"]
     assert changes[-1]["before"]["quota"] == {"gpus": {"sim": 2}} and changes[-1]["after"]["quota"] == {
-        "gpus": {"sim": 1}}
+        "gpus": {"sim": 1}
+    }
     assert wb.api("GET", "/audit?action=reprioritize").json()["records"][0]["after"]["priority"] == "high"
 
 
-@pytest.mark.parametrize("method,path,body", [
-    ("GET", "/audit", None), ("GET", "/audit/verify", None), ("GET", "/usage?user=alice", None),
-    ("GET", "/usage?by=team", None), ("PATCH", "/queues/vision", {"quota": {"gpus": {"sim": 4}}}),
-    ("POST", "/queues/vision/hold", None), ("POST", "/drain", {"on": True}), ("GET", "/allocations", None),
-])
+@pytest.mark.parametrize(
+    "method,path,body",
+    [
+        ("GET", "/audit", None),
+        ("GET", "/audit/verify", None),
+        ("GET", "/usage?user=alice", None),
+        ("GET", "/usage?by=team", None),
+        ("PATCH", "/queues/vision", {"quota": {"gpus": {"sim": 4}}}),
+        ("POST", "/queues/vision/hold", None),
+        ("POST", "/drain", {"on": True}),
+        ("GET", "/allocations", None),
+    ],
+)
 def test_non_admins_get_403(wb, method, path, body):
     r = wb.api(method, path, token=wb.tokens["bob"], json=body)
     assert r.status_code == 403, r.text
-    assert requests.get(f"{wb.url}/services/danlu/metrics", timeout=30,
-                        headers={"Authorization": f"token {wb.tokens['bob']}"}).status_code == 403
+    assert (
+        requests.get(
+            f"{wb.url}/services/danlu/metrics", timeout=30, headers={"Authorization": f"token {wb.tokens['bob']}"}
+        ).status_code
+        == 403
+    )
 
 
 def test_non_admin_cannot_reprioritize(wb):
@@ -328,10 +395,17 @@ def test_usage_per_team_with_costs_and_own_usage_for_users(wb):
 
 
 def test_metrics_are_exported(wb):
-    text = requests.get(f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"},
-                        timeout=30).text
-    for name in ("danlu_queue_pending", "danlu_jobs_admitted_total", "danlu_jobs_preempted_total",
-                 "danlu_queue_wait_seconds_bucket", "danlu_gpus_allocated", "danlu_gpu_quota"):
+    text = requests.get(
+        f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"}, timeout=30
+    ).text
+    for name in (
+        "danlu_queue_pending",
+        "danlu_jobs_admitted_total",
+        "danlu_jobs_preempted_total",
+        "danlu_queue_wait_seconds_bucket",
+        "danlu_gpus_allocated",
+        "danlu_gpu_quota",
+    ):
         assert name in text, name
     assert 'danlu_jobs_preempted_total{queue="vision"}' in text
 
@@ -342,20 +416,29 @@ def test_a_servers_gpus_count_against_its_team(wb):
     try:
         vision = next(q for q in wb.api("GET", "/queues").json()["queues"] if q["name"] == "vision")
         assert vision["servers"] == 1 and vision["usage"]["gpus"] == {"sim": 2}
-        big = wb.api("POST", "/jobs", token=wb.tokens["alice"], json={
-            "notebook": notebook("1"), "resources": {"gpus": 3}, "dry_run": True}).json()
+        big = wb.api(
+            "POST",
+            "/jobs",
+            token=wb.tokens["alice"],
+            json={"notebook": notebook("1"), "resources": {"gpus": 3}, "dry_run": True},
+        ).json()
         assert big["admitted"] is False and "vision uses 2/2" in big["reason"]
     finally:
         wb.hub("DELETE", "/users/carol/server")
-    wait_for(lambda: next(q for q in wb.api("GET", "/queues").json()["queues"] if q["name"] == "vision")
-             ["servers"] == 0, what="the server's GPUs back")
+    wait_for(
+        lambda: next(q for q in wb.api("GET", "/queues").json()["queues"] if q["name"] == "vision")["servers"] == 0,
+        what="the server's GPUs back",
+    )
 
 
 def test_logins_and_profile_changes_are_audited(wb):
     browser = requests.Session()
     browser.get(f"{wb.url}/hub/login", timeout=30)
-    r = browser.post(f"{wb.url}/hub/login", data={"username": "carol", "password": "any",
-                                                  "_xsrf": browser.cookies.get("_xsrf")}, timeout=30)
+    r = browser.post(
+        f"{wb.url}/hub/login",
+        data={"username": "carol", "password": "any", "_xsrf": browser.cookies.get("_xsrf")},
+        timeout=30,
+    )
     assert r.status_code == 200
     logins = wb.api("GET", "/audit?action=login").json()["records"]
     assert any(rec["actor"] == "carol" for rec in logins)

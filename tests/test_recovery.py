@@ -11,8 +11,16 @@ from danlu.hub.service.store.orm import Attempt, Job, utcnow
 
 
 def _job(job_id: str, state: str, backend_state, report=None) -> Job:
-    job = Job(id=job_id, owner="alice", name=job_id, state=state, profile="python", queue="default",
-              created_at=utcnow(), backend_state=backend_state)
+    job = Job(
+        id=job_id,
+        owner="alice",
+        name=job_id,
+        state=state,
+        profile="python",
+        queue="default",
+        created_at=utcnow(),
+        backend_state=backend_state,
+    )
     job.attempts.append(Attempt(number=1, state="running", report=report if report is not None else {}))
     return job
 
@@ -22,18 +30,29 @@ def settings(tmp_path):
     url = f"sqlite:///{tmp_path / 'danlu.sqlite'}"
     sessions = schema.prepare(url)
     with sessions() as s, s.begin():
-        s.add_all([
-            # what a hostile or older runner could have left behind: wrong types everywhere
-            _job("a00000000001", "running", {"pid": "1", "create_time": "x", "runner_id": 7, "uid": True},
-                 report={"state": ["succeeded"], "infrastructure": "no"}),
-            _job("a00000000002", "running", {}),
-            _job("a00000000003", "preempted", {"pid": None}),
-            _job("a00000000004", "running", {}, report={"state": "succeeded", "reason": ""}),
-            _job("a00000000005", "running", {}, report={"state": "failed", "reason": "cell 1 raised", "infrastructure":
-                                                        False}),
-        ])
-    return Settings.from_data({"state_dir": str(tmp_path), "jobs": {"database_url": url, "grace_period_seconds": 0}}), \
-        sessions
+        s.add_all(
+            [
+                # what a hostile or older runner could have left behind: wrong types everywhere
+                _job(
+                    "a00000000001",
+                    "running",
+                    {"pid": "1", "create_time": "x", "runner_id": 7, "uid": True},
+                    report={"state": ["succeeded"], "infrastructure": "no"},
+                ),
+                _job("a00000000002", "running", {}),
+                _job("a00000000003", "preempted", {"pid": None}),
+                _job("a00000000004", "running", {}, report={"state": "succeeded", "reason": ""}),
+                _job(
+                    "a00000000005",
+                    "running",
+                    {},
+                    report={"state": "failed", "reason": "cell 1 raised", "infrastructure": False},
+                ),
+            ]
+        )
+    return Settings.from_data(
+        {"state_dir": str(tmp_path), "jobs": {"database_url": url, "grace_period_seconds": 0}}
+    ), sessions
 
 
 def test_every_running_job_is_requeued_or_keeps_the_end_its_runner_reported(settings):

@@ -126,16 +126,31 @@ def test_a_changed_setup_cell_shows_in_jobs_diff(tmp_path, monkeypatch, capsys):
 
     async def scenario():
         async with service(tmp_path) as manager:
-            a = await submit(manager, notebook=train_notebook(cell, {"s1": "import math\nx = 1\n"}, {"lr": 0.1}),
-                             parameters={"lr": 0.1})
-            b = await submit(manager, notebook=train_notebook(cell, {"s1": "import math\nx = 2\n"}, {"lr": 0.1}),
-                             parameters={"lr": 0.1})
-            c = await submit(manager, notebook=train_notebook(cell, {"s1": "import math\nx = 1\n"}, {"lr": 0.2}),
-                             parameters={"lr": 0.2})
+            a = await submit(
+                manager,
+                notebook=train_notebook(cell, {"s1": "import math\nx = 1\n"}, {"lr": 0.1}),
+                parameters={"lr": 0.1},
+            )
+            b = await submit(
+                manager,
+                notebook=train_notebook(cell, {"s1": "import math\nx = 2\n"}, {"lr": 0.1}),
+                parameters={"lr": 0.1},
+            )
+            c = await submit(
+                manager,
+                notebook=train_notebook(cell, {"s1": "import math\nx = 1\n"}, {"lr": 0.2}),
+                parameters={"lr": 0.2},
+            )
             for job in (a, b, c):
                 await final(manager, job["id"])
-            return (a, b, c, await manager.compare(ALICE, a["id"], b["id"]),
-                    await manager.compare(ALICE, a["id"], c["id"]), manager)
+            return (
+                a,
+                b,
+                c,
+                await manager.compare(ALICE, a["id"], b["id"]),
+                await manager.compare(ALICE, a["id"], c["id"]),
+                manager,
+            )
 
     a, b, c, setup_changed, lr_changed, manager = asyncio.run(scenario())
 
@@ -143,8 +158,13 @@ def test_a_changed_setup_cell_shows_in_jobs_diff(tmp_path, monkeypatch, capsys):
     assert [s["what"] for s in setup_changed["source"]] == ["setup cell 1"]
     diff = setup_changed["source"][0]["diff"]
     assert "-x = 1" in diff and "+x = 2" in diff
-    assert setup_changed["identical"] == {"parameters": True, "environment": True, "source": False,
-                                          "datasets": True, "metrics": None}
+    assert setup_changed["identical"] == {
+        "parameters": True,
+        "environment": True,
+        "source": False,
+        "datasets": True,
+        "metrics": None,
+    }
     assert setup_changed["metrics"] == "unknown"  # no MLflow run here: unknown, not an error
     assert lr_changed["parameters"] == [{"name": "lr", "a": 0.1, "b": 0.2}]
     assert lr_changed["identical"]["source"] and not lr_changed["identical"]["parameters"]
@@ -225,31 +245,50 @@ async def test_a_runner_may_add_only_the_seed_an_unknown_dirty_state_and_plain_d
     backend = SlowBackend()
     async with service(tmp_path, backend) as manager:
         (home(tmp_path / "state") / "data.csv").write_text("a,b\n1,2\n")
-        job = await submit(manager, notebook=train_notebook("print(lr)", {"s": "import os"}, {"lr": 0.5}),
-                           parameters={"lr": 0.5}, datasets=["data.csv"],
-                           source={"git_commit": "0123abc", "git_dirty": False, "notebook_path": "work/t.ipynb"})
+        job = await submit(
+            manager,
+            notebook=train_notebook("print(lr)", {"s": "import os"}, {"lr": 0.5}),
+            parameters={"lr": 0.5},
+            datasets=["data.csv"],
+            source={"git_commit": "0123abc", "git_dirty": False, "notebook_path": "work/t.ipynb"},
+        )
         before = (await row(manager, job["id"])).provenance
         run = await backend.machine.running(job["id"])
         refused = []
-        for hostile in ({"event": "provenance", "profile": "evil"},
-                        {"event": "provenance", "parameters": {"lr": 9}},
-                        {"event": "provenance", "reproduces": "0123456789ab"},
-                        {"event": "provenance", "seed": "7"},
-                        {"event": "provenance", "seed": 2**60},
-                        {"event": "provenance", "seed": True},
-                        {"event": "provenance", "git_dirty": "yes"},
-                        {"event": "provenance", "datasets": [{"name": "data.csv", "digest": "not-a-digest"}]},
-                        {"event": "provenance", "datasets": [{"name": "x", "digest": "a" * 64}] * 101}):
+        for hostile in (
+            {"event": "provenance", "profile": "evil"},
+            {"event": "provenance", "parameters": {"lr": 9}},
+            {"event": "provenance", "reproduces": "0123456789ab"},
+            {"event": "provenance", "seed": "7"},
+            {"event": "provenance", "seed": 2**60},
+            {"event": "provenance", "seed": True},
+            {"event": "provenance", "git_dirty": "yes"},
+            {"event": "provenance", "datasets": [{"name": "data.csv", "digest": "not-a-digest"}]},
+            {"event": "provenance", "datasets": [{"name": "x", "digest": "a" * 64}] * 101},
+        ):
             with pytest.raises(ValidationError) as e:
                 await manager.runner_api.event(job["id"], 1, run.launch.token, hostile)
             refused.append(e.value.status)
-        await manager.runner_api.event(job["id"], 1, run.launch.token, {
-            "event": "provenance", "seed": 7, "git_dirty": True,
-            "datasets": [{"name": "data.csv", "digest": "d" * 64, "manifest": [["data.csv", 8, "d" * 64]]},
-                         {"name": "other.csv", "digest": "e" * 64}]})
-        await manager.runner_api.event(job["id"], 1, run.launch.token, {"event": "provenance", "seed": 8,
-                                                                       "datasets": [{"name": "data.csv",
-                                                                                     "digest": "f" * 64}]})
+        await manager.runner_api.event(
+            job["id"],
+            1,
+            run.launch.token,
+            {
+                "event": "provenance",
+                "seed": 7,
+                "git_dirty": True,
+                "datasets": [
+                    {"name": "data.csv", "digest": "d" * 64, "manifest": [["data.csv", 8, "d" * 64]]},
+                    {"name": "other.csv", "digest": "e" * 64},
+                ],
+            },
+        )
+        await manager.runner_api.event(
+            job["id"],
+            1,
+            run.launch.token,
+            {"event": "provenance", "seed": 8, "datasets": [{"name": "data.csv", "digest": "f" * 64}]},
+        )
         backend.finish(job["id"])
         done = await final(manager, job["id"])
         after = (await row(manager, job["id"])).provenance
@@ -260,10 +299,12 @@ async def test_a_runner_may_add_only_the_seed_an_unknown_dirty_state_and_plain_d
     assert done["state"] == "succeeded"  # a valid report followed the invalid ones
     assert after["seed"] == 8  # the last seed reported (a later attempt's code sets its own)
     assert after["git"] == {"commit": "0123abc", "dirty": False}  # known at submission: the job cannot change it
-    assert after["datasets"] == [{"ref": "data.csv", "digest": "d" * 64, "context": "training",
-                                  "manifest": [["data.csv", 8, "d" * 64]]}]  # once known, kept
-    assert {k: after[k] for k in after if k not in ("seed", "datasets")} == \
-        {k: before[k] for k in before if k not in ("seed", "datasets")}
+    assert after["datasets"] == [
+        {"ref": "data.csv", "digest": "d" * 64, "context": "training", "manifest": [["data.csv", 8, "d" * 64]]}
+    ]  # once known, kept
+    assert {k: after[k] for k in after if k not in ("seed", "datasets")} == {
+        k: before[k] for k in before if k not in ("seed", "datasets")
+    }
     assert before["setup_cells"][0]["source"] == "import os" and before["parameters"] == {"lr": 0.5}
     assert before["environment"]["kind"] == "python" and len(before["environment"]["digest"]) == 64
     assert pinned[0]["digest"] == "d" * 64 and pinned[0]["pinned_from"] == job["id"]
@@ -286,11 +327,27 @@ def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on loopback (no permissions: the comparison reads with admin rights)."""
     folder = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "danlu.hub.mlflowserver", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--serve-artifacts",
-                             "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(folder / "mlflow.log", "wb"),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "danlu.hub.mlflowserver",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "mlflow.log", "wb"),
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy():
@@ -326,15 +383,19 @@ def run_final(svc, job_id: str) -> dict:
 
 
 @pytest.mark.service
-def test_a_deterministic_job_reproduced_has_identical_metrics_and_its_seed(workbench, mlflow_server, monkeypatch,
-                                                                         capsys):
+def test_a_deterministic_job_reproduced_has_identical_metrics_and_its_seed(
+    workbench, mlflow_server, monkeypatch, capsys
+):
     svc = workbench
     data = svc.settings.user_home("alice")
     data.mkdir(parents=True, exist_ok=True)
     (data / "data.csv").write_text("x\n1\n2\n")
     nb = train_notebook(DETERMINISTIC, {"setup-1": "import math"}, {"steps": 50})
-    status, job = svc.run(svc.manager.submit(ALICE, {"notebook": nb, "parameters": {"steps": 50},
-                                                     "datasets": ["data.csv"], "experiment": "alice/repro"}))
+    status, job = svc.run(
+        svc.manager.submit(
+            ALICE, {"notebook": nb, "parameters": {"steps": 50}, "datasets": ["data.csv"], "experiment": "alice/repro"}
+        )
+    )
     assert status == 201, job
     first = run_final(svc, job["id"])
     assert first["state"] == "succeeded", first
@@ -346,12 +407,18 @@ def test_a_deterministic_job_reproduced_has_identical_metrics_and_its_seed(workb
     assert code == 0 and second["state"] == "succeeded", second
     assert second["reproduces"] == job["id"] and second["id"] != job["id"]
     check_schema("Comparison", comparison)
-    assert comparison["identical"] == {"parameters": True, "environment": True, "source": True, "datasets": True,
-                                       "metrics": True}, comparison
+    assert comparison["identical"] == {
+        "parameters": True,
+        "environment": True,
+        "source": True,
+        "datasets": True,
+        "metrics": True,
+    }, comparison
     assert comparison["metrics"] == [] and comparison["parameters"] == []
 
-    records = [svc.run(svc.manager.database.read(lambda s, i=i: s.get(Job, i).provenance))
-               for i in (job["id"], second["id"])]
+    records = [
+        svc.run(svc.manager.database.read(lambda s, i=i: s.get(Job, i).provenance)) for i in (job["id"], second["id"])
+    ]
     assert [r["seed"] for r in records] == [7, 7]
     assert records[0]["datasets"][0]["digest"] and records[0]["datasets"] == records[1]["datasets"]
     from mlflow import MlflowClient

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.service
 
 
 def notebook(source: str) -> dict:
-    return {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": source}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 SLOW_JOB = """import time
@@ -35,8 +41,9 @@ def wait_running(wb: Workbench, job_id: str, token: str, marker: str | None = No
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = wb.api("GET", f"/jobs/{job_id}", token=token).json()
-        if job["state"] == "running" and (marker is None or marker in wb.api(
-                "GET", f"/jobs/{job_id}/logs", token=token).text):
+        if job["state"] == "running" and (
+            marker is None or marker in wb.api("GET", f"/jobs/{job_id}/logs", token=token).text
+        ):
             return job
         assert job["state"] in ("queued", "running"), job
         time.sleep(0.3)
@@ -67,8 +74,9 @@ def test_sigkill_of_the_jobs_service_loses_nothing(workbench):
     assert "finished all steps" in output.text
     assert "finished all steps" in wb.api("GET", f"/jobs/{job['id']}/logs", token=alice).text
     run_id = done["mlflow_run_id"]
-    history = wb.mlflow("GET", f"/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=progress",
-                        token=alice).json()["metrics"]
+    history = wb.mlflow(
+        "GET", f"/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=progress", token=alice
+    ).json()["metrics"]
     assert sorted(m["step"] for m in history) == list(range(12))
     run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=alice).json()["run"]
     assert run["info"]["status"] == "FINISHED"
@@ -108,8 +116,23 @@ def test_a_second_danlu_up_on_the_same_state_folder_refuses_and_starts_nothing(w
     wb = workbench
     before = {p.pid for p in wb.processes()}
     port = free_port()
-    second = subprocess.run([sys.executable, "-m", "danlu.hub", "up", "--config", str(wb.config_file), "--state-dir",
-                             str(wb.state), "--port", str(port)], capture_output=True, text=True, timeout=120)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "danlu.hub",
+            "up",
+            "--config",
+            str(wb.config_file),
+            "--state-dir",
+            str(wb.state),
+            "--port",
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert second.returncode == 2, second.stdout + second.stderr
     assert "another danlu up" in second.stderr and str(wb.state) in second.stderr
     assert "starting MLflow" not in second.stdout

@@ -37,12 +37,15 @@ def test_accepts_enum_members():
     assert transition(JobState.queued, JobState.running) is JobState.running
 
 
-@pytest.mark.parametrize("current, new", [
-    ("queued", "succeeded"),
-    ("queued", "failed"),
-    ("queued", "queued"),
-    ("running", "running"),
-])
+@pytest.mark.parametrize(
+    "current, new",
+    [
+        ("queued", "succeeded"),
+        ("queued", "failed"),
+        ("queued", "queued"),
+        ("running", "running"),
+    ],
+)
 def test_forbidden_transitions_from_live_states(current, new):
     with pytest.raises(Conflict) as info:
         transition(current, new)
@@ -63,8 +66,11 @@ def test_nothing_leaves_a_final_state(current, new):
 
 
 def test_final_states():
-    assert {state for state in JobState if state.final} == FINAL == {
-        JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out}
+    assert (
+        {state for state in JobState if state.final}
+        == FINAL
+        == {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.timed_out}
+    )
     assert JobState.running == "running"  # a str Enum: compares equal to its database value
 
 

@@ -14,10 +14,22 @@ from danlu.runner.tracking import Tracking
 
 
 def spec(uri: str, **extra) -> dict:
-    return {"job_id": "0123456789ab", "attempt": 1, "name": "train", "owner": "alice", "profile": "python",
-            "queue": "default", "nproc": 1, "gpus": 0, "parameters": {"lr": 0.1, "name": "x"},
-            "experiment": "alice/train", "source": {"notebook_path": "work/train.ipynb", "cell_id": "c1"},
-            "cell_sha256": "ab" * 32, "mlflow_env": {"MLFLOW_TRACKING_URI": uri}, **extra}
+    return {
+        "job_id": "0123456789ab",
+        "attempt": 1,
+        "name": "train",
+        "owner": "alice",
+        "profile": "python",
+        "queue": "default",
+        "nproc": 1,
+        "gpus": 0,
+        "parameters": {"lr": 0.1, "name": "x"},
+        "experiment": "alice/train",
+        "source": {"notebook_path": "work/train.ipynb", "cell_id": "c1"},
+        "cell_sha256": "ab" * 32,
+        "mlflow_env": {"MLFLOW_TRACKING_URI": uri},
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -109,10 +121,23 @@ def test_no_mlflow_configured_is_a_note_not_an_error(jd):
 def test_the_job_card_says_when_tracking_lost_something():
     from danlu.card import summary_html
 
-    job = {"id": "0123456789ab", "name": "train", "state": "succeeded", "profile": "python",
-           "resources": {"nproc": 1, "gpus": 0}}
-    degraded = summary_html({**job, "tracking": {"state": "degraded", "points_dropped": 3,
-                                                 "notes": ["metric name 'a//b' recorded as 'a/b_7a9acf33'"]}})
+    job = {
+        "id": "0123456789ab",
+        "name": "train",
+        "state": "succeeded",
+        "profile": "python",
+        "resources": {"nproc": 1, "gpus": 0},
+    }
+    degraded = summary_html(
+        {
+            **job,
+            "tracking": {
+                "state": "degraded",
+                "points_dropped": 3,
+                "notes": ["metric name 'a//b' recorded as 'a/b_7a9acf33'"],
+            },
+        }
+    )
     assert "3 metric point(s) not recorded" in degraded and "a/b_7a9acf33" in degraded
     assert "no MLflow run" in summary_html({**job, "tracking": {"state": "none"}})
     assert "MLflow:" not in summary_html({**job, "tracking": {"state": "ok", "points_dropped": 0, "notes": []}})

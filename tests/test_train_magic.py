@@ -21,36 +21,46 @@ from danlu.submit import SetupCells, build_job_notebook, parse_param
 
 # parse_param ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("lr=0.01", ("lr", 0.01)),
-    ("epochs=3", ("epochs", 3)),
-    ("flag=true", ("flag", True)),
-    ("nothing=null", ("nothing", None)),
-    ("layers=[64, 32]", ("layers", [64, 32])),
-    ('cfg={"a": 1}', ("cfg", {"a": 1})),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("lr=0.01", ("lr", 0.01)),
+        ("epochs=3", ("epochs", 3)),
+        ("flag=true", ("flag", True)),
+        ("nothing=null", ("nothing", None)),
+        ("layers=[64, 32]", ("layers", [64, 32])),
+        ('cfg={"a": 1}', ("cfg", {"a": 1})),
+    ],
+)
 def test_param_values_are_read_as_json(text, expected):
     assert parse_param(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("flag=True", ("flag", True)),
-    ("shape=(1, 2)", ("shape", (1, 2))),
-    ("name='resnet 50'", ("name", "resnet 50")),
-    ("cfg={'a': None}", ("cfg", {"a": None})),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("flag=True", ("flag", True)),
+        ("shape=(1, 2)", ("shape", (1, 2))),
+        ("name='resnet 50'", ("name", "resnet 50")),
+        ("cfg={'a': None}", ("cfg", {"a": None})),
+    ],
+)
 def test_param_values_fall_back_to_python_literals(text, expected):
     assert parse_param(text) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("model=resnet", ("model", "resnet")),
-    ("path=data/train.csv", ("path", "data/train.csv")),
-    ("expr=__import__('os')", ("expr", "__import__('os')")),
-    ("eq=a=b", ("eq", "a=b")),
-    ("empty=", ("empty", "")),
-    (" lr = 0.1 ", ("lr", 0.1)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("model=resnet", ("model", "resnet")),
+        ("path=data/train.csv", ("path", "data/train.csv")),
+        ("expr=__import__('os')", ("expr", "__import__('os')")),
+        ("eq=a=b", ("eq", "a=b")),
+        ("empty=", ("empty", "")),
+        (" lr = 0.1 ", ("lr", 0.1)),
+    ],
+)
 def test_other_values_are_kept_as_strings(text, expected):
     assert parse_param(text) == expected
 
@@ -78,6 +88,7 @@ def test_param_key_must_not_be_a_keyword():
 
 # SetupCells -------------------------------------------------------------------------
 
+
 def test_setup_cells_keep_first_run_order_and_latest_source():
     setup = SetupCells()
 
@@ -101,13 +112,18 @@ def test_setup_cells_forget_deleted_cells():
 
 # build_job_notebook -----------------------------------------------------------------
 
+
 def job_notebook(**kwargs):
     setup = SetupCells()
     setup.record("imports", "import math")
     setup.record("data", "data = [1, 2, 3]")
     setup.record("imports", "import math, statistics")
-    defaults = dict(cell="print(lr * sum(data))", params={"lr": 0.1, "model": "resnet"}, setup=setup.cells,
-                    kernel_name="danlu-python")
+    defaults = dict(
+        cell="print(lr * sum(data))",
+        params={"lr": 0.1, "model": "resnet"},
+        setup=setup.cells,
+        kernel_name="danlu-python",
+    )
     return build_job_notebook(**{**defaults, **kwargs})
 
 
@@ -115,9 +131,17 @@ def test_job_notebook_order_and_tags():
     nb = job_notebook()
 
     assert [cell.metadata["tags"] for cell in nb.cells] == [
-        ["parameters"], ["danlu-setup"], ["danlu-setup"], ["danlu-cell"]]
+        ["parameters"],
+        ["danlu-setup"],
+        ["danlu-setup"],
+        ["danlu-cell"],
+    ]
     assert [cell.source for cell in nb.cells] == [
-        "lr = 0.1\nmodel = 'resnet'", "import math, statistics", "data = [1, 2, 3]", "print(lr * sum(data))"]
+        "lr = 0.1\nmodel = 'resnet'",
+        "import math, statistics",
+        "data = [1, 2, 3]",
+        "print(lr * sum(data))",
+    ]
     assert [cell.metadata.get("danlu", {}).get("cell_id") for cell in nb.cells] == [None, "imports", "data", None]
 
 
@@ -163,6 +187,7 @@ def test_job_cell_keeps_a_valid_cell_id_only():
 
 # the magic in a real shell ----------------------------------------------------------
 
+
 class DryRunClient:
     """Records each submitted body and answers like the service's dry run (admitted, nothing stored)."""
 
@@ -171,9 +196,15 @@ class DryRunClient:
 
     def submit(self, body: dict) -> dict:
         self.bodies.append(body)
-        return {"dry_run": True, "admitted": True, "reason": "", "queue_position": None,
-                "profile": body.get("profile", "python"), "resources": body["resources"],
-                "notebook": body["notebook"]}
+        return {
+            "dry_run": True,
+            "admitted": True,
+            "reason": "",
+            "queue_position": None,
+            "profile": body.get("profile", "python"),
+            "resources": body["resources"],
+            "notebook": body["notebook"],
+        }
 
 
 class FailingJobClient:
@@ -221,8 +252,12 @@ def dry_run_client(magics):
 
 
 def test_dry_run_sends_one_valid_submission(shell, dry_run_client):
-    shell.run_cell_magic("train", "--dry-run --nproc 2 --gpus 1 --profile pytorch --name mnist-1 "
-                                  "--param lr=0.01 -p model=resnet --dataset data/mnist", "print(lr)")
+    shell.run_cell_magic(
+        "train",
+        "--dry-run --nproc 2 --gpus 1 --profile pytorch --name mnist-1 "
+        "--param lr=0.01 -p model=resnet --dataset data/mnist",
+        "print(lr)",
+    )
 
     [body] = dry_run_client.bodies
     assert body["dry_run"] is True
@@ -239,12 +274,16 @@ def test_dry_run_sends_one_valid_submission(shell, dry_run_client):
 
 
 def test_eval_datasets_are_sent_with_context_evaluation(shell, dry_run_client):
-    shell.run_cell_magic("train", "--dry-run --dataset mnist@3 --eval-dataset mnist-test --eval-dataset data/x.csv",
-                         "pass")
+    shell.run_cell_magic(
+        "train", "--dry-run --dataset mnist@3 --eval-dataset mnist-test --eval-dataset data/x.csv", "pass"
+    )
 
     [body] = dry_run_client.bodies
-    assert body["datasets"] == ["mnist@3", {"ref": "mnist-test", "context": "evaluation"},
-                                {"ref": "data/x.csv", "context": "evaluation"}]
+    assert body["datasets"] == [
+        "mnist@3",
+        {"ref": "mnist-test", "context": "evaluation"},
+        {"ref": "data/x.csv", "context": "evaluation"},
+    ]
     check_schema("JobSubmission", body)
 
 
@@ -272,13 +311,16 @@ def test_setup_cells_run_here_and_join_the_job(shell, magics, dry_run_client):
     assert sources == ["# no parameters", "base = 40 + 2", "print(base)"]
 
 
-@pytest.mark.parametrize("line, message", [
-    ("--param nokey", "--param 'nokey': write KEY=VALUE, e.g. --param lr=0.01"),
-    ("--param 2x=1", "--param '2x=1': '2x' is not a usable Python name (letters, digits, _; not a keyword)"),
-    ("--nproc 0", "--nproc must be at least 1, got 0"),
-    ("--gpus -1", "--gpus must be 0 or more, got -1"),
-    ("--nproc two", "argument --nproc: invalid int value: 'two'"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("--param nokey", "--param 'nokey': write KEY=VALUE, e.g. --param lr=0.01"),
+        ("--param 2x=1", "--param '2x=1': '2x' is not a usable Python name (letters, digits, _; not a keyword)"),
+        ("--nproc 0", "--nproc must be at least 1, got 0"),
+        ("--gpus -1", "--gpus must be 0 or more, got -1"),
+        ("--nproc two", "argument --nproc: invalid int value: 'two'"),
+    ],
+)
 def test_bad_input_is_one_clear_usage_error(shell, dry_run_client, line, message):
     with pytest.raises(IPythonUsageError) as info:
         shell.run_cell_magic("train", f"--dry-run {line}", "pass")

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from danlu.errors import UsageError, ValidationError
+from danlu.hub.service.jsonbody import parse_json
 from danlu.hub.service.paths import check_dataset, resolve_dataset, safe_relative_path
 from danlu.hub.service.validation import (
     check_notebook,
@@ -26,7 +27,6 @@ from danlu.hub.service.validation import (
     check_schema,
     check_size,
     int_param,
-    parse_json,
     parse_time,
     time_range,
 )
@@ -50,11 +50,22 @@ def schema_error(body) -> ValidationError:
 
 # check_schema -----------------------------------------------------------------------
 
+
 def test_complete_submission_is_accepted():
-    check_schema("JobSubmission", submission(
-        parameters={"lr": 0.01}, resources={"nproc": 2, "gpus": 1}, profile="python", name="mnist-1.0",
-        queue="default", datasets=["data/mnist"], cwd=".", source={"cell_id": "abc", "git_commit": "0123abc"},
-        dry_run=True))
+    check_schema(
+        "JobSubmission",
+        submission(
+            parameters={"lr": 0.01},
+            resources={"nproc": 2, "gpus": 1},
+            profile="python",
+            name="mnist-1.0",
+            queue="default",
+            datasets=["data/mnist"],
+            cwd=".",
+            source={"cell_id": "abc", "git_commit": "0123abc"},
+            dry_run=True,
+        ),
+    )
 
 
 def test_unknown_field_is_named():
@@ -85,13 +96,16 @@ def test_missing_notebook_is_named():
     assert error.message == "missing required field 'notebook'"
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("nproc", -1, "at least 1"),
-    ("nproc", 0, "at least 1"),
-    ("nproc", 10**6, "at most 1024"),
-    ("gpus", -1, "at least 0"),
-    ("gpus", 4096, "at most 1024"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("nproc", -1, "at least 1"),
+        ("nproc", 0, "at least 1"),
+        ("nproc", 10**6, "at most 1024"),
+        ("gpus", -1, "at least 0"),
+        ("gpus", 4096, "at most 1024"),
+    ],
+)
 def test_resource_bounds(field, value, words):
     error = schema_error(submission(resources={field: value}))
 
@@ -132,34 +146,38 @@ def test_bad_item_in_a_list_is_named_with_its_index():
 
 # safe_relative_path -----------------------------------------------------------------
 
-@pytest.mark.parametrize("value, reason", [
-    ("../x", "path_traversal"),
-    ("a/../../b", "path_traversal"),
-    ("..", "path_traversal"),
-    ("/etc/passwd", "absolute_path"),
-    ("~/x", "absolute_path"),
-    ("~root", "absolute_path"),
-    ("%2e%2e/x", "path_traversal"),
-    ("%2E%2E/x", "path_traversal"),
-    ("%252e%252e/x", "path_traversal"),
-    ("a%2fb", "path_traversal"),
-    ("a\\b", "bad_path"),
-    ("..\\x", "bad_path"),
-    ("C:/x", "absolute_path"),
-    ("c:x", "absolute_path"),
-    ("a\x00b", "bad_path"),
-    ("", "bad_path"),
-    ("   ", "bad_path"),
-    ("%25252e%25252e/x", "path_traversal"),  # encoded three times
-    ("a%5cb", "path_traversal"),
-    ("a%00b", "path_traversal"),
-    ("%7e/x", "path_traversal"),  # decodes to ~/x
-    ("a\nb", "bad_path"),
-    ("a\x7fb", "bad_path"),
-    ("a\ud800b", "bad_path"),
-    ("a/" * 2100, "bad_path"),
-    ("\\\\server\\share", "bad_path"),
-])
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("../x", "path_traversal"),
+        ("a/../../b", "path_traversal"),
+        ("..", "path_traversal"),
+        ("/etc/passwd", "absolute_path"),
+        ("~/x", "absolute_path"),
+        ("~root", "absolute_path"),
+        ("%2e%2e/x", "path_traversal"),
+        ("%2E%2E/x", "path_traversal"),
+        ("%252e%252e/x", "path_traversal"),
+        ("a%2fb", "path_traversal"),
+        ("a\\b", "bad_path"),
+        ("..\\x", "bad_path"),
+        ("C:/x", "absolute_path"),
+        ("c:x", "absolute_path"),
+        ("a\x00b", "bad_path"),
+        ("", "bad_path"),
+        ("   ", "bad_path"),
+        ("%25252e%25252e/x", "path_traversal"),  # encoded three times
+        ("a%5cb", "path_traversal"),
+        ("a%00b", "path_traversal"),
+        ("%7e/x", "path_traversal"),  # decodes to ~/x
+        ("a\nb", "bad_path"),
+        ("a\x7fb", "bad_path"),
+        ("a\ud800b", "bad_path"),
+        ("a/" * 2100, "bad_path"),
+        ("\\\\server\\share", "bad_path"),
+    ],
+)
 def test_escaping_or_malformed_paths_are_refused(value, reason):
     with pytest.raises(ValidationError) as info:
         safe_relative_path(value, "cwd")
@@ -176,15 +194,18 @@ def test_non_string_path_is_refused():
     assert info.value.field == "datasets[0]"
 
 
-@pytest.mark.parametrize("value, normalized", [
-    ("data/train.csv", "data/train.csv"),
-    (".", "."),
-    ("a/./b//c/", "a/b/c"),
-    ("notes..txt", "notes..txt"),
-    ("100%25 done.csv", "100%25 done.csv"),  # a literal % that decodes to nothing dangerous
-    ("données/été.csv", "données/été.csv"),
-    ("a/~b", "a/~b"),
-])
+@pytest.mark.parametrize(
+    "value, normalized",
+    [
+        ("data/train.csv", "data/train.csv"),
+        (".", "."),
+        ("a/./b//c/", "a/b/c"),
+        ("notes..txt", "notes..txt"),
+        ("100%25 done.csv", "100%25 done.csv"),  # a literal % that decodes to nothing dangerous
+        ("données/été.csv", "données/été.csv"),
+        ("a/~b", "a/~b"),
+    ],
+)
 def test_relative_paths_are_accepted_and_normalized(value, normalized):
     assert safe_relative_path(value, "cwd") == normalized
 
@@ -243,6 +264,7 @@ def test_a_url_is_not_a_dataset():
 
 # resolve_dataset --------------------------------------------------------------------
 
+
 @pytest.fixture
 def tree(tmp_path):
     """alice's home (workdir ``work``), a dataset root, and links that stay in or lead out of each."""
@@ -287,16 +309,19 @@ def refusal(tree, value, **changes) -> ValidationError:
     return info.value
 
 
-@pytest.mark.parametrize("value, real", [
-    ("data/mnist", "home/alice/work/data/mnist"),
-    ("data/mnist/train.csv", "home/alice/work/data/mnist/train.csv"),
-    ("./data//mnist/", "home/alice/work/data/mnist"),
-    (".", "home/alice/work"),
-    ("link-in/big.bin", "home/alice/elsewhere/big.bin"),  # a link that stays in the home folder
-    ("shared:imagenet/train", "shared/imagenet/train"),
-    ("shared:link-inside", "shared/imagenet"),
-    ("linked:imagenet", "shared/imagenet"),  # a root configured through a link
-])
+@pytest.mark.parametrize(
+    "value, real",
+    [
+        ("data/mnist", "home/alice/work/data/mnist"),
+        ("data/mnist/train.csv", "home/alice/work/data/mnist/train.csv"),
+        ("./data//mnist/", "home/alice/work/data/mnist"),
+        (".", "home/alice/work"),
+        ("link-in/big.bin", "home/alice/elsewhere/big.bin"),  # a link that stays in the home folder
+        ("shared:imagenet/train", "shared/imagenet/train"),
+        ("shared:link-inside", "shared/imagenet"),
+        ("linked:imagenet", "shared/imagenet"),  # a root configured through a link
+    ],
+)
 def test_dataset_inside_its_root_resolves_to_its_real_path(tree, value, real):
     name, path = resolve(tree, value)
 
@@ -304,8 +329,17 @@ def test_dataset_inside_its_root_resolves_to_its_real_path(tree, value, real):
     assert name == check_dataset(value, "datasets[0]", tree["roots"])
 
 
-@pytest.mark.parametrize("value", ["link-etc", "link-etc/passwd", "link-out", "link-out/secret.txt",
-                                   "shared:link-to-outside", "shared:link-to-outside/secret.txt"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "link-etc",
+        "link-etc/passwd",
+        "link-out",
+        "link-out/secret.txt",
+        "shared:link-to-outside",
+        "shared:link-to-outside/secret.txt",
+    ],
+)
 def test_dataset_through_a_link_out_of_its_root_is_refused(tree, value):
     error = refusal(tree, value)
 
@@ -322,8 +356,9 @@ def test_a_workdir_outside_the_home_folder_confines_nothing(tree):
     assert refusal(tree, "secret.txt", workdir=tree["outside"]).reason == "escapes_root"
 
 
-@pytest.mark.parametrize("value", ["missing", "data/missing.csv", "dangling-in", "notes.txt/inside",
-                                   "shared:imagenet/val"])
+@pytest.mark.parametrize(
+    "value", ["missing", "data/missing.csv", "dangling-in", "notes.txt/inside", "shared:imagenet/val"]
+)
 def test_dataset_that_does_not_exist(tree, value):
     error = refusal(tree, value)
 
@@ -364,40 +399,47 @@ def test_a_root_missing_on_this_server_is_named(tree):
     assert "the dataset root 'gone' is not available" in error.message
 
 
-@pytest.mark.parametrize("value, reason", [
-    ("../work/data", "path_traversal"),
-    ("data/../../elsewhere", "path_traversal"),
-    ("shared:../outside", "path_traversal"),
-    ("/etc/passwd", "absolute_path"),
-    ("~/work", "absolute_path"),
-    ("~alice/work", "absolute_path"),
-    ("C:/data", "absolute_path"),
-    ("data\\mnist", "bad_path"),
-    ("data/mnist\x00", "bad_path"),
-    ("%2e%2e/outside", "path_traversal"),
-    ("%252e%252e/outside", "path_traversal"),
-    ("data%2fmnist", "path_traversal"),
-    ("data%00", "path_traversal"),
-    ("", "bad_path"),
-    ("shared:", "bad_path"),
-    ("team:imagenet", "unknown_dataset_root"),
-    ("file:///etc/passwd", "bad_path"),
-])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("../work/data", "path_traversal"),
+        ("data/../../elsewhere", "path_traversal"),
+        ("shared:../outside", "path_traversal"),
+        ("/etc/passwd", "absolute_path"),
+        ("~/work", "absolute_path"),
+        ("~alice/work", "absolute_path"),
+        ("C:/data", "absolute_path"),
+        ("data\\mnist", "bad_path"),
+        ("data/mnist\x00", "bad_path"),
+        ("%2e%2e/outside", "path_traversal"),
+        ("%252e%252e/outside", "path_traversal"),
+        ("data%2fmnist", "path_traversal"),
+        ("data%00", "path_traversal"),
+        ("", "bad_path"),
+        ("shared:", "bad_path"),
+        ("team:imagenet", "unknown_dataset_root"),
+        ("file:///etc/passwd", "bad_path"),
+    ],
+)
 def test_lexical_refusals_come_before_the_file_system(tree, value, reason):
     assert refusal(tree, value).reason == reason
 
 
 # parse_json -------------------------------------------------------------------------
 
+
 def test_valid_json_is_parsed():
     assert parse_json(b'{"notebook": {}}') == {"notebook": {}}
 
 
-@pytest.mark.parametrize("raw, where", [
-    (b'{"notebook": ', "at line 1 column 14"),
-    (b"", "at line 1 column 1"),
-    (b'{\n  "a": 1,\n}', "at line 3 column 1"),
-])
+@pytest.mark.parametrize(
+    "raw, where",
+    [
+        (b'{"notebook": ', "at line 1 column 14"),
+        (b"", "at line 1 column 1"),
+        (b'{\n  "a": 1,\n}', "at line 3 column 1"),
+    ],
+)
 def test_malformed_json_says_where(raw, where):
     with pytest.raises(UsageError) as info:
         parse_json(raw)
@@ -425,26 +467,29 @@ def body_refusal(raw, **limits) -> UsageError:
     return info.value
 
 
-@pytest.mark.parametrize("raw, reason, words", [
-    (b'{"lr": NaN}', "non_finite_number", "has NaN at lr"),
-    (b'{"lr": Infinity}', "non_finite_number", "has Infinity at lr"),
-    (b'[1, -Infinity]', "non_finite_number", "has -Infinity at [1]"),
-    (b'NaN', "non_finite_number", "has NaN as its value"),
-    (b'{"resources": {"memory": 1e400}}', "non_finite_number", "too large for a double at resources.memory"),
-    (b'{"a": "x\\ud800"}', "bad_unicode", "lone surrogate (\\ud800) in a, character 1"),
-    (b'{"a": ["ok", "\\udfff"]}', "bad_unicode", "lone surrogate (\\udfff) in a[1], character 0"),
-    (b'{"a": "\\ude00\\ud83d"}', "bad_unicode", "in a, character 0"),  # a pair the wrong way round
-    (b'{"a": "\\uD800"}', "bad_unicode", "lone surrogate (\\ud800) in a"),  # escapes are case-insensitive
-    (b'{"a": ["\\uDFFF"]}', "bad_unicode", "lone surrogate (\\udfff) in a[0]"),
-    (b'{"k\\udbff": 1}', "bad_unicode", 'in the key ["k\\udbff"]'),
-    (b'"\\ud800"', "bad_unicode", "in its top-level string"),
-    (b'{"a": "x\\u0000"}', "nul_character", "NUL character (\\u0000) in a, character 1"),
-    (b'{"a\\u0000b": 1}', "nul_character", 'in the key ["a\\u0000b"]'),
-    (b'{"a": ' + b"1" * 5000 + b"}", "number_out_of_range", "too many digits"),
-    (b'{"a": "\xed\xa0\x80"}', "malformed_json", "not valid JSON"),  # a surrogate encoded as UTF-8
-    (b'\xff\xfe{\x00}\x00', "malformed_json", "not valid JSON"),  # UTF-16
-    (b'{"a": "tab\there"}', "malformed_json", "at line 1 column 11"),
-])
+@pytest.mark.parametrize(
+    "raw, reason, words",
+    [
+        (b'{"lr": NaN}', "non_finite_number", "has NaN at lr"),
+        (b'{"lr": Infinity}', "non_finite_number", "has Infinity at lr"),
+        (b"[1, -Infinity]", "non_finite_number", "has -Infinity at [1]"),
+        (b"NaN", "non_finite_number", "has NaN as its value"),
+        (b'{"resources": {"memory": 1e400}}', "non_finite_number", "too large for a double at resources.memory"),
+        (b'{"a": "x\\ud800"}', "bad_unicode", "lone surrogate (\\ud800) in a, character 1"),
+        (b'{"a": ["ok", "\\udfff"]}', "bad_unicode", "lone surrogate (\\udfff) in a[1], character 0"),
+        (b'{"a": "\\ude00\\ud83d"}', "bad_unicode", "in a, character 0"),  # a pair the wrong way round
+        (b'{"a": "\\uD800"}', "bad_unicode", "lone surrogate (\\ud800) in a"),  # escapes are case-insensitive
+        (b'{"a": ["\\uDFFF"]}', "bad_unicode", "lone surrogate (\\udfff) in a[0]"),
+        (b'{"k\\udbff": 1}', "bad_unicode", 'in the key ["k\\udbff"]'),
+        (b'"\\ud800"', "bad_unicode", "in its top-level string"),
+        (b'{"a": "x\\u0000"}', "nul_character", "NUL character (\\u0000) in a, character 1"),
+        (b'{"a\\u0000b": 1}', "nul_character", 'in the key ["a\\u0000b"]'),
+        (b'{"a": ' + b"1" * 5000 + b"}", "number_out_of_range", "too many digits"),
+        (b'{"a": "\xed\xa0\x80"}', "malformed_json", "not valid JSON"),  # a surrogate encoded as UTF-8
+        (b"\xff\xfe{\x00}\x00", "malformed_json", "not valid JSON"),  # UTF-16
+        (b'{"a": "tab\there"}', "malformed_json", "at line 1 column 11"),
+    ],
+)
 def test_body_values_that_cannot_be_kept_are_refused_with_their_path(raw, reason, words):
     error = body_refusal(raw)
 
@@ -493,19 +538,23 @@ def test_a_body_over_the_limit_is_a_413():
     assert parse_json(b"[" + b"1," * 400 + b"1]", max_bytes=1000)[-1] == 1
 
 
-@pytest.mark.parametrize("raw, value", [
-    (b'["\\ud83d\\ude00", "\\ud83d\\ude00"]', ["\U0001F600"] * 2),  # a surrogate pair is one character
-    ('{"caf\u00e9": "\u6f22\u5b57"}'.encode(), {"caf\u00e9": "\u6f22\u5b57"}),
-    (b'{"a": "\\\\u0000 \\\\ud800"}', {"a": "\\u0000 \\ud800"}),  # escaped backslashes: plain text
-    (b'\xef\xbb\xbf{"a": 1}', {"a": 1}),  # a UTF-8 byte order mark
-    (b'{"a": [1.5, -2, 1e308, true, null]}', {"a": [1.5, -2, 1e308, True, None]}),
-    ('{"a": 1}', {"a": 1}),  # str is taken too
-])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        (b'["\\ud83d\\ude00", "\\ud83d\\ude00"]', ["\U0001f600"] * 2),  # a surrogate pair is one character
+        ('{"caf\u00e9": "\u6f22\u5b57"}'.encode(), {"caf\u00e9": "\u6f22\u5b57"}),
+        (b'{"a": "\\\\u0000 \\\\ud800"}', {"a": "\\u0000 \\ud800"}),  # escaped backslashes: plain text
+        (b'\xef\xbb\xbf{"a": 1}', {"a": 1}),  # a UTF-8 byte order mark
+        (b'{"a": [1.5, -2, 1e308, true, null]}', {"a": [1.5, -2, 1e308, True, None]}),
+        ('{"a": 1}', {"a": 1}),  # str is taken too
+    ],
+)
 def test_good_bodies_are_parsed(raw, value):
     assert parse_json(raw) == value
 
 
 # check_notebook ---------------------------------------------------------------------
+
 
 def test_valid_notebook_is_returned_as_a_node():
     node = check_notebook(notebook(nbformat.v4.new_markdown_cell("# hi"), nbformat.v4.new_code_cell("x = 1")))
@@ -553,6 +602,7 @@ def test_notebook_without_code_cell_is_refused():
 
 # check_parameters -------------------------------------------------------------------
 
+
 def test_identifier_parameters_are_accepted():
     check_parameters({"lr": 0.1, "_private": 1, "batch_size2": 64})
 
@@ -575,35 +625,54 @@ def test_python_keywords_are_refused(key):
 
 # check_size -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, size", [
-    ("512M", 512 * 2**20), ("8G", 8 * 2**30), ("1.5T", 1.5 * 2**40), ("8Gi", 8 * 2**30), ("8GiB", 8 * 2**30),
-    ("8GB", 8 * 2**30), ("8g", 8 * 2**30), (" 8 G ", 8 * 2**30), ("1024", 1024), (".5K", 512), (4096, 4096),
-    (1.5, 1.5), (0, 0), (2**60, 2**60), ("1024T", 2**50),
-])
+
+@pytest.mark.parametrize(
+    "value, size",
+    [
+        ("512M", 512 * 2**20),
+        ("8G", 8 * 2**30),
+        ("1.5T", 1.5 * 2**40),
+        ("8Gi", 8 * 2**30),
+        ("8GiB", 8 * 2**30),
+        ("8GB", 8 * 2**30),
+        ("8g", 8 * 2**30),
+        (" 8 G ", 8 * 2**30),
+        ("1024", 1024),
+        (".5K", 512),
+        (4096, 4096),
+        (1.5, 1.5),
+        (0, 0),
+        (2**60, 2**60),
+        ("1024T", 2**50),
+    ],
+)
 def test_sizes_are_read_in_bytes(value, size):
     assert check_size(value, "resources.memory") == size
 
 
-@pytest.mark.parametrize("value, words", [
-    (float("nan"), "must be a finite number of bytes"),
-    (float("inf"), "must be a finite number of bytes"),
-    (float("-inf"), "must be a finite number of bytes"),
-    (-1, "must not be negative"),
-    ("-1G", "must not be negative"),
-    (2**60 + 1, "more than 2**60 bytes"),
-    (10**400, "more than 2**60 bytes"),
-    ("1e400", "more than 2**60 bytes"),
-    ("2000000T", "more than 2**60 bytes"),
-    (True, "is not a size"),
-    (None, "is not a size"),
-    ([8], "is not a size"),
-    ("nan", "is not a size"),
-    ("inf", "is not a size"),
-    ("8 gigabytes", "is not a size"),
-    ("1_000", "is not a size"),
-    ("\u0668G", "is not a size"),  # an Arabic-Indic digit, which float() would take
-    ("8X", "is not a size"),
-])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (float("nan"), "must be a finite number of bytes"),
+        (float("inf"), "must be a finite number of bytes"),
+        (float("-inf"), "must be a finite number of bytes"),
+        (-1, "must not be negative"),
+        ("-1G", "must not be negative"),
+        (2**60 + 1, "more than 2**60 bytes"),
+        (10**400, "more than 2**60 bytes"),
+        ("1e400", "more than 2**60 bytes"),
+        ("2000000T", "more than 2**60 bytes"),
+        (True, "is not a size"),
+        (None, "is not a size"),
+        ([8], "is not a size"),
+        ("nan", "is not a size"),
+        ("inf", "is not a size"),
+        ("8 gigabytes", "is not a size"),
+        ("1_000", "is not a size"),
+        ("\u0668G", "is not a size"),  # an Arabic-Indic digit, which float() would take
+        ("8X", "is not a size"),
+    ],
+)
 def test_sizes_that_are_not_sizes_are_refused(value, words):
     with pytest.raises(ValidationError) as info:
         check_size(value, "resources.memory")
@@ -616,13 +685,32 @@ def test_sizes_that_are_not_sizes_are_refused(value, words):
 
 # int_param --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("raw, value", [(None, 7), ("0", 0), ("42", 42), ("0042", 42), ("100000", 100_000)])
 def test_int_param_reads_digits(raw, value):
     assert int_param(raw, "tail", default=7, minimum=0, maximum=100_000) == value
 
 
-@pytest.mark.parametrize("raw", ["", " 5", "5 ", "+5", "-5", "-0", "5.0", "1e3", "1_000", "0x10", "\u0663",
-                                 "five", "100001", str(2**53), "9" * 5000])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        " 5",
+        "5 ",
+        "+5",
+        "-5",
+        "-0",
+        "5.0",
+        "1e3",
+        "1_000",
+        "0x10",
+        "\u0663",
+        "five",
+        "100001",
+        str(2**53),
+        "9" * 5000,
+    ],
+)
 def test_int_param_refuses_anything_else_naming_the_range(raw):
     with pytest.raises(UsageError) as info:
         int_param(raw, "tail", default=None, minimum=0, maximum=100_000)
@@ -651,16 +739,19 @@ def test_offsets_stop_at_2_53():
 NOW = dt.datetime(2026, 11, 1, 12, 0)
 
 
-@pytest.mark.parametrize("raw, value", [
-    ("2026-11-01", dt.datetime(2026, 11, 1)),
-    ("2026-11-01T08:00:00", dt.datetime(2026, 11, 1, 8)),
-    ("2026-11-01T08:00:00Z", dt.datetime(2026, 11, 1, 8)),
-    ("2026-11-01T08:00:00z", dt.datetime(2026, 11, 1, 8)),
-    ("2026-11-01T08:00:00+05:30", dt.datetime(2026, 11, 1, 2, 30)),
-    ("2026-11-01T01:00:00-02:00", dt.datetime(2026, 11, 1, 3)),
-    ("1970-01-01", dt.datetime(1970, 1, 1)),
-    ("9999-12-30T23:59:59", dt.datetime(9999, 12, 30, 23, 59, 59)),
-])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        ("2026-11-01", dt.datetime(2026, 11, 1)),
+        ("2026-11-01T08:00:00", dt.datetime(2026, 11, 1, 8)),
+        ("2026-11-01T08:00:00Z", dt.datetime(2026, 11, 1, 8)),
+        ("2026-11-01T08:00:00z", dt.datetime(2026, 11, 1, 8)),
+        ("2026-11-01T08:00:00+05:30", dt.datetime(2026, 11, 1, 2, 30)),
+        ("2026-11-01T01:00:00-02:00", dt.datetime(2026, 11, 1, 3)),
+        ("1970-01-01", dt.datetime(1970, 1, 1)),
+        ("9999-12-30T23:59:59", dt.datetime(9999, 12, 30, 23, 59, 59)),
+    ],
+)
 def test_times_are_read_as_naive_utc(raw, value):
     assert parse_time(raw, "from", None) == value
 
@@ -669,22 +760,25 @@ def test_an_absent_time_is_the_default():
     assert parse_time(None, "from", NOW) is NOW
 
 
-@pytest.mark.parametrize("raw, words", [
-    ("yesterday", "must be an ISO 8601 date or time"),
-    ("", "must be an ISO 8601 date or time"),
-    ("2026-02-30", "must be an ISO 8601 date or time"),
-    ("2026-11-01T25:00", "must be an ISO 8601 date or time"),
-    ("2026-11-01T08:00+24:00", "must be an ISO 8601 date or time"),
-    ("2026-11-01\x00", "must be an ISO 8601 date or time"),
-    ("\ud800", "must be an ISO 8601 date or time"),
-    ("2026-11-01" + "0" * 100, "must be an ISO 8601 date or time"),
-    ("1969-12-31T23:59:59Z", "between 1970-01-01 and 9999-12-30"),
-    ("1970-01-01T00:30:00+01:00", "between 1970-01-01 and 9999-12-30"),
-    ("0001-01-01", "between 1970-01-01 and 9999-12-30"),
-    ("0001-01-01T00:00:00+01:00", "between 1970-01-01 and 9999-12-30"),  # before datetime.min in UTC
-    ("9999-12-31", "between 1970-01-01 and 9999-12-30"),
-    ("9999-12-31T23:00:00-05:00", "between 1970-01-01 and 9999-12-30"),  # after datetime.max in UTC
-])
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ("yesterday", "must be an ISO 8601 date or time"),
+        ("", "must be an ISO 8601 date or time"),
+        ("2026-02-30", "must be an ISO 8601 date or time"),
+        ("2026-11-01T25:00", "must be an ISO 8601 date or time"),
+        ("2026-11-01T08:00+24:00", "must be an ISO 8601 date or time"),
+        ("2026-11-01\x00", "must be an ISO 8601 date or time"),
+        ("\ud800", "must be an ISO 8601 date or time"),
+        ("2026-11-01" + "0" * 100, "must be an ISO 8601 date or time"),
+        ("1969-12-31T23:59:59Z", "between 1970-01-01 and 9999-12-30"),
+        ("1970-01-01T00:30:00+01:00", "between 1970-01-01 and 9999-12-30"),
+        ("0001-01-01", "between 1970-01-01 and 9999-12-30"),
+        ("0001-01-01T00:00:00+01:00", "between 1970-01-01 and 9999-12-30"),  # before datetime.min in UTC
+        ("9999-12-31", "between 1970-01-01 and 9999-12-30"),
+        ("9999-12-31T23:00:00-05:00", "between 1970-01-01 and 9999-12-30"),  # after datetime.max in UTC
+    ],
+)
 def test_bad_times_name_the_parameter_and_an_example(raw, words):
     with pytest.raises(UsageError) as info:
         parse_time(raw, "to", None)
@@ -707,13 +801,16 @@ def test_time_range_at_the_edges_does_not_overflow():
     assert time_range("9999-12-01", "9999-12-30", now=NOW)[1] == dt.datetime(9999, 12, 30)
 
 
-@pytest.mark.parametrize("raw_from, raw_to, words", [
-    ("2026-11-02", None, "must be before to"),
-    ("2026-11-01T12:00:00", None, "must be before to"),
-    ("2026-06-01", "2026-05-01", "must be before to"),
-    ("1970-01-01", None, "more than 3660"),
-    ("2000-01-01", "9999-12-30", "more than 3660"),
-])
+@pytest.mark.parametrize(
+    "raw_from, raw_to, words",
+    [
+        ("2026-11-02", None, "must be before to"),
+        ("2026-11-01T12:00:00", None, "must be before to"),
+        ("2026-06-01", "2026-05-01", "must be before to"),
+        ("1970-01-01", None, "more than 3660"),
+        ("2000-01-01", "9999-12-30", "more than 3660"),
+    ],
+)
 def test_time_range_refusals_name_from(raw_from, raw_to, words):
     with pytest.raises(UsageError) as info:
         time_range(raw_from, raw_to, now=NOW)

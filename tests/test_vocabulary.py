@@ -56,8 +56,13 @@ def test_product_code_never_spells_a_vocabulary_word():
 def test_every_danlu_variable_used_anywhere_is_defined_once():
     defined = {str(v) for v in env.ALL}
     assert len(defined) == len(env.ALL)
-    sources = [ROOT / "Makefile", ROOT / ".ci" / "run", *(ROOT / "extensions" / "lab").glob("ui-tests/*.ts"),
-               *(ROOT / "extensions" / "lab" / "ui-tests" / "tests").glob("*.ts"), *python_files(PRODUCT + ["tests"])]
+    sources = [
+        ROOT / "Makefile",
+        ROOT / ".ci" / "run",
+        *(ROOT / "extensions" / "lab").glob("ui-tests/*.ts"),
+        *(ROOT / "extensions" / "lab" / "ui-tests" / "tests").glob("*.ts"),
+        *python_files(PRODUCT + ["tests"]),
+    ]
     used = {}
     for path in sources:
         if path.exists():

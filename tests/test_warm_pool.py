@@ -67,6 +67,7 @@ def test_nothing_is_started_before_a_demand_and_a_demand_fills_the_pool():
         taken = pool.take("python3")
         assert taken in started and pool.count() == 1
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -82,6 +83,7 @@ def test_unused_runners_are_reaped_after_the_idle_time_and_come_back_on_demand()
         await pool.top_up("python3")
         assert pool.count() == 1 and len(started) == 2
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -95,6 +97,7 @@ def test_taking_a_runner_is_demand_that_keeps_the_pool():
         clock.now += 500
         assert await pool.reap() == 0 and pool.count() == 1
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -110,6 +113,7 @@ def test_at_most_max_total_wait_and_newer_demand_evicts_the_least_recently_used(
         assert [r.kernel for r in started if r.stopped] == ["a"]
         assert pool.count(("b", None)) == 1 and pool.count(("c", None)) == 1
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -123,6 +127,7 @@ def test_one_user_holds_at_most_max_per_account():
         await pool.top_up("a", bob)
         assert pool.count(("a", 1002)) == 2 and len(started) == 4
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -138,6 +143,7 @@ def test_a_runner_that_finishes_starting_after_its_pool_was_reaped_is_stopped_no
         await filling
         assert len(started) == 1 and started[0].stopped and pool.count() == 0
         await pool.stop_all()
+
     run(scenario())
 
 
@@ -150,4 +156,5 @@ def test_stop_all_stops_every_waiting_runner_and_refuses_new_ones():
         assert all(r.stopped for r in started) and pool.count() == 0
         await pool.top_up("c")
         assert len(started) == 2
+
     run(scenario())

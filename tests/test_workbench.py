@@ -54,11 +54,14 @@ def alice_job(workbench):
     assert r.status_code in (201, 202), r.text
     kernel = RemoteKernel(wb, "alice", token, path="work/mnist.ipynb")
     assert kernel.execute("%load_ext danlu")["status"] == "ok"
-    made = kernel.execute("import os; os.makedirs('data', exist_ok=True); open('data/train.csv', 'w')"
-                          ".write('x,y\\n1,2\\n3,4\\n')")
+    made = kernel.execute(
+        "import os; os.makedirs('data', exist_ok=True); open('data/train.csv', 'w').write('x,y\\n1,2\\n3,4\\n')"
+    )
     assert made["status"] == "ok", made
-    git = kernel.execute("!git init -q . && git add -A && git -c user.name=t -c user.email=t@example.com "
-                         "commit -qm start && git rev-parse HEAD")
+    git = kernel.execute(
+        "!git init -q . && git add -A && git -c user.name=t -c user.email=t@example.com "
+        "commit -qm start && git rev-parse HEAD"
+    )
     assert git["status"] == "ok", git
     setup = kernel.execute(SETUP, cell_id="setup-cell")
     assert setup["status"] == "ok", setup
@@ -67,16 +70,20 @@ def alice_job(workbench):
     assert result["status"] == "ok", result
     jobs = wb.api("GET", "/jobs", token=token).json()["jobs"]
     job = next(j for j in jobs if j["source"].get("cell_id") == "train-cell")
-    return {"job": job, "output": result["stdout"], "token": token, "commit": git["stdout"].split()[-1],
-            "kernel": kernel}
+    return {
+        "job": job,
+        "output": result["stdout"],
+        "token": token,
+        "commit": git["stdout"].split()[-1],
+        "kernel": kernel,
+    }
 
 
 def test_train_cell_job_succeeds(alice_job):
     job = alice_job["job"]
     check_schema("Job", job)  # the API answers what its OpenAPI document says
     assert job["state"] == "succeeded", job
-    assert job["resources"] == {"nproc": 2, "nodes": 1, "gpus": 0, "gpu_type": None, "cpu": 2.0,
-                                "memory": 0.0}
+    assert job["resources"] == {"nproc": 2, "nodes": 1, "gpus": 0, "gpu_type": None, "cpu": 2.0, "memory": 0.0}
     assert job["profile"] == "python"
     assert job["source"]["notebook_path"] == "work/mnist.ipynb"
     assert job["source"]["included_cells"] == ["setup-cell"]
@@ -99,11 +106,20 @@ def test_job_output_notebooks(workbench, alice_job):
 
 
 def _one_run(wb, token, job_id):
-    r = wb.mlflow("POST", "/api/2.0/mlflow/runs/search", token=token, json={
-        "experiment_ids": [e["experiment_id"] for e in wb.mlflow(
-            "POST", "/api/2.0/mlflow/experiments/search", token=token, json={"max_results": 1000}
-        ).json()["experiments"]],
-        "filter": f"tags.`danlu.job_id` = '{job_id}'"})
+    r = wb.mlflow(
+        "POST",
+        "/api/2.0/mlflow/runs/search",
+        token=token,
+        json={
+            "experiment_ids": [
+                e["experiment_id"]
+                for e in wb.mlflow(
+                    "POST", "/api/2.0/mlflow/experiments/search", token=token, json={"max_results": 1000}
+                ).json()["experiments"]
+            ],
+            "filter": f"tags.`danlu.job_id` = '{job_id}'",
+        },
+    )
     assert r.status_code == 200, r.text
     runs = r.json().get("runs", [])
     assert len(runs) == 1, f"expected exactly one MLflow run for job {job_id}, found {len(runs)}"
@@ -123,8 +139,9 @@ def test_one_mlflow_run_with_params_tags_metrics_dataset(workbench, alice_job):
     assert tags["danlu.user"] == "alice" and tags["danlu.profile"] == "python"
     assert tags["danlu.notebook_path"] == "work/mnist.ipynb" and tags["danlu.cell_id"] == "train-cell"
     assert tags["mlflow.source.git.commit"] == alice_job["commit"]
-    history = wb.mlflow("GET", f"/api/2.0/mlflow/metrics/get-history?run_id={job['mlflow_run_id']}&metric_key=loss",
-                        token=token).json()["metrics"]
+    history = wb.mlflow(
+        "GET", f"/api/2.0/mlflow/metrics/get-history?run_id={job['mlflow_run_id']}&metric_key=loss", token=token
+    ).json()["metrics"]
     # rank 0 only: one point per step
     assert sorted(m["step"] for m in history) == list(range(STEPS))
     inputs = run["inputs"]["dataset_inputs"]
@@ -135,19 +152,28 @@ def test_one_mlflow_run_with_params_tags_metrics_dataset(workbench, alice_job):
 
 def test_mlflow_artifacts(workbench, alice_job):
     wb, job, token = workbench, alice_job["job"], alice_job["token"]
-    listing = wb.mlflow("GET", f"/api/2.0/mlflow/artifacts/list?run_id={job['mlflow_run_id']}&path=notebooks",
-                        token=token).json()
+    listing = wb.mlflow(
+        "GET", f"/api/2.0/mlflow/artifacts/list?run_id={job['mlflow_run_id']}&path=notebooks", token=token
+    ).json()
     names = {f["path"] for f in listing.get("files", [])}
     assert {"notebooks/input.ipynb", "notebooks/output.ipynb"} <= names
-    logs = wb.mlflow("GET", f"/api/2.0/mlflow/artifacts/list?run_id={job['mlflow_run_id']}&path=logs",
-                     token=token).json()
+    logs = wb.mlflow(
+        "GET", f"/api/2.0/mlflow/artifacts/list?run_id={job['mlflow_run_id']}&path=logs", token=token
+    ).json()
     assert {f["path"] for f in logs.get("files", [])} == {"logs/job.log"}
 
 
-@pytest.mark.parametrize("method,path", [
-    ("GET", "/jobs/{id}"), ("GET", "/jobs/{id}/logs"), ("GET", "/jobs/{id}/logs?follow=true"),
-    ("POST", "/jobs/{id}/cancel"), ("GET", "/jobs/{id}/output"), ("GET", "/jobs/{id}/input"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/jobs/{id}"),
+        ("GET", "/jobs/{id}/logs"),
+        ("GET", "/jobs/{id}/logs?follow=true"),
+        ("POST", "/jobs/{id}/cancel"),
+        ("GET", "/jobs/{id}/output"),
+        ("GET", "/jobs/{id}/input"),
+    ],
+)
 def test_bob_cannot_touch_alices_job(workbench, alice_job, method, path):
     r = workbench.api(method, path.format(id=alice_job["job"]["id"]), token=workbench.tokens["bob"])
     assert r.status_code == 404, r.text
@@ -170,11 +196,29 @@ def test_profile_outside_groups_is_refused(workbench):
     alice = workbench.tokens["alice"]
     profiles = workbench.api("GET", "/profiles", token=alice).json()
     assert [p["slug"] for p in profiles["profiles"]] == ["python"]
-    r = workbench.api("POST", "/jobs", token=alice, json={
-        "notebook": {"cells": [{"cell_type": "code", "source": "1", "metadata": {}, "outputs": [],
-                                "execution_count": None, "id": "c1"}], "metadata": {}, "nbformat": 4,
-                     "nbformat_minor": 5},
-        "profile": "gpu-vision"})
+    r = workbench.api(
+        "POST",
+        "/jobs",
+        token=alice,
+        json={
+            "notebook": {
+                "cells": [
+                    {
+                        "cell_type": "code",
+                        "source": "1",
+                        "metadata": {},
+                        "outputs": [],
+                        "execution_count": None,
+                        "id": "c1",
+                    }
+                ],
+                "metadata": {},
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            },
+            "profile": "gpu-vision",
+        },
+    )
     assert r.status_code == 403, r.text
     body = r.json()
     assert body["reason"] == "profile_not_allowed" and body["field"] == "profile"
@@ -204,11 +248,24 @@ def test_server_gpus_are_exclusive_and_released(workbench):
     ledger = wb.api("GET", "/allocations").json()["allocations"]
     assert [(a["holder_kind"], a["holder_id"], a["device"]) for a in ledger] == [("server", "carol", int(seen))]
     # a 2-GPU job must wait while carol's server holds one of the two devices
-    nb = {"cells": [{"cell_type": "code", "source": "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
-                     "metadata": {}, "outputs": [], "execution_count": None, "id": "c1"}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    job = wb.api("POST", "/jobs", token=carol, json={"notebook": nb, "resources": {"gpus": 2},
-                                                     "profile": "gpu-vision"}).json()
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "source": "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "id": "c1",
+            }
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    job = wb.api(
+        "POST", "/jobs", token=carol, json={"notebook": nb, "resources": {"gpus": 2}, "profile": "gpu-vision"}
+    ).json()
     assert job["state"] == "queued"
     assert job["queue_position"] == 1
     assert "waiting for 2 `sim` GPUs: default uses 1/2, 1 free on the machine" in job["reason"]
@@ -241,20 +298,34 @@ def test_mlflow_is_behind_the_hub_login(workbench):
     anonymous = requests.get(url, timeout=30)
     assert anonymous.status_code == 401
     assert requests.get(url, headers={"Authorization": "token not-a-token"}, timeout=30).status_code == 403
-    assert requests.get(url, headers={"Authorization": f"token {workbench.tokens['bob']}"},
-                        timeout=30).status_code == 200
-    browser = requests.get(f"{workbench.url}/services/mlflow/", headers={"Accept": "text/html"},
-                           allow_redirects=False, timeout=30)
+    assert (
+        requests.get(url, headers={"Authorization": f"token {workbench.tokens['bob']}"}, timeout=30).status_code == 200
+    )
+    browser = requests.get(
+        f"{workbench.url}/services/mlflow/", headers={"Accept": "text/html"}, allow_redirects=False, timeout=30
+    )
     assert browser.status_code == 302 and "/hub/api/oauth2/authorize" in browser.headers["Location"]
 
 
 def test_cancel_nproc2_job_ends_every_process(workbench):
     wb = workbench
     alice = wb.tokens["alice"]
-    nb = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                     "source": "import subprocess, time\nchild = subprocess.Popen(['sleep', '600'])\n"
-                               "print('started', flush=True)\ntime.sleep(600)"}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "id": "c1",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": "import subprocess, time\nchild = subprocess.Popen(['sleep', '600'])\n"
+                "print('started', flush=True)\ntime.sleep(600)",
+            }
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     job = wb.api("POST", "/jobs", token=alice, json={"notebook": nb, "resources": {"nproc": 2}}).json()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -287,9 +358,11 @@ def test_train_without_wait_shows_a_live_job_card(workbench, alice_job):
 
 def test_magic_mistakes_are_one_line_usage_errors(workbench, alice_job):
     kernel = alice_job["kernel"]
-    for line, message in (("%%train --profile gpu-vision", "restricted to groups vision"),
-                          ("%%train --param 1x=2", "not a usable Python name"),
-                          ("%%train --nproc 0", "--nproc must be at least 1")):
+    for line, message in (
+        ("%%train --profile gpu-vision", "restricted to groups vision"),
+        ("%%train --param 1x=2", "not a usable Python name"),
+        ("%%train --nproc 0", "--nproc must be at least 1"),
+    ):
         result = kernel.execute(f"{line}\nprint(1)")
         assert result["status"] == "error"
         assert result["stderr"].startswith("UsageError: ") and message in result["stderr"], result
@@ -302,9 +375,15 @@ def test_magic_mistakes_are_one_line_usage_errors(workbench, alice_job):
 
 
 def _submit(wb, token, source: str, **extra) -> dict:
-    nb = {"cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None,
-                     "source": cell} for i, cell in enumerate(source.split("\n#%%\n"))],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None, "source": cell}
+            for i, cell in enumerate(source.split("\n#%%\n"))
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     r = wb.api("POST", "/jobs", token=token, json={"notebook": nb, **extra})
     assert r.status_code == 201, r.text
     return r.json()
@@ -312,16 +391,23 @@ def _submit(wb, token, source: str, **extra) -> dict:
 
 def test_failing_cell_fails_the_job_and_keeps_what_was_logged(workbench):
     alice = workbench.tokens["alice"]
-    job = _submit(workbench, alice, "from torch.utils.tensorboard import SummaryWriter\nw = SummaryWriter()\n"
-                                    "for i in range(5):\n    w.add_scalar('before_crash', i, i)\n#%%\n1 / 0",
-                  name="crash")
+    job = _submit(
+        workbench,
+        alice,
+        "from torch.utils.tensorboard import SummaryWriter\nw = SummaryWriter()\n"
+        "for i in range(5):\n    w.add_scalar('before_crash', i, i)\n#%%\n1 / 0",
+        name="crash",
+    )
     done = workbench.wait_job(job["id"], alice)
     assert done["state"] == "failed"
     assert "ZeroDivisionError" in done["reason"] and "cell" in done["reason"]
     run = workbench.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}", token=alice).json()
     assert run["run"]["info"]["status"] == "FAILED"
-    history = workbench.mlflow("GET", "/api/2.0/mlflow/metrics/get-history?run_id="
-                               f"{done['mlflow_run_id']}&metric_key=before_crash", token=alice).json()["metrics"]
+    history = workbench.mlflow(
+        "GET",
+        f"/api/2.0/mlflow/metrics/get-history?run_id={done['mlflow_run_id']}&metric_key=before_crash",
+        token=alice,
+    ).json()["metrics"]
     assert sorted(m["step"] for m in history) == [0, 1, 2, 3, 4]
     output = workbench.api("GET", f"/jobs/{job['id']}/output", token=alice).json()
     assert "ZeroDivisionError" in json.dumps(output)
@@ -329,13 +415,17 @@ def test_failing_cell_fails_the_job_and_keeps_what_was_logged(workbench):
 
 def test_framework_autolog_and_log_dataset_land_in_the_jobs_run(workbench):
     alice = workbench.tokens["alice"]
-    job = _submit(workbench, alice, "import numpy as np, danlu\n"
-                                    "np.savetxt('tabular.csv', np.arange(20.0).reshape(10, 2), delimiter=',')\n"
-                                    "danlu.log_dataset('tabular.csv', name='tabular')\n"
-                                    "from sklearn.linear_model import LinearRegression\n"
-                                    "data = np.loadtxt('tabular.csv', delimiter=',')\n"
-                                    "LinearRegression(fit_intercept=False).fit(data[:, :1], data[:, 1])",
-                  name="sk")
+    job = _submit(
+        workbench,
+        alice,
+        "import numpy as np, danlu\n"
+        "np.savetxt('tabular.csv', np.arange(20.0).reshape(10, 2), delimiter=',')\n"
+        "danlu.log_dataset('tabular.csv', name='tabular')\n"
+        "from sklearn.linear_model import LinearRegression\n"
+        "data = np.loadtxt('tabular.csv', delimiter=',')\n"
+        "LinearRegression(fit_intercept=False).fit(data[:, :1], data[:, 1])",
+        name="sk",
+    )
     done = workbench.wait_job(job["id"], alice)
     assert done["state"] == "succeeded", workbench.api("GET", f"/jobs/{job['id']}/logs", token=alice).text
     run = _one_run(workbench, alice, job["id"])
@@ -349,13 +439,19 @@ def test_framework_autolog_and_log_dataset_land_in_the_jobs_run(workbench):
 def test_browser_links_go_through_the_hub_login(workbench, alice_job):
     job = alice_job["job"]
     for path in (f"/services/danlu/api/v1/jobs/{job['id']}/output?format=html", "/services/danlu/"):
-        r = requests.get(f"{workbench.url}{path}", headers={"Accept": "text/html"}, allow_redirects=False,
-                         timeout=30)
+        r = requests.get(f"{workbench.url}{path}", headers={"Accept": "text/html"}, allow_redirects=False, timeout=30)
         assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"], (path, r.text)
     html = workbench.api("GET", f"/jobs/{job['id']}/output?format=html", token=alice_job["token"])
     assert html.headers["Content-Type"].startswith("text/html") and "rank 0 of 2 finished" in html.text
-    page = requests.get(f"{workbench.url}/services/danlu/", headers={"Authorization": f"token {alice_job['token']}"},
-                        timeout=30)
+    page = requests.get(
+        f"{workbench.url}/services/danlu/", headers={"Authorization": f"token {alice_job['token']}"}, timeout=30
+    )
     assert page.status_code == 200 and job["id"] in page.text
-    assert job["id"] not in requests.get(f"{workbench.url}/services/danlu/", timeout=30, headers={
-        "Authorization": f"token {workbench.tokens['bob']}"}).text
+    assert (
+        job["id"]
+        not in requests.get(
+            f"{workbench.url}/services/danlu/",
+            timeout=30,
+            headers={"Authorization": f"token {workbench.tokens['bob']}"},
+        ).text
+    )

@@ -50,8 +50,10 @@ def server_args(labextensions: Path) -> list[str]:
     ``labextensions`` is a folder this function links the lab extension into (see
     :func:`link_labextension`); it becomes one of JupyterLab's extra labextensions paths.
     """
-    return ["--ServerApp.jpserver_extensions=danlu.lab=True",
-            f"--LabServerApp.extra_labextensions_path={link_labextension(labextensions)}"]
+    return [
+        "--ServerApp.jpserver_extensions=danlu.lab=True",
+        f"--LabServerApp.extra_labextensions_path={link_labextension(labextensions)}",
+    ]
 
 
 def _jupyter_server_extension_points():

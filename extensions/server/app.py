@@ -29,32 +29,51 @@ class DanluLab(ExtensionApp):
     name = "danlu_lab"
     load_other_extensions = True
 
-    jobs_api_url = Unicode(help="The Danlu jobs service's REST API. Default: $DANLU_URL/services/danlu/api/v1, "
-                                "the workbench's loopback address that the spawner sets.").tag(config=True)
-    jobs_api_token = Unicode(help="Token for the jobs service. Default: $JUPYTERHUB_API_TOKEN, this server's own "
-                                  "token (it may read and cancel its user's jobs).").tag(config=True)
-    mlflow_url = Unicode(help="MLflow's tracking URI (the hub's MLflow gateway). Default: $MLFLOW_TRACKING_URI."
-                         ).tag(config=True)
-    mlflow_token = Unicode(help="Token for MLflow. Default: $MLFLOW_TRACKING_TOKEN, else $JUPYTERHUB_API_TOKEN."
-                           ).tag(config=True)
-    mlflow_ui_url = Unicode(help="Where browsers open MLflow (links to runs). Default: the path of mlflow_url, "
-                                 "e.g. /services/mlflow/.").tag(config=True)
-    hub_api_url = Unicode(help="JupyterHub's REST API, to tell whether the user is an admin. "
-                               "Default: $JUPYTERHUB_API_URL.").tag(config=True)
-    hub_url = Unicode(help="Where browsers find the hub (Home, Token pages). Default: $JUPYTERHUB_BASE_URL + hub/."
-                      ).tag(config=True)
-    user_name = Unicode(help="Whose server this is; upstream answers are filtered to them. "
-                             "Default: $JUPYTERHUB_USER, else the logged-in user.").tag(config=True)
+    jobs_api_url = Unicode(
+        help="The Danlu jobs service's REST API. Default: $DANLU_URL/services/danlu/api/v1, "
+        "the workbench's loopback address that the spawner sets."
+    ).tag(config=True)
+    jobs_api_token = Unicode(
+        help="Token for the jobs service. Default: $JUPYTERHUB_API_TOKEN, this server's own "
+        "token (it may read and cancel its user's jobs)."
+    ).tag(config=True)
+    mlflow_url = Unicode(help="MLflow's tracking URI (the hub's MLflow gateway). Default: $MLFLOW_TRACKING_URI.").tag(
+        config=True
+    )
+    mlflow_token = Unicode(help="Token for MLflow. Default: $MLFLOW_TRACKING_TOKEN, else $JUPYTERHUB_API_TOKEN.").tag(
+        config=True
+    )
+    mlflow_ui_url = Unicode(
+        help="Where browsers open MLflow (links to runs). Default: the path of mlflow_url, e.g. /services/mlflow/."
+    ).tag(config=True)
+    hub_api_url = Unicode(
+        help="JupyterHub's REST API, to tell whether the user is an admin. Default: $JUPYTERHUB_API_URL."
+    ).tag(config=True)
+    hub_url = Unicode(
+        help="Where browsers find the hub (Home, Token pages). Default: $JUPYTERHUB_BASE_URL + hub/."
+    ).tag(config=True)
+    user_name = Unicode(
+        help="Whose server this is; upstream answers are filtered to them. "
+        "Default: $JUPYTERHUB_USER, else the logged-in user."
+    ).tag(config=True)
     request_timeout = Float(30.0, help="Seconds to wait for the jobs service or MLflow to answer.").tag(config=True)
-    output_dir = Unicode("danlu-outputs", help="Folder under the server's root where 'Open output' saves a job's "
-                                               "executed notebook.").tag(config=True)
-    tensorboard_idle_seconds = Float(600.0, help="Stop a TensorBoard after this many seconds with no request "
-                                                 "through its proxy (0: never). It starts again, under the same "
-                                                 "URL, when its page asks for anything.").tag(config=True)
-    tensorboard_start_timeout = Float(90.0, help="Seconds a new TensorBoard may take to start answering."
-                                      ).tag(config=True)
-    tensorboard_command = List(Unicode(), help="The command that starts TensorBoard; Danlu appends --logdir_spec, "
-                                               "--host 127.0.0.1, --port and --path_prefix.").tag(config=True)
+    output_dir = Unicode(
+        "danlu-outputs", help="Folder under the server's root where 'Open output' saves a job's executed notebook."
+    ).tag(config=True)
+    tensorboard_idle_seconds = Float(
+        600.0,
+        help="Stop a TensorBoard after this many seconds with no request "
+        "through its proxy (0: never). It starts again, under the same "
+        "URL, when its page asks for anything.",
+    ).tag(config=True)
+    tensorboard_start_timeout = Float(90.0, help="Seconds a new TensorBoard may take to start answering.").tag(
+        config=True
+    )
+    tensorboard_command = List(
+        Unicode(),
+        help="The command that starts TensorBoard; Danlu appends --logdir_spec, "
+        "--host 127.0.0.1, --port and --path_prefix.",
+    ).tag(config=True)
 
     @default("jobs_api_url")
     def _jobs_api_url(self):
@@ -94,14 +113,21 @@ class DanluLab(ExtensionApp):
 
     # wiring ---------------------------------------------------------------------
     def initialize_settings(self):
-        self.jobs = Upstream("Danlu jobs service", self.jobs_api_url, self.jobs_api_token,
-                             timeout=self.request_timeout)
-        self.mlflow = Upstream("MLflow tracking server", f"{self.mlflow_url.rstrip('/')}/api/2.0/mlflow",
-                               self.mlflow_token, timeout=self.request_timeout)
+        self.jobs = Upstream("Danlu jobs service", self.jobs_api_url, self.jobs_api_token, timeout=self.request_timeout)
+        self.mlflow = Upstream(
+            "MLflow tracking server",
+            f"{self.mlflow_url.rstrip('/')}/api/2.0/mlflow",
+            self.mlflow_token,
+            timeout=self.request_timeout,
+        )
         self.hub = Upstream("JupyterHub API", self.hub_api_url, self.jobs_api_token, timeout=self.request_timeout)
         self.tensorboards = TensorBoardManager(
-            base_url=self.serverapp.base_url, command=list(self.tensorboard_command),
-            idle_seconds=self.tensorboard_idle_seconds, start_timeout=self.tensorboard_start_timeout, log=self.log)
+            base_url=self.serverapp.base_url,
+            command=list(self.tensorboard_command),
+            idle_seconds=self.tensorboard_idle_seconds,
+            start_timeout=self.tensorboard_start_timeout,
+            log=self.log,
+        )
         self._admin: bool | None = None
         self.settings.update({"danlu_lab": self, "danlu_tensorboards": self.tensorboards})
 

@@ -54,9 +54,12 @@ def run_summary(run: dict, mlflow_ui: str) -> dict:
     info, data = run["info"], run.get("data") or {}
     tags = {t["key"]: t["value"] for t in data.get("tags", [])}
     return {
-        "run_id": info["run_id"], "run_name": info.get("run_name") or tags.get("mlflow.runName") or info["run_id"],
-        "experiment_id": info.get("experiment_id"), "status": info.get("status"),
-        "start_time": _int(info.get("start_time")), "end_time": _int(info.get("end_time")),
+        "run_id": info["run_id"],
+        "run_name": info.get("run_name") or tags.get("mlflow.runName") or info["run_id"],
+        "experiment_id": info.get("experiment_id"),
+        "status": info.get("status"),
+        "start_time": _int(info.get("start_time")),
+        "end_time": _int(info.get("end_time")),
         "params": {p["key"]: p["value"] for p in data.get("params", [])},
         "metrics": {m["key"]: m["value"] for m in data.get("metrics", [])},
         "job_id": tags.get(JOB_TAG),
@@ -86,11 +89,17 @@ class DanluHandler(ExtensionHandlerMixin, APIHandler):
             self.set_status(exc.status)
             body = exc.to_dict()
         elif isinstance(exc, web.HTTPError):
-            body = {"status": status_code, "reason": (exc.reason or self._reason).lower().replace(" ", "_"),
-                    "message": exc.log_message or exc.reason or self._reason}
+            body = {
+                "status": status_code,
+                "reason": (exc.reason or self._reason).lower().replace(" ", "_"),
+                "message": exc.log_message or exc.reason or self._reason,
+            }
         else:
-            body = {"status": status_code, "reason": "internal_error",
-                    "message": "internal error in the Danlu server extension: see the Jupyter server's log"}
+            body = {
+                "status": status_code,
+                "reason": "internal_error",
+                "message": "internal error in the Danlu server extension: see the Jupyter server's log",
+            }
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps(body))
 
@@ -98,8 +107,7 @@ class DanluHandler(ExtensionHandlerMixin, APIHandler):
         if isinstance(value, DanluError) and value.status < 500:
             return  # the caller's mistake: Jupyter's access log has the line, the caller has the message
         if isinstance(value, DanluError):
-            self.log.warning("%s %s -> %s: %s", self.request.method, self.request.path, value.status,
-                             value.log_message)
+            self.log.warning("%s %s -> %s: %s", self.request.method, self.request.path, value.status, value.log_message)
         else:
             super().log_exception(typ, value, tb)
 
@@ -133,8 +141,12 @@ class DanluHandler(ExtensionHandlerMixin, APIHandler):
     async def user_runs(self, experiment_ids: list[str]) -> list[dict]:
         """This user's runs (tag danlu.user) in some experiments, newest first."""
         user = self.user.replace("\\", "\\\\").replace("'", "\\'")
-        body = {"experiment_ids": experiment_ids, "filter": f"tags.`{USER_TAG}` = '{user}'",
-                "max_results": 1000, "order_by": ["attributes.start_time DESC"]}
+        body = {
+            "experiment_ids": experiment_ids,
+            "filter": f"tags.`{USER_TAG}` = '{user}'",
+            "max_results": 1000,
+            "order_by": ["attributes.start_time DESC"],
+        }
         runs: list[dict] = []
         while experiment_ids and len(runs) < MAX_RUNS:
             page = await self.lab.mlflow.fetch("POST", "/runs/search", body=body) or {}
@@ -148,8 +160,14 @@ class DanluHandler(ExtensionHandlerMixin, APIHandler):
 class WhoAmIHandler(DanluHandler):
     @web.authenticated
     async def get(self):
-        self.write_json({"user": self.user, "admin": await self.lab.is_admin(), "hub_url": self.lab.hub_url,
-                         "mlflow_url": self.lab.mlflow_ui_url})
+        self.write_json(
+            {
+                "user": self.user,
+                "admin": await self.lab.is_admin(),
+                "hub_url": self.lab.hub_url,
+                "mlflow_url": self.lab.mlflow_ui_url,
+            }
+        )
 
 
 class PassThroughHandler(DanluHandler):
@@ -229,13 +247,15 @@ class LogStreamHandler(DanluHandler):
             nonlocal pending
             *lines, pending = (pending + chunk).split(b"\n")
             if lines:
-                self._send("".join(f"data: {json.dumps({'line': line.decode('utf-8', 'replace')})}\n\n"
-                                   for line in lines))
+                self._send(
+                    "".join(f"data: {json.dumps({'line': line.decode('utf-8', 'replace')})}\n\n" for line in lines)
+                )
 
         self._stream = Stream()
         try:
-            await self.lab.jobs.stream(self._stream, f"/jobs/{job_id}/logs", on_chunk,
-                                       params={"follow": "true"}, timeout=7 * 24 * 3600.0)
+            await self.lab.jobs.stream(
+                self._stream, f"/jobs/{job_id}/logs", on_chunk, params={"follow": "true"}, timeout=7 * 24 * 3600.0
+            )
             if pending:
                 on_chunk(b"\n")
             state = (await self.lab.jobs.fetch("GET", f"/jobs/{job_id}"))["state"]
@@ -258,8 +278,15 @@ class ExperimentsHandler(DanluHandler):
     @web.authenticated
     async def get(self):
         found = (await self.lab.jobs.fetch("GET", "/experiments"))["experiments"]
-        self.write_json({"experiments": [{"experiment_id": e["experiment_id"], "name": e["name"], "runs": e["runs"]}
-                                         for e in found if e.get("experiment_id")]})
+        self.write_json(
+            {
+                "experiments": [
+                    {"experiment_id": e["experiment_id"], "name": e["name"], "runs": e["runs"]}
+                    for e in found
+                    if e.get("experiment_id")
+                ]
+            }
+        )
 
 
 class RunsHandler(DanluHandler):
@@ -286,9 +313,15 @@ class MetricHistoryHandler(DanluHandler):
             raise UsageError(f"at most {MAX_IDS} run_id values", field="run_id")
         runs = await asyncio.gather(*(self.own_run(r) for r in dict.fromkeys(run_ids)))
         histories = await asyncio.gather(*(self._history(r["info"]["run_id"], key) for r in runs))
-        self.write_json({"key": key, "series": [
-            {"run_id": r["info"]["run_id"], "run_name": run_summary(r, "")["run_name"], "points": points}
-            for r, points in zip(runs, histories, strict=True)]})
+        self.write_json(
+            {
+                "key": key,
+                "series": [
+                    {"run_id": r["info"]["run_id"], "run_name": run_summary(r, "")["run_name"], "points": points}
+                    for r, points in zip(runs, histories, strict=True)
+                ],
+            }
+        )
 
     async def _history(self, run_id: str, key: str) -> list:
         params, by_step = {"run_id": run_id, "metric_key": key, "max_results": 25000}, {}
@@ -323,19 +356,29 @@ class TensorBoardHandler(DanluHandler):
             for run in runs:
                 tags = {t["key"]: t["value"] for t in (run.get("data") or {}).get("tags", [])}
                 if not tags.get(JOB_TAG):
-                    raise Conflict(f"run {run['info']['run_id']} was not made by a Danlu job, so it has no "
-                                   "TensorBoard files here", field=field, reason="no_job")
+                    raise Conflict(
+                        f"run {run['info']['run_id']} was not made by a Danlu job, so it has no TensorBoard files here",
+                        field=field,
+                        reason="no_job",
+                    )
                 ids.append(tags[JOB_TAG])
-        jobs = await asyncio.gather(*(self.lab.jobs.fetch("GET", f"/jobs/{check_job_id(j, field)}")
-                                      for j in dict.fromkeys(ids)))
+        jobs = await asyncio.gather(
+            *(self.lab.jobs.fetch("GET", f"/jobs/{check_job_id(j, field)}") for j in dict.fromkeys(ids))
+        )
         logdirs = {}
         for job in jobs:
             if not job.get("tensorboard_dir"):
-                raise Conflict(f"the jobs service does not say where job {job['id']}'s TensorBoard files are",
-                               field=field, reason="no_tensorboard_dir")
+                raise Conflict(
+                    f"the jobs service does not say where job {job['id']}'s TensorBoard files are",
+                    field=field,
+                    reason="no_tensorboard_dir",
+                )
             if "," in job["tensorboard_dir"]:
-                raise Conflict(f"TensorBoard cannot read {job['tensorboard_dir']!r} (a ',' in the path)",
-                               field=field, reason="bad_logdir")
+                raise Conflict(
+                    f"TensorBoard cannot read {job['tensorboard_dir']!r} (a ',' in the path)",
+                    field=field,
+                    reason="bad_logdir",
+                )
             logdirs[logdir_name(job)] = job["tensorboard_dir"]
         manager = self.lab.tensorboards
         board = manager.register(logdirs)
@@ -366,8 +409,12 @@ class ModelsHandler(DanluHandler):
             if body.get(field) in (None, ""):
                 raise UsageError(f"{field} is required: {what}", field=field)
         run_id = check_id(body.get("run_id"), "run_id", what="an MLflow run id")
-        name = check_id(body.get("name"), "name", MODEL_NAME,
-                        "a model name (a letter or digit, then up to 62 letters, digits, '-', '_' or '.')")
+        name = check_id(
+            body.get("name"),
+            "name",
+            MODEL_NAME,
+            "a model name (a letter or digit, then up to 62 letters, digits, '-', '_' or '.')",
+        )
         version = await self.lab.jobs.fetch("POST", "/models", body={"run_id": run_id, "name": name}, timeout=120)
         self.set_status(201)
         self.write_json(version)

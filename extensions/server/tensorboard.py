@@ -33,9 +33,22 @@ from tornado.ioloop import PeriodicCallback
 
 from danlu.errors import DanluError, NotFound, Unreachable
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "content-length", "content-encoding", "host", "authorization",
-              "cookie", "set-cookie"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "content-encoding",
+    "host",
+    "authorization",
+    "cookie",
+    "set-cookie",
+}
 
 
 def logdir_set_id(logdirs: dict[str, str]) -> str:
@@ -103,8 +116,11 @@ class TensorBoardManager:
         """The running TensorBoard ``board_id``, started (again) if needed and ready to answer."""
         board = self.boards.get(board_id)
         if board is None:
-            raise NotFound(f"no TensorBoard {board_id} on this server; open it again from the Danlu sidebar",
-                           reason="no_tensorboard", field="id")
+            raise NotFound(
+                f"no TensorBoard {board_id} on this server; open it again from the Danlu sidebar",
+                reason="no_tensorboard",
+                field="id",
+            )
         board.last_used = time.monotonic()
         async with self._lock:
             if not board.running:
@@ -118,13 +134,28 @@ class TensorBoardManager:
         board.ready = asyncio.Event()
         spec = ",".join(f"{name}:{path}" for name, path in sorted(board.logdirs.items()))
         board.log_path = Path(self._logs.name) / f"{board.id}.log"
-        argv = [*self.command, "--logdir_spec", spec, "--host", "127.0.0.1", "--port", str(board.port),
-                "--path_prefix", board.prefix]
+        argv = [
+            *self.command,
+            "--logdir_spec",
+            spec,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(board.port),
+            "--path_prefix",
+            board.prefix,
+        ]
         with open(board.log_path, "wb") as out:
-            board.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        self.log.info("danlu: started TensorBoard %s (pid %s) on port %s for %s", board.id, board.proc.pid,
-                      board.port, spec)
+            board.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        self.log.info(
+            "danlu: started TensorBoard %s (pid %s) on port %s for %s", board.id, board.proc.pid, board.port, spec
+        )
         self._start_reaper()
 
     async def _wait_ready(self, board: TensorBoard) -> None:
@@ -134,8 +165,11 @@ class TensorBoardManager:
         url = f"http://127.0.0.1:{board.port}{board.prefix}/"
         while time.monotonic() < deadline:
             if not board.running:
-                raise DanluError(f"TensorBoard {board.id} exited while starting: {board.log_tail() or 'no output'}",
-                                 status=502, reason="tensorboard_failed")
+                raise DanluError(
+                    f"TensorBoard {board.id} exited while starting: {board.log_tail() or 'no output'}",
+                    status=502,
+                    reason="tensorboard_failed",
+                )
             try:
                 await AsyncHTTPClient().fetch(url, request_timeout=5, follow_redirects=False)
                 board.ready.set()
@@ -147,8 +181,10 @@ class TensorBoardManager:
             except OSError:
                 pass
             await asyncio.sleep(0.25)
-        raise Unreachable(f"TensorBoard {board.id} did not start within {self.start_timeout:g} s; try again",
-                          reason="tensorboard_slow")
+        raise Unreachable(
+            f"TensorBoard {board.id} did not start within {self.start_timeout:g} s; try again",
+            reason="tensorboard_slow",
+        )
 
     # stopping ---------------------------------------------------------------------
     def _start_reaper(self) -> None:
@@ -210,8 +246,11 @@ class TensorBoardProxyHandler(JupyterHandler):
 
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        message = str(exc) if isinstance(exc, DanluError) else (
-            exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else self._reason)
+        message = (
+            str(exc)
+            if isinstance(exc, DanluError)
+            else (exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else self._reason)
+        )
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps({"message": message}))
 
@@ -231,9 +270,15 @@ class TensorBoardProxyHandler(JupyterHandler):
             self.write_error(e.status, exc_info=(type(e), e, None))
             return
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in HOP_BY_HOP}
-        request = HTTPRequest(f"http://127.0.0.1:{board.port}{self.request.uri}", method=self.request.method,
-                              headers=headers, body=self.request.body if self.request.method == "POST" else None,
-                              follow_redirects=False, request_timeout=300, decompress_response=True)
+        request = HTTPRequest(
+            f"http://127.0.0.1:{board.port}{self.request.uri}",
+            method=self.request.method,
+            headers=headers,
+            body=self.request.body if self.request.method == "POST" else None,
+            follow_redirects=False,
+            request_timeout=300,
+            decompress_response=True,
+        )
         try:
             response = await AsyncHTTPClient().fetch(request, raise_error=False)
         except OSError as e:

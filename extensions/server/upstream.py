@@ -54,14 +54,23 @@ class Upstream:
     def __init__(self, name: str, url: str, token: str, *, timeout: float = 30.0):
         self.name, self.url, self.token, self.timeout = name, url.rstrip("/"), token, timeout
 
-    def request(self, method: str, path: str, *, params: dict | None = None, body=None, timeout: float | None = None,
-                **kwargs) -> HTTPRequest:
+    def request(
+        self, method: str, path: str, *, params: dict | None = None, body=None, timeout: float | None = None, **kwargs
+    ) -> HTTPRequest:
         query = f"?{urlencode(params, doseq=True)}" if params else ""
-        return HTTPRequest(f"{self.url}{path}{query}", method=method,
-                           body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
-                           headers={"Authorization": f"token {self.token}", "Content-Type": "application/json",
-                                    "Accept": "application/json"},
-                           request_timeout=timeout or self.timeout, connect_timeout=10, **kwargs)
+        return HTTPRequest(
+            f"{self.url}{path}{query}",
+            method=method,
+            body=json.dumps(body) if body is not None else (b"" if method == "POST" else None),
+            headers={
+                "Authorization": f"token {self.token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+            request_timeout=timeout or self.timeout,
+            connect_timeout=10,
+            **kwargs,
+        )
 
     def error(self, e: Exception) -> DanluError:
         """What a failed call means for the caller (the one parser of Danlu's error bodies: error_from)."""
@@ -69,8 +78,10 @@ class Upstream:
             return error_from(e.code, e.response.body or e.message, self.name)
         if isinstance(e, HTTPClientError):  # 599: timed out or the connection dropped
             return Unreachable(f"the {self.name} did not answer in time ({e.message})", reason="upstream_timeout")
-        return Unreachable(f"the {self.name} is not reachable at {self.url} ({e})",
-                           fix="is the workbench (danlu up) running? try again in a moment")
+        return Unreachable(
+            f"the {self.name} is not reachable at {self.url} ({e})",
+            fix="is the workbench (danlu up) running? try again in a moment",
+        )
 
     async def fetch_raw(self, method: str, path: str, **kwargs) -> bytes:
         try:
@@ -84,8 +95,9 @@ class Upstream:
         try:
             return json.loads(raw) if raw else None
         except ValueError:
-            raise DanluError(f"the {self.name} answered something that is not JSON", status=502,
-                             reason="upstream_error") from None
+            raise DanluError(
+                f"the {self.name} answered something that is not JSON", status=502, reason="upstream_error"
+            ) from None
 
     async def stream(self, stream: Stream, path: str, on_chunk: Callable[[bytes], None], **kwargs) -> None:
         """GET ``path``, handing each chunk of the body to ``on_chunk``, until it ends or ``stream`` closes."""

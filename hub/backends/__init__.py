@@ -15,6 +15,7 @@ from danlu.errors import ConfigError
 
 class Registry:
     """Named plug-ins: explicit ``register``, lazy entry points, typed errors for unknown names."""
+
     def __init__(self, group: str, kind: str):
         self.group = group
         self.kind = kind
@@ -40,8 +41,11 @@ class Registry:
                 item = ep.load()
                 self._items[name] = item
                 return item
-        raise ConfigError(f"unknown {self.kind} '{name}'", reason=f"unknown_{self.kind}",
-                          fix=f"choose one of: {', '.join(self.names())}")
+        raise ConfigError(
+            f"unknown {self.kind} '{name}'",
+            reason=f"unknown_{self.kind}",
+            fix=f"choose one of: {', '.join(self.names())}",
+        )
 
 
 backends = Registry("danlu.backends", "backend")

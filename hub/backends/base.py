@@ -60,6 +60,7 @@ ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output"
 @dataclass(frozen=True)
 class Launch:
     """What a backend needs to start one attempt of a job (the rest comes from the runner API)."""
+
     job_id: str
     attempt: int
     owner: str
@@ -90,6 +91,7 @@ class Launch:
 @dataclass
 class Outcome:
     """How an attempt ended."""
+
     state: str  # succeeded | failed | cancelled | preempted | timed_out
     reason: str = ""
     exit_code: int | None = None
@@ -103,6 +105,7 @@ class Outcome:
 @dataclass(frozen=True)
 class Admission:
     """A queueing backend's answer for an attempt it holds: admitted yet, and if not, why and where."""
+
     admitted: bool
     reason: str = ""
     position: int | None = None  # 1-based, in the attempt's queue
@@ -117,6 +120,7 @@ class FileRefused(Exception):
 
 class Backend(LoggingConfigurable):
     """Base class of job backends; subclasses implement every REQUIRED method, as coroutines."""
+
     name = "base"
     #: True when the backend's own queue admits attempts (see the module's docs); the jobs service then chooses
     #: a scheduler that hands jobs over (asked once, at start-up)
@@ -162,8 +166,9 @@ class Backend(LoggingConfigurable):
         """Up to ``limit`` bytes of the job's log from ``offset``, and the log's size now (0: none yet)."""
         raise NotImplementedError
 
-    async def read_output(self, job_id: str, state: dict, rank: int, offset: int,
-                          limit: int) -> tuple[bytes, int] | None:
+    async def read_output(
+        self, job_id: str, state: dict, rank: int, offset: int, limit: int
+    ) -> tuple[bytes, int] | None:
         """Up to ``limit`` bytes of rank ``rank``'s executed notebook from ``offset``, and its size;
         None while there is none. Raises :class:`FileRefused` for a file it will not serve."""
         raise NotImplementedError

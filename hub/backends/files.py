@@ -55,8 +55,7 @@ def open_job_file(root: Path, job_id: str, relpath: str, *, uid: int | None) -> 
             if _PATH:
                 handle = os.open(parts[-1], _PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1])
             else:  # not Linux: non-blocking, so a FIFO cannot hang us
-                handle = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                 dir_fd=fds[-1])
+                handle = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fds[-1])
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -84,8 +83,9 @@ def open_job_file(root: Path, job_id: str, relpath: str, *, uid: int | None) -> 
             os.close(fd)
 
 
-def read_job_file(root: Path, job_id: str, relpath: str, *, uid: int | None, offset: int,
-                  limit: int) -> tuple[bytes, int] | None:
+def read_job_file(
+    root: Path, job_id: str, relpath: str, *, uid: int | None, offset: int, limit: int
+) -> tuple[bytes, int] | None:
     """Up to ``limit`` bytes at ``offset`` and the file's size; None when it does not exist (yet)."""
     fd = open_job_file(root, job_id, relpath, uid=uid)
     return None if fd is None else read_chunk(fd, offset, limit)

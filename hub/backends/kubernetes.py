@@ -44,8 +44,7 @@ class KubernetesError(RuntimeError):
 
 
 def _conditions(obj: dict | None) -> dict:
-    return {c.get("type"): c for c in ((obj or {}).get("status") or {}).get("conditions") or []
-            if isinstance(c, dict)}
+    return {c.get("type"): c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if isinstance(c, dict)}
 
 
 def _true(conditions: dict, kind: str) -> dict | None:
@@ -55,21 +54,28 @@ def _true(conditions: dict, kind: str) -> dict | None:
 
 class KubernetesBackend(Backend):
     """TrainJobs admitted by Kueue (see the module's docs)."""
+
     name = "kubernetes"
     queues = True
     runs_in_images = True
 
     namespace = Unicode(help="The namespace of jobs and LocalQueues. Default: danlu.yaml's kubernetes.namespace.").tag(
-        config=True)
-    kubeconfig = Unicode("", help="A kubeconfig file; empty: the in-cluster service account, "
-                                  "else ~/.kube/config.").tag(config=True)
+        config=True
+    )
+    kubeconfig = Unicode("", help="A kubeconfig file; empty: the in-cluster service account, else ~/.kube/config.").tag(
+        config=True
+    )
     runtime = Unicode(help="The ClusterTrainingRuntime jobs run on. Default: kubernetes.runtime.").tag(config=True)
-    home_claim = Unicode("claim-{username}", help="The PersistentVolumeClaim of a user's home (the Zero to "
-                                                  "JupyterHub chart's name); empty: jobs mount none.").tag(config=True)
+    home_claim = Unicode(
+        "claim-{username}",
+        help="The PersistentVolumeClaim of a user's home (the Zero to "
+        "JupyterHub chart's name); empty: jobs mount none.",
+    ).tag(config=True)
     poll_interval = Float(2.0, help="Seconds between looks at the cluster.").tag(config=True)
     log_limit = Integer(8 * 2**20, help="The most of a pod's log read or kept (bytes).").tag(config=True)
-    logs_dir = Unicode(help="Where the service keeps the logs of ended attempts. Default: job-logs in the state "
-                            "folder.").tag(config=True)
+    logs_dir = Unicode(
+        help="Where the service keeps the logs of ended attempts. Default: job-logs in the state folder."
+    ).tag(config=True)
 
     @default("namespace")
     def _namespace(self):
@@ -104,8 +110,16 @@ class KubernetesBackend(Backend):
                 self._client = client.ApiClient()
         return self._client
 
-    async def _call(self, what: str, method: str, *args, missing_ok: bool = False, conflict_ok: bool = False,
-                    not_yet_ok: bool = False, **kwargs):
+    async def _call(
+        self,
+        what: str,
+        method: str,
+        *args,
+        missing_ok: bool = False,
+        conflict_ok: bool = False,
+        not_yet_ok: bool = False,
+        **kwargs,
+    ):
         """One API call with the errors this backend understands handled (see the module's docs)."""
         import aiohttp  # deferred: kubernetes_asyncio and aiohttp, as in _api
         from kubernetes_asyncio import client
@@ -113,15 +127,22 @@ class KubernetesBackend(Backend):
 
         api_client = await self._api()
         if method == "GET":  # a path no generated API has (Kueue's visibility API)
+
             def call():
-                return api_client.call_api(args[0], "GET", response_types_map={200: "object"},
-                                           auth_settings=["BearerToken"], _return_http_data_only=True)
+                return api_client.call_api(
+                    args[0],
+                    "GET",
+                    response_types_map={200: "object"},
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                )
         else:
             api_name, _, verb = method.partition(".")
             bound = getattr(getattr(client, api_name)(api_client), verb)
 
             def call():
                 return bound(*args, **kwargs)
+
         for delay in (*RETRIES, None):
             try:
                 return await call()
@@ -134,8 +155,9 @@ class KubernetesBackend(Backend):
                     self.log.warning("%s: %s %s; retrying in %g s", what, e.status, e.reason, delay)
                     await asyncio.sleep(delay)
                     continue
-                raise KubernetesError(f"{what}: the Kubernetes API answered {e.status} {e.reason}: "
-                                      f"{_message(e.body)}") from None
+                raise KubernetesError(
+                    f"{what}: the Kubernetes API answered {e.status} {e.reason}: {_message(e.body)}"
+                ) from None
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 if delay is None:
                     raise KubernetesError(f"{what}: the Kubernetes API is unreachable ({e})") from None
@@ -152,24 +174,36 @@ class KubernetesBackend(Backend):
 
     async def _trainjobs(self) -> dict:
         async def fetch():
-            out = await self._call(f"listing TrainJobs in {self.namespace}",
-                                   "CustomObjectsApi.list_namespaced_custom_object", jobs.GROUP, jobs.VERSION,
-                                   self.namespace, jobs.PLURAL,
-                                   label_selector=f"{names.MANAGED_BY}={names.MANAGER},{names.COMPONENT}={names.JOB}")
+            out = await self._call(
+                f"listing TrainJobs in {self.namespace}",
+                "CustomObjectsApi.list_namespaced_custom_object",
+                jobs.GROUP,
+                jobs.VERSION,
+                self.namespace,
+                jobs.PLURAL,
+                label_selector=f"{names.MANAGED_BY}={names.MANAGER},{names.COMPONENT}={names.JOB}",
+            )
             return {o["metadata"]["name"]: o for o in out.get("items", [])}
+
         return await self._cached("trainjobs", fetch)
 
     async def _workloads(self) -> dict:
         async def fetch():
-            out = await self._call(f"listing Kueue workloads in {self.namespace}",
-                                   "CustomObjectsApi.list_namespaced_custom_object", "kueue.x-k8s.io", "v1beta2",
-                                   self.namespace, "workloads")
+            out = await self._call(
+                f"listing Kueue workloads in {self.namespace}",
+                "CustomObjectsApi.list_namespaced_custom_object",
+                "kueue.x-k8s.io",
+                "v1beta2",
+                self.namespace,
+                "workloads",
+            )
             by_owner = {}
             for w in out.get("items", []):
                 for ref in w.get("metadata", {}).get("ownerReferences") or []:
                     if ref.get("kind") == "TrainJob":
                         by_owner[ref.get("uid")] = w
             return by_owner
+
         return await self._cached("workloads", fetch)
 
     async def _workload_of(self, state: dict) -> dict | None:
@@ -184,24 +218,53 @@ class KubernetesBackend(Backend):
         state = {"name": name, "namespace": self.namespace}
         await record(state)
         manifest = self._manifest(launch)
-        created = await self._call(f"creating TrainJob {self.namespace}/{name}",
-                                   "CustomObjectsApi.create_namespaced_custom_object", jobs.GROUP, jobs.VERSION,
-                                   self.namespace, jobs.PLURAL, manifest, conflict_ok=True)
+        created = await self._call(
+            f"creating TrainJob {self.namespace}/{name}",
+            "CustomObjectsApi.create_namespaced_custom_object",
+            jobs.GROUP,
+            jobs.VERSION,
+            self.namespace,
+            jobs.PLURAL,
+            manifest,
+            conflict_ok=True,
+        )
         if created == "exists":  # an earlier try created it: it must be this attempt's
-            created = await self._call(f"reading TrainJob {self.namespace}/{name}",
-                                       "CustomObjectsApi.get_namespaced_custom_object", jobs.GROUP, jobs.VERSION,
-                                       self.namespace, jobs.PLURAL, name)
+            created = await self._call(
+                f"reading TrainJob {self.namespace}/{name}",
+                "CustomObjectsApi.get_namespaced_custom_object",
+                jobs.GROUP,
+                jobs.VERSION,
+                self.namespace,
+                jobs.PLURAL,
+                name,
+            )
             if (created.get("metadata", {}).get("labels") or {}).get(names.JOB_ID) != launch.job_id:
                 raise KubernetesError(f"TrainJob {self.namespace}/{name} exists and is not job {launch.job_id}'s")
         uid = created["metadata"].get("uid")
-        secret = jobs.secret(job_id=launch.job_id, attempt=launch.attempt, owner=launch.owner, queue=launch.queue,
-                             namespace=self.namespace, token=launch.token, owner_uid=uid)
-        done = await self._call(f"creating Secret {self.namespace}/{secret['metadata']['name']}",
-                                "CoreV1Api.create_namespaced_secret", self.namespace, secret, conflict_ok=True)
+        secret = jobs.secret(
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            owner=launch.owner,
+            queue=launch.queue,
+            namespace=self.namespace,
+            token=launch.token,
+            owner_uid=uid,
+        )
+        done = await self._call(
+            f"creating Secret {self.namespace}/{secret['metadata']['name']}",
+            "CoreV1Api.create_namespaced_secret",
+            self.namespace,
+            secret,
+            conflict_ok=True,
+        )
         if done == "exists":
-            await self._call(f"replacing Secret {self.namespace}/{secret['metadata']['name']}",
-                             "CoreV1Api.replace_namespaced_secret", secret["metadata"]["name"], self.namespace,
-                             secret)
+            await self._call(
+                f"replacing Secret {self.namespace}/{secret['metadata']['name']}",
+                "CoreV1Api.replace_namespaced_secret",
+                secret["metadata"]["name"],
+                self.namespace,
+                secret,
+            )
         self._cache.clear()
         return {**state, "uid": uid}
 
@@ -209,21 +272,35 @@ class KubernetesBackend(Backend):
         profile = self.profiles.get(launch.profile) if self.profiles is not None else None
         image = (profile.environment.get("image") if profile is not None else None) or ""
         if not image:
-            raise KubernetesError(f"profile '{launch.profile}' has no image (environment.image in profiles.yaml), "
-                                  "so it cannot run on Kubernetes")
+            raise KubernetesError(
+                f"profile '{launch.profile}' has no image (environment.image in profiles.yaml), "
+                "so it cannot run on Kubernetes"
+            )
         flavor = {}
         for group in (self.settings.gpus.declared or []) if self.settings is not None else []:
             if group.get("flavor") == launch.gpu_type:
                 flavor = group
         return jobs.trainjob(
-            job_id=launch.job_id, attempt=launch.attempt, owner=launch.owner, queue=launch.queue,
-            priority_class=launch.priority_class, namespace=self.namespace, image=image, nproc=launch.nproc,
-            api_url=launch.api_url, nnodes=launch.nnodes, gpus=launch.gpus // launch.nnodes,
-            cpu=launch.cpu / launch.nnodes, memory=launch.memory / launch.nnodes,
-            timeout_seconds=launch.timeout_seconds, runtime=self.runtime,
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            owner=launch.owner,
+            queue=launch.queue,
+            priority_class=launch.priority_class,
+            namespace=self.namespace,
+            image=image,
+            nproc=launch.nproc,
+            api_url=launch.api_url,
+            nnodes=launch.nnodes,
+            gpus=launch.gpus // launch.nnodes,
+            cpu=launch.cpu / launch.nnodes,
+            memory=launch.memory / launch.nnodes,
+            timeout_seconds=launch.timeout_seconds,
+            runtime=self.runtime,
             home_claim=self.home_claim.format(username=launch.owner) if self.home_claim else None,
-            gpu_resource=flavor.get("resource", "nvidia.com/gpu"), node_labels=flavor.get("node_labels"),
-            tolerations=flavor.get("tolerations"))
+            gpu_resource=flavor.get("resource", "nvidia.com/gpu"),
+            node_labels=flavor.get("node_labels"),
+            tolerations=flavor.get("tolerations"),
+        )
 
     async def admission(self, job_id: str, state: dict) -> Admission:
         workload = await self._workload_of(state)
@@ -243,10 +320,16 @@ class KubernetesBackend(Backend):
             return None
         queue = (workload.get("spec") or {}).get("queueName", "")
         try:
-            summary = await self._cached(f"pending:{queue}", lambda: self._call(
-                f"reading Kueue's pending workloads of {self.namespace}/{queue}", "GET",
-                f"/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{self.namespace}/localqueues/{queue}"
-                "/pendingworkloads", missing_ok=True))
+            summary = await self._cached(
+                f"pending:{queue}",
+                lambda: self._call(
+                    f"reading Kueue's pending workloads of {self.namespace}/{queue}",
+                    "GET",
+                    f"/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{self.namespace}/localqueues/{queue}"
+                    "/pendingworkloads",
+                    missing_ok=True,
+                ),
+            )
         except KubernetesError as e:
             self.log.info("Kueue's visibility API is not available (%s): no queue positions", e)
             summary = None
@@ -262,8 +345,11 @@ class KubernetesBackend(Backend):
     async def poll(self, job_id: str, state: dict) -> Outcome | None:
         trainjob = (await self._trainjobs()).get(state.get("name", ""))
         if trainjob is None:
-            return Outcome("failed", f"its TrainJob {self.namespace}/{state.get('name')} is gone (deleted outside "
-                                     "Danlu)", infrastructure=True)
+            return Outcome(
+                "failed",
+                f"its TrainJob {self.namespace}/{state.get('name')} is gone (deleted outside Danlu)",
+                infrastructure=True,
+            )
         conditions = _conditions(trainjob)
         if _true(conditions, "Complete"):
             return Outcome("succeeded")
@@ -276,8 +362,12 @@ class KubernetesBackend(Backend):
         workload = (await self._workloads()).get(trainjob["metadata"].get("uid"))
         evicted = _true(_conditions(workload), "Evicted")
         if evicted:
-            return Outcome("preempted", f"evicted by Kueue: {evicted.get('message') or evicted.get('reason')}",
-                           interrupted=True, authoritative=True)
+            return Outcome(
+                "preempted",
+                f"evicted by Kueue: {evicted.get('message') or evicted.get('reason')}",
+                interrupted=True,
+                authoritative=True,
+            )
         return None
 
     async def wait(self, job_id: str, state: dict) -> None:
@@ -285,9 +375,12 @@ class KubernetesBackend(Backend):
             await asyncio.sleep(self.poll_interval)
 
     async def _pods(self, state: dict) -> list[dict]:
-        out = await self._call(f"listing the pods of TrainJob {self.namespace}/{state.get('name')}",
-                               "CoreV1Api.list_namespaced_pod", self.namespace,
-                               label_selector=f"trainer.kubeflow.org/trainjob-name={state.get('name')}")
+        out = await self._call(
+            f"listing the pods of TrainJob {self.namespace}/{state.get('name')}",
+            "CoreV1Api.list_namespaced_pod",
+            self.namespace,
+            label_selector=f"trainer.kubeflow.org/trainjob-name={state.get('name')}",
+        )
         pods = [p.to_dict() if hasattr(p, "to_dict") else p for p in out.items]
         return sorted(pods, key=lambda p: p["metadata"]["name"])
 
@@ -296,15 +389,29 @@ class KubernetesBackend(Backend):
             return
         for pod in await self._pods(state):  # its ranks get their grace period to checkpoint
             name = pod["metadata"]["name"]
-            await self._call(f"deleting pod {self.namespace}/{name}", "CoreV1Api.delete_namespaced_pod", name,
-                             self.namespace, grace_period_seconds=int(grace), missing_ok=True)
+            await self._call(
+                f"deleting pod {self.namespace}/{name}",
+                "CoreV1Api.delete_namespaced_pod",
+                name,
+                self.namespace,
+                grace_period_seconds=int(grace),
+                missing_ok=True,
+            )
         await self._delete(state, grace)
 
     async def _delete(self, state: dict, grace: float = 0) -> None:
         name = state["name"]
-        await self._call(f"deleting TrainJob {self.namespace}/{name}",
-                         "CustomObjectsApi.delete_namespaced_custom_object", jobs.GROUP, jobs.VERSION,
-                         self.namespace, jobs.PLURAL, name, propagation_policy="Foreground", missing_ok=True)
+        await self._call(
+            f"deleting TrainJob {self.namespace}/{name}",
+            "CustomObjectsApi.delete_namespaced_custom_object",
+            jobs.GROUP,
+            jobs.VERSION,
+            self.namespace,
+            jobs.PLURAL,
+            name,
+            propagation_policy="Foreground",
+            missing_ok=True,
+        )
         self._cache.clear()
 
     async def cleanup(self, job_id: str, state: dict) -> None:
@@ -329,10 +436,16 @@ class KubernetesBackend(Backend):
         if not pods:
             return b"", 0
         name = pods[0]["metadata"]["name"]
-        text = await self._call(f"reading the log of pod {self.namespace}/{name}",
-                                "CoreV1Api.read_namespaced_pod_log", name, self.namespace,
-                                container=names.TRAINER_CONTAINER, limit_bytes=limit, missing_ok=True,
-                                not_yet_ok=True)  # 400: its container has not started yet
+        text = await self._call(
+            f"reading the log of pod {self.namespace}/{name}",
+            "CoreV1Api.read_namespaced_pod_log",
+            name,
+            self.namespace,
+            container=names.TRAINER_CONTAINER,
+            limit_bytes=limit,
+            missing_ok=True,
+            not_yet_ok=True,
+        )  # 400: its container has not started yet
         data = (text or "").encode() if isinstance(text, str) else (text or b"")
         return data[:limit], len(data)
 
@@ -344,7 +457,7 @@ class KubernetesBackend(Backend):
             data, _ = await self._pod_log(state, min(self.log_limit, offset + limit))
         else:
             return b"", 0
-        return data[offset:offset + limit], len(data)
+        return data[offset : offset + limit], len(data)
 
     async def read_output(self, job_id: str, state: dict, rank: int, offset: int, limit: int):
         return None  # the executed notebooks are artifacts of the job's MLflow run (notebooks/)

@@ -42,22 +42,34 @@ def output_path(rank: int) -> str:
 
 class LocalBackend(Backend):
     """Jobs as detached local processes (papermill, torchrun for --nproc > 1)."""
+
     name = "local"
 
-    jobs_root = Unicode(help="Folder holding one folder per job (the service's; jobs own only their own). "
-                             "Default: the jobs folder of the state folder.").tag(config=True)
-    warm_runners = Integer(help="Warm runners kept per kernel (and, with Unix accounts, per user) while it is in "
-                                "use (0 disables). Default: danlu.yaml's jobs.warm_runners.").tag(config=True)
-    warm_idle_seconds = Float(help="A kernel's warm runners unused for this long are stopped (with their kernels) "
-                                   "and started again on the next demand. Default: jobs.warm_idle_seconds.").tag(
-        config=True)
-    warm_runners_max = Integer(help="At most this many warm runners wait in all, every kernel and user together. "
-                                    "Default: jobs.warm_runners_max.").tag(config=True)
-    warm_runners_per_user = Integer(help="With Unix accounts, at most this many warm runners wait for one user. "
-                                         "Default: jobs.warm_runners_per_user.").tag(config=True)
+    jobs_root = Unicode(
+        help="Folder holding one folder per job (the service's; jobs own only their own). "
+        "Default: the jobs folder of the state folder."
+    ).tag(config=True)
+    warm_runners = Integer(
+        help="Warm runners kept per kernel (and, with Unix accounts, per user) while it is in "
+        "use (0 disables). Default: danlu.yaml's jobs.warm_runners."
+    ).tag(config=True)
+    warm_idle_seconds = Float(
+        help="A kernel's warm runners unused for this long are stopped (with their kernels) "
+        "and started again on the next demand. Default: jobs.warm_idle_seconds."
+    ).tag(config=True)
+    warm_runners_max = Integer(
+        help="At most this many warm runners wait in all, every kernel and user together. "
+        "Default: jobs.warm_runners_max."
+    ).tag(config=True)
+    warm_runners_per_user = Integer(
+        help="With Unix accounts, at most this many warm runners wait for one user. "
+        "Default: jobs.warm_runners_per_user."
+    ).tag(config=True)
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
-    runner_env = Dict(help="Extra environment for every runner. Default: the workbench's JUPYTER_PATH (its "
-                           "kernels) and its instance marker.").tag(config=True)
+    runner_env = Dict(
+        help="Extra environment for every runner. Default: the workbench's JUPYTER_PATH (its "
+        "kernels) and its instance marker."
+    ).tag(config=True)
 
     @default("jobs_root")
     def _jobs_root(self):
@@ -88,8 +100,13 @@ class LocalBackend(Backend):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.pool = WarmPool(self._spawn_runner, self.warm_runners, idle_seconds=self.warm_idle_seconds,
-                             max_total=self.warm_runners_max, max_per_account=self.warm_runners_per_user)
+        self.pool = WarmPool(
+            self._spawn_runner,
+            self.warm_runners,
+            idle_seconds=self.warm_idle_seconds,
+            max_total=self.warm_runners_max,
+            max_per_account=self.warm_runners_per_user,
+        )
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task] = set()
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="danlu-files")
@@ -103,8 +120,9 @@ class LocalBackend(Backend):
             out.update({"HOME": account.home, "USER": account.name, "LOGNAME": account.name})
         elif "HOME" in os.environ:
             out["HOME"] = os.environ["HOME"]
-        out.update({"PYTHONUNBUFFERED": "1", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-                    env.RUNNER_ID: runner_id})
+        out.update(
+            {"PYTHONUNBUFFERED": "1", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", env.RUNNER_ID: runner_id}
+        )
         if job_id:
             out[env.JOB_ID] = job_id
         return out
@@ -115,13 +133,21 @@ class LocalBackend(Backend):
         args = [self.python, "-m", "danlu.runner"] + (["--warm", kernel_name] if kernel_name else [])
         ids = {}
         if account is not None:
-            ids = {"user": account.uid, "group": account.gid,
-                   "extra_groups": os.getgrouplist(account.name, account.gid)}
+            ids = {
+                "user": account.uid,
+                "group": account.gid,
+                "extra_groups": os.getgrouplist(account.name, account.gid),
+            }
         proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.PIPE,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE if kernel_name else asyncio.subprocess.DEVNULL,
-            start_new_session=True, env=self._env(account, runner_id, job_id), cwd=self.jobs_root, umask=0o077,
-            **ids)
+            start_new_session=True,
+            env=self._env(account, runner_id, job_id),
+            cwd=self.jobs_root,
+            umask=0o077,
+            **ids,
+        )
         runner = RunnerProcess(proc, runner_id, kernel_name, account.uid if account is not None else os.geteuid())
         if kernel_name:
             self._spawn(runner.watch())
@@ -150,14 +176,24 @@ class LocalBackend(Backend):
             create_time = psutil.Process(runner.proc.pid).create_time()
         except psutil.Error:
             create_time = None
-        state = {"pid": runner.proc.pid, "create_time": create_time, "runner_id": runner.runner_id,
-                 "warm": runner.warm, "uid": runner.uid}
+        state = {
+            "pid": runner.proc.pid,
+            "create_time": create_time,
+            "runner_id": runner.runner_id,
+            "warm": runner.warm,
+            "uid": runner.uid,
+        }
         await record(state)  # from here on a restarted service finds this runner; before, it never ran
         await runner.launch({**launch.message(), "job_dir": str(job_dir)})
         self._procs[launch.job_id] = runner.proc
         self._spawn(self.pool.top_up(launch.kernel_name, account))
-        self.log.info("job %s attempt %s started (pid %s, %s runner)", launch.job_id, launch.attempt,
-                      runner.proc.pid, "warm" if runner.warm else "cold")
+        self.log.info(
+            "job %s attempt %s started (pid %s, %s runner)",
+            launch.job_id,
+            launch.attempt,
+            runner.proc.pid,
+            "warm" if runner.warm else "cold",
+        )
         return state
 
     def _running(self, job_id: str, state: dict) -> bool:
@@ -171,10 +207,17 @@ class LocalBackend(Backend):
             return None
         proc = self._procs.pop(job_id, None)
         code = proc.returncode if proc is not None else None
-        how = f"exit code {code}" if code is not None and code >= 0 else (
-            f"killed by signal {-code}" if code is not None else "gone")
-        return Outcome("failed", f"the job runner ended without reporting ({how}): killed or lost",
-                       exit_code=code, infrastructure=True)
+        how = (
+            f"exit code {code}"
+            if code is not None and code >= 0
+            else (f"killed by signal {-code}" if code is not None else "gone")
+        )
+        return Outcome(
+            "failed",
+            f"the job runner ended without reporting ({how}): killed or lost",
+            exit_code=code,
+            infrastructure=True,
+        )
 
     async def wait(self, job_id: str, state: dict) -> None:
         proc = self._procs.get(job_id)
@@ -200,8 +243,11 @@ class LocalBackend(Backend):
         pid, created = state.get("pid"), state.get("create_time")
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         created = created if isinstance(created, (int, float)) and not isinstance(created, bool) else None
-        await self._run(lambda: proctree.kill_matching(pid, created, self._markers(job_id, state), grace=grace,
-                                                       uid=self._uid(state)))
+        await self._run(
+            lambda: proctree.kill_matching(
+                pid, created, self._markers(job_id, state), grace=grace, uid=self._uid(state)
+            )
+        )
         proc = self._procs.get(job_id)
         if proc is not None:
             try:
@@ -211,20 +257,28 @@ class LocalBackend(Backend):
 
     async def cleanup(self, job_id: str, state: dict) -> None:
         """A runner that died leaves its kernels and ranks: they go now, before its GPUs are given back."""
-        left = await self._run(lambda: proctree.kill_matching(None, None, self._markers(job_id, state), grace=2,
-                                                              uid=self._uid(state)))
+        left = await self._run(
+            lambda: proctree.kill_matching(None, None, self._markers(job_id, state), grace=2, uid=self._uid(state))
+        )
         if left:
             self.log.info("job %s: ended %d process(es) its runner left", job_id, left)
 
     async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
-        got = await self._run(lambda: read_job_file(Path(self.jobs_root), job_id, "job.log", uid=self._uid(state),
-                                                    offset=offset, limit=limit))
+        got = await self._run(
+            lambda: read_job_file(
+                Path(self.jobs_root), job_id, "job.log", uid=self._uid(state), offset=offset, limit=limit
+            )
+        )
         return got if got is not None else (b"", 0)
 
-    async def read_output(self, job_id: str, state: dict, rank: int, offset: int,
-                          limit: int) -> tuple[bytes, int] | None:
-        return await self._run(lambda: read_job_file(Path(self.jobs_root), job_id, output_path(rank),
-                                                     uid=self._uid(state), offset=offset, limit=limit))
+    async def read_output(
+        self, job_id: str, state: dict, rank: int, offset: int, limit: int
+    ) -> tuple[bytes, int] | None:
+        return await self._run(
+            lambda: read_job_file(
+                Path(self.jobs_root), job_id, output_path(rank), uid=self._uid(state), offset=offset, limit=limit
+            )
+        )
 
     def tensorboard_dir(self, job_id: str) -> str | None:
         if self._jobs_root_abs is None:  # every job's view asks: the folder is resolved once

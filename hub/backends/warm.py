@@ -30,6 +30,7 @@ from danlu import env, proctree
 
 class RunnerProcess:
     """One started runner, waiting for its launch message on stdin."""
+
     def __init__(self, proc: asyncio.subprocess.Process, runner_id: str, kernel_name: str | None, uid: int):
         self.proc = proc
         self.runner_id = runner_id
@@ -75,7 +76,8 @@ class RunnerProcess:
             except asyncio.TimeoutError:
                 pass
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: proctree.kill_matching(self.proc.pid, None, self.marker(), grace=1, uid=self.uid))
+            None, lambda: proctree.kill_matching(self.proc.pid, None, self.marker(), grace=1, uid=self.uid)
+        )
 
 
 Spawn = Callable[[str | None, object], Awaitable[RunnerProcess]]
@@ -93,8 +95,15 @@ class WarmPool:
     recently.
     """
 
-    def __init__(self, spawn: Spawn, size: int, idle_seconds: float = 600.0, max_total: int = 4,
-                 max_per_account: int = 2, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        spawn: Spawn,
+        size: int,
+        idle_seconds: float = 600.0,
+        max_total: int = 4,
+        max_per_account: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.spawn = spawn
         self.size = size
         self.idle_seconds = idle_seconds

@@ -56,18 +56,24 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     folder = Path(config_dir)
     config_file = Path(names.CONFIG.get(environ=environ) or folder / "danlu.yaml")
     if not config_file.exists():
-        raise ConfigError(f"{config_file} does not exist", fix="mount Danlu's ConfigMap (danlu.yaml, profiles.yaml) "
-                                                               f"at {folder}, or set {names.CONFIG}")
+        raise ConfigError(
+            f"{config_file} does not exist",
+            fix=f"mount Danlu's ConfigMap (danlu.yaml, profiles.yaml) at {folder}, or set {names.CONFIG}",
+        )
     # relative paths in danlu.yaml start beside it (the hub's working folder is the chart's, not Danlu's)
     environ = {**environ, names.BASE_DIR: names.BASE_DIR.get(environ=environ) or str(config_file.parent)}
     settings = load_settings(config_file, environ=environ)
     if settings.is_set("jobs", "backend") and backends.get(settings.jobs.backend) is not KubernetesBackend:
-        raise ConfigError(f"{settings.jobs.where('backend')}: jobs.backend is {settings.jobs.backend}, which "
-                          "would run jobs inside the hub pod", fix="set jobs.backend: kubernetes (or remove it)")
+        raise ConfigError(
+            f"{settings.jobs.where('backend')}: jobs.backend is {settings.jobs.backend}, which "
+            "would run jobs inside the hub pod",
+            fix="set jobs.backend: kubernetes (or remove it)",
+        )
     profiles_file = settings.profiles_file if settings.is_set("profiles_file") else config_file.parent / "profiles.yaml"
     if not profiles_file.exists():
-        raise ConfigError(f"{profiles_file} does not exist", fix="add profiles.yaml to Danlu's ConfigMap, beside "
-                                                                 "danlu.yaml")
+        raise ConfigError(
+            f"{profiles_file} does not exist", fix="add profiles.yaml to Danlu's ConfigMap, beside danlu.yaml"
+        )
     state = settings.state_dir if settings.is_set("state_dir") else Path(HUB_STATE_DIR)
     namespace = settings.kubernetes.namespace
 
@@ -86,23 +92,39 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
         names.STATE_DIR: str(state),
     }
     # MLflow in the namespace (mlflow.yaml); jobs reach it there, users through the gateway
-    mlflow_env = {names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ)
-                  or f"http://{k8s_names.MLFLOW_SERVICE}:{k8s_names.MLFLOW_PORT}"}
+    mlflow_env = {
+        names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ)
+        or f"http://{k8s_names.MLFLOW_SERVICE}:{k8s_names.MLFLOW_PORT}"
+    }
     if names.MLFLOW_AUTH_SECRET.get(environ=environ):  # from the danlu-secrets Secret, in the hub's environment
         mlflow_env[names.MLFLOW_AUTH_SECRET] = names.MLFLOW_AUTH_SECRET.get(environ=environ)
     # on the cluster: jobs are TrainJobs, no danlu up upgrades the database first, and the chart culls idle servers
-    service = jobs_service(f"http://{HUB_SERVICE}:{k8s_names.JOBS_SERVICE_PORT}",
-                           [sys.executable, "-m", "danlu.hub.service", "--JobsServiceApp.backend_class=kubernetes",
-                            "--JobsServiceApp.upgrade_database=True", "--JobsServiceApp.cull_idle_servers=False",
-                            "--JobsServiceApp.ip=0.0.0.0"], {**service_env, **mlflow_env})
-    gateway = {"name": "mlflow", "url": f"http://{HUB_SERVICE}:{k8s_names.GATEWAY_SERVICE_PORT}",
-               "command": [sys.executable, "-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"],
-               "environment": mlflow_env, "oauth_no_confirm": True}
+    service = jobs_service(
+        f"http://{HUB_SERVICE}:{k8s_names.JOBS_SERVICE_PORT}",
+        [
+            sys.executable,
+            "-m",
+            "danlu.hub.service",
+            "--JobsServiceApp.backend_class=kubernetes",
+            "--JobsServiceApp.upgrade_database=True",
+            "--JobsServiceApp.cull_idle_servers=False",
+            "--JobsServiceApp.ip=0.0.0.0",
+        ],
+        {**service_env, **mlflow_env},
+    )
+    gateway = {
+        "name": "mlflow",
+        "url": f"http://{HUB_SERVICE}:{k8s_names.GATEWAY_SERVICE_PORT}",
+        "command": [sys.executable, "-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"],
+        "environment": mlflow_env,
+        "oauth_no_confirm": True,
+    }
     c.JupyterHub.services = _by_name(_current(c.JupyterHub, "services", []), [service, gateway])
     c.JupyterHub.custom_scopes = {**_current(c.JupyterHub, "custom_scopes", {}), **CUSTOM_SCOPES}
     services = [s["name"] for s in c.JupyterHub.services]
-    c.JupyterHub.load_roles = _by_name(_current(c.JupyterHub, "load_roles", []),
-                                       roles(settings, services, service_culls=False))
+    c.JupyterHub.load_roles = _by_name(
+        _current(c.JupyterHub, "load_roles", []), roles(settings, services, service_culls=False)
+    )
 
     base_url = "/" + str(_current(c.JupyterHub, "base_url", "/")).strip("/")
     c.JupyterHub.spawner_class = "danlu.hub.k8s.spawner.DanluKubeSpawner"

@@ -24,8 +24,14 @@ TOKEN_KEY = "token"
 
 
 def labels(job_id: str, attempt: int, owner: str, queue: str) -> dict:
-    return {names.MANAGED_BY: names.MANAGER, names.COMPONENT: names.JOB, names.JOB_ID: job_id,
-            names.ATTEMPT: str(attempt), names.OWNER: names.owner_label(owner), names.TEAM: queue}
+    return {
+        names.MANAGED_BY: names.MANAGER,
+        names.COMPONENT: names.JOB,
+        names.JOB_ID: job_id,
+        names.ATTEMPT: str(attempt),
+        names.OWNER: names.owner_label(owner),
+        names.TEAM: queue,
+    }
 
 
 def _quantity(value: float) -> str:
@@ -46,11 +52,28 @@ def resources(gpus: int, cpu: float, memory: float, resource: str = "nvidia.com/
     return {"limits": limits, **({"requests": requests} if requests else {})}
 
 
-def trainjob(*, job_id: str, attempt: int, owner: str, queue: str, priority_class: str, namespace: str,
-             image: str, nproc: int, api_url: str, gpus: int = 0, cpu: float = 0.0, memory: float = 0.0,
-             timeout_seconds: float | None = None, runtime: str = names.RUNTIME, home_claim: str | None = None,
-             gpu_resource: str = "nvidia.com/gpu", node_labels: dict | None = None,
-             tolerations: list | None = None, nnodes: int = 1) -> dict:
+def trainjob(
+    *,
+    job_id: str,
+    attempt: int,
+    owner: str,
+    queue: str,
+    priority_class: str,
+    namespace: str,
+    image: str,
+    nproc: int,
+    api_url: str,
+    gpus: int = 0,
+    cpu: float = 0.0,
+    memory: float = 0.0,
+    timeout_seconds: float | None = None,
+    runtime: str = names.RUNTIME,
+    home_claim: str | None = None,
+    gpu_resource: str = "nvidia.com/gpu",
+    node_labels: dict | None = None,
+    tolerations: list | None = None,
+    nnodes: int = 1,
+) -> dict:
     """The TrainJob of one attempt (suspended: Kueue unsuspends it when it admits it)."""
     name = names.trainjob_name(job_id, attempt)
     meta_labels = labels(job_id, attempt, owner, queue)
@@ -70,14 +93,17 @@ def trainjob(*, job_id: str, attempt: int, owner: str, queue: str, priority_clas
     pod_spec: dict = {}
     if home_claim:
         pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": home_claim}}]
-        pod_spec["containers"] = [{"name": names.TRAINER_CONTAINER,
-                                   "volumeMounts": [{"name": "home", "mountPath": names.HOME}]}]
+        pod_spec["containers"] = [
+            {"name": names.TRAINER_CONTAINER, "volumeMounts": [{"name": "home", "mountPath": names.HOME}]}
+        ]
     if node_labels:  # a flavor asked by name: only its nodes (Kueue then picks only that flavor)
         pod_spec["nodeSelector"] = dict(node_labels)
     if tolerations:
         pod_spec["tolerations"] = [dict(t) for t in tolerations]
-    pod_template = {"metadata": {"labels": labels(job_id, attempt, owner, queue)}, **({"spec": pod_spec}
-                                                                                       if pod_spec else {})}
+    pod_template = {
+        "metadata": {"labels": labels(job_id, attempt, owner, queue)},
+        **({"spec": pod_spec} if pod_spec else {}),
+    }
     spec: dict = {
         "runtimeRef": {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": runtime},
         "suspend": True,
@@ -89,30 +115,64 @@ def trainjob(*, job_id: str, attempt: int, owner: str, queue: str, priority_clas
             "resourcesPerNode": resources(gpus, cpu, memory, gpu_resource),
             "env": container_env,
         },
-        "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
-            "replicatedJobs": [{"name": names.TRAINER_CONTAINER, "template": {"spec": {
-                "template": pod_template}}}]}}}}],
+        "runtimePatches": [
+            {
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {
+                    "template": {
+                        "spec": {
+                            "replicatedJobs": [
+                                {"name": names.TRAINER_CONTAINER, "template": {"spec": {"template": pod_template}}}
+                            ]
+                        }
+                    }
+                },
+            }
+        ],
     }
     if timeout_seconds:
         spec["activeDeadlineSeconds"] = int(timeout_seconds)
-    return {"apiVersion": API_VERSION, "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": namespace, "labels": meta_labels,
-                         "annotations": {names.OWNER_ANNOTATION: owner}},
-            "spec": spec}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": meta_labels,
+            "annotations": {names.OWNER_ANNOTATION: owner},
+        },
+        "spec": spec,
+    }
 
 
 def secret_name(job_id: str, attempt: int) -> str:
     return f"{names.trainjob_name(job_id, attempt)}-token"
 
 
-def secret(*, job_id: str, attempt: int, owner: str, queue: str, namespace: str, token: str,
-           owner_uid: str | None = None) -> dict:
+def secret(
+    *, job_id: str, attempt: int, owner: str, queue: str, namespace: str, token: str, owner_uid: str | None = None
+) -> dict:
     """The attempt's token, owned by its TrainJob (deleted with it)."""
-    meta: dict = {"name": secret_name(job_id, attempt), "namespace": namespace,
-                  "labels": labels(job_id, attempt, owner, queue)}
+    meta: dict = {
+        "name": secret_name(job_id, attempt),
+        "namespace": namespace,
+        "labels": labels(job_id, attempt, owner, queue),
+    }
     if owner_uid:
-        meta["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "TrainJob",
-                                    "name": names.trainjob_name(job_id, attempt), "uid": owner_uid,
-                                    "controller": False, "blockOwnerDeletion": False}]
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta,
-            "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": "TrainJob",
+                "name": names.trainjob_name(job_id, attempt),
+                "uid": owner_uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": meta,
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }

@@ -59,8 +59,13 @@ def secret_env(name: str, key: str) -> dict:
 
 def restricted_security_context(user: int = USER_ID) -> dict:
     """A container that passes the ``restricted`` Pod Security Standard."""
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-            "runAsUser": user, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 # --- the training runtime -----------------------------------------------------------------
@@ -78,30 +83,38 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
     """
     pod_spec = {
         "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": GROUP_ID,
-                            "fsGroup": GROUP_ID, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{
-            "name": names.TRAINER_CONTAINER,
-            "image": image,
-            "command": ["python", "-m", "danlu.runner", "--kubernetes"],
-            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"},
-                             {"name": "job", "mountPath": names.JOB_DIR}],
-        }],
-        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
-                    {"name": "job", "emptyDir": {}}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": USER_ID,
+            "runAsGroup": GROUP_ID,
+            "fsGroup": GROUP_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": names.TRAINER_CONTAINER,
+                "image": image,
+                "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "job", "mountPath": names.JOB_DIR}],
+            }
+        ],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+            {"name": "job", "emptyDir": {}},
+        ],
     }
     replicated_job = {
         "name": "node",
         "template": {
             "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-            "spec": {"backoffLimit": 0,
-                     "template": {"metadata": {"labels": dict(JOB_POD)}, "spec": pod_spec}},
+            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": dict(JOB_POD)}, "spec": pod_spec}},
         },
     }
     return {
-        "apiVersion": TRAINER_API, "kind": "ClusterTrainingRuntime", "metadata": metadata(name, component=names.JOB),
-        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}},
-                 "template": {"spec": {"replicatedJobs": [replicated_job]}}},
+        "apiVersion": TRAINER_API,
+        "kind": "ClusterTrainingRuntime",
+        "metadata": metadata(name, component=names.JOB),
+        "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [replicated_job]}}},
     }
 
 
@@ -110,8 +123,12 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
 
 def make_config_map(namespace: str, danlu_yaml: str, profiles_yaml: str) -> dict:
     """danlu.yaml and profiles.yaml for the hub and MLflow, mounted at ``/etc/danlu``."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(names.CONFIG_MAP, namespace, names.HUB),
-            "data": {"danlu.yaml": danlu_yaml, "profiles.yaml": profiles_yaml}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(names.CONFIG_MAP, namespace, names.HUB),
+        "data": {"danlu.yaml": danlu_yaml, "profiles.yaml": profiles_yaml},
+    }
 
 
 def make_kueue_configuration(namespace: str) -> dict:
@@ -124,14 +141,23 @@ def make_kueue_configuration(namespace: str) -> dict:
     Jobs without a queue label are left alone (``manageJobsWithoutQueueName: false``).
     """
     return {
-        "apiVersion": KUEUE_CONFIG_API, "kind": "Configuration",
+        "apiVersion": KUEUE_CONFIG_API,
+        "kind": "Configuration",
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443"},
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "controller": {"groupKindConcurrency": {
-            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
-            "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1}},
+        "controller": {
+            "groupKindConcurrency": {
+                "Job.batch": 5,
+                "Pod": 5,
+                "Workload.kueue.x-k8s.io": 5,
+                "LocalQueue.kueue.x-k8s.io": 1,
+                "Cohort.kueue.x-k8s.io": 1,
+                "ClusterQueue.kueue.x-k8s.io": 1,
+                "ResourceFlavor.kueue.x-k8s.io": 1,
+            }
+        },
         "clientConnection": {"qps": 50, "burst": 100},
         "manageJobsWithoutQueueName": False,
         "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -142,9 +168,12 @@ def make_kueue_configuration(namespace: str) -> dict:
 def make_kueue_config_map(namespace: str, kueue_namespace: str = "kueue-system") -> dict:
     """The ``kueue-manager-config`` ConfigMap of a Kueue install from its release manifests."""
     text = yaml.safe_dump(make_kueue_configuration(namespace), sort_keys=False, default_flow_style=False)
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata("kueue-manager-config", kueue_namespace),
-            "data": {"controller_manager_config.yaml": text}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata("kueue-manager-config", kueue_namespace),
+        "data": {"controller_manager_config.yaml": text},
+    }
 
 
 def make_namespace(namespace: str) -> dict:
@@ -157,22 +186,28 @@ def make_namespace(namespace: str) -> dict:
 def make_mlflow_deployment(namespace: str, image: str, *, artifacts_claim: str | None) -> dict:
     """The MLflow tracking server: ``python -m danlu.hub.k8s.mlflowserver`` starts ``mlflow server``
     with the arguments and the basic-auth configuration ``danlu up`` uses on one machine."""
-    mounts = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True},
-              {"name": "tmp", "mountPath": "/tmp"}]
+    mounts = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True}, {"name": "tmp", "mountPath": "/tmp"}]
     volumes = [{"name": "config", "configMap": {"name": names.CONFIG_MAP}}, {"name": "tmp", "emptyDir": {}}]
     if artifacts_claim:
         mounts.append({"name": "artifacts", "mountPath": ARTIFACTS_DIR})
         volumes.append({"name": "artifacts", "persistentVolumeClaim": {"claimName": artifacts_claim}})
     # the Host header MLflow's --allowed-hosts accepts (the kubelet would send the pod's IP)
-    health = {"httpGet": {"path": "/services/mlflow/health", "port": "http",
-                          "httpHeaders": [{"name": "Host", "value": f"localhost:{names.MLFLOW_PORT}"}]}}
+    health = {
+        "httpGet": {
+            "path": "/services/mlflow/health",
+            "port": "http",
+            "httpHeaders": [{"name": "Host", "value": f"localhost:{names.MLFLOW_PORT}"}],
+        }
+    }
     container = {
         "name": "mlflow",
         "image": image,
         "command": ["python", "-m", "danlu.hub.k8s.mlflowserver"],
-        "env": [{"name": str(env.CONFIG), "value": f"{names.CONFIG_DIR}/danlu.yaml"},
-                secret_env(env.MLFLOW_AUTH_SECRET, names.SECRET_MLFLOW_AUTH),
-                secret_env("PGPASSWORD", names.SECRET_POSTGRES_PASSWORD)],
+        "env": [
+            {"name": str(env.CONFIG), "value": f"{names.CONFIG_DIR}/danlu.yaml"},
+            secret_env(env.MLFLOW_AUTH_SECRET, names.SECRET_MLFLOW_AUTH),
+            secret_env("PGPASSWORD", names.SECRET_POSTGRES_PASSWORD),
+        ],
         "ports": [{"name": "http", "containerPort": names.MLFLOW_PORT}],
         "readinessProbe": {**health, "periodSeconds": 10},
         "livenessProbe": {**health, "initialDelaySeconds": 60, "periodSeconds": 30},
@@ -181,21 +216,24 @@ def make_mlflow_deployment(namespace: str, image: str, *, artifacts_claim: str |
         "volumeMounts": mounts,
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": metadata(names.MLFLOW_SERVICE, namespace, names.MLFLOW),
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},  # a ReadWriteOnce artifact volume has one user at a time
             "selector": {"matchLabels": dict(MLFLOW_POD)},
-            "template": {"metadata": {"labels": dict(MLFLOW_POD)},
-                         "spec": {"securityContext": {"fsGroup": GROUP_ID}, "containers": [container],
-                                  "volumes": volumes}},
+            "template": {
+                "metadata": {"labels": dict(MLFLOW_POD)},
+                "spec": {"securityContext": {"fsGroup": GROUP_ID}, "containers": [container], "volumes": volumes},
+            },
         },
     }
 
 
-def make_service(name: str, namespace: str, component: str, selector: Mapping[str, str], port: int,
-                 *, headless: bool = False) -> dict:
+def make_service(
+    name: str, namespace: str, component: str, selector: Mapping[str, str], port: int, *, headless: bool = False
+) -> dict:
     spec: dict = {"selector": dict(selector), "ports": [{"name": "tcp", "port": port, "targetPort": port}]}
     if headless:
         spec["clusterIP"] = "None"
@@ -206,16 +244,23 @@ def make_pvc(name: str, namespace: str, component: str, size: str, storage_class
     spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
     if storage_class:
         spec["storageClassName"] = storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata(name, namespace, component),
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(name, namespace, component),
+        "spec": spec,
+    }
 
 
 def make_postgres_init(namespace: str) -> dict:
     """The databases besides the first (``POSTGRES_DB``), created on the volume's first start."""
     sql = "".join(f"CREATE DATABASE {db} OWNER {POSTGRES_USER};\n" for db in DATABASES[1:])
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(f"{names.POSTGRES_SERVICE}-init", namespace, names.DATABASE),
-            "data": {"10-danlu.sql": sql}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(f"{names.POSTGRES_SERVICE}-init", namespace, names.DATABASE),
+        "data": {"10-danlu.sql": sql},
+    }
 
 
 def make_postgres(namespace: str, image: str, size: str, storage_class: str | None = None) -> dict:
@@ -227,45 +272,65 @@ def make_postgres(namespace: str, image: str, size: str, storage_class: str | No
     container = {
         "name": "postgres",
         "image": image,
-        "env": [{"name": "POSTGRES_USER", "value": POSTGRES_USER},
-                {"name": "POSTGRES_DB", "value": DATABASES[0]},
-                secret_env("POSTGRES_PASSWORD", names.SECRET_POSTGRES_PASSWORD),
-                {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
+        "env": [
+            {"name": "POSTGRES_USER", "value": POSTGRES_USER},
+            {"name": "POSTGRES_DB", "value": DATABASES[0]},
+            secret_env("POSTGRES_PASSWORD", names.SECRET_POSTGRES_PASSWORD),
+            {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"},
+        ],
         "ports": [{"name": "postgres", "containerPort": names.POSTGRES_PORT}],
         "readinessProbe": {**ready, "periodSeconds": 10},
         "livenessProbe": {**ready, "initialDelaySeconds": 30, "periodSeconds": 30},
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "securityContext": restricted_security_context(999),  # the image's postgres user
-        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"},
-                         {"name": "init", "mountPath": "/docker-entrypoint-initdb.d", "readOnly": True},
-                         {"name": "run", "mountPath": "/var/run/postgresql"}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/var/lib/postgresql/data"},
+            {"name": "init", "mountPath": "/docker-entrypoint-initdb.d", "readOnly": True},
+            {"name": "run", "mountPath": "/var/run/postgresql"},
+        ],
     }
     return {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
         "metadata": metadata(names.POSTGRES_SERVICE, namespace, names.DATABASE),
         "spec": {
             "serviceName": names.POSTGRES_SERVICE,
             "replicas": 1,
             "selector": {"matchLabels": dict(POSTGRES_POD)},
-            "template": {"metadata": {"labels": dict(POSTGRES_POD)},
-                         "spec": {"securityContext": {"fsGroup": 999}, "containers": [container],
-                                  "volumes": [{"name": "init",
-                                               "configMap": {"name": f"{names.POSTGRES_SERVICE}-init"}},
-                                              {"name": "run", "emptyDir": {}}]}},
-            "volumeClaimTemplates": [{"metadata": {"name": "data", "labels": labels(names.DATABASE)},
-                                      "spec": claim}],
+            "template": {
+                "metadata": {"labels": dict(POSTGRES_POD)},
+                "spec": {
+                    "securityContext": {"fsGroup": 999},
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "init", "configMap": {"name": f"{names.POSTGRES_SERVICE}-init"}},
+                        {"name": "run", "emptyDir": {}},
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": "data", "labels": labels(names.DATABASE)}, "spec": claim}],
         },
     }
 
 
-def make_ingress_policy(name: str, namespace: str, component: str, pod: Mapping[str, str], port: int,
-                        sources: list[Mapping[str, str]]) -> dict:
+def make_ingress_policy(
+    name: str, namespace: str, component: str, pod: Mapping[str, str], port: int, sources: list[Mapping[str, str]]
+) -> dict:
     """A NetworkPolicy: pods ``pod`` accept connections on ``port`` only from pods matching ``sources``."""
     return {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(name, namespace, component),
-        "spec": {"podSelector": {"matchLabels": dict(pod)}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": dict(s)}} for s in sources],
-                              "ports": [{"protocol": "TCP", "port": port}]}]},
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, namespace, component),
+        "spec": {
+            "podSelector": {"matchLabels": dict(pod)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(s)}} for s in sources],
+                    "ports": [{"protocol": "TCP", "port": port}],
+                }
+            ],
+        },
     }
 
 
@@ -273,17 +338,22 @@ def make_mlflow_policies(namespace: str) -> list[dict]:
     """MLflow is reached only from the hub (its gateway) and job pods; PostgreSQL only from MLflow and
     the hub (the jobs service)."""
     return [
-        make_ingress_policy(names.MLFLOW_SERVICE, namespace, names.MLFLOW, MLFLOW_POD, names.MLFLOW_PORT,
-                            [HUB_POD, JOB_POD]),
-        make_ingress_policy(names.POSTGRES_SERVICE, namespace, names.DATABASE, POSTGRES_POD, names.POSTGRES_PORT,
-                            [MLFLOW_POD, HUB_POD]),
+        make_ingress_policy(
+            names.MLFLOW_SERVICE, namespace, names.MLFLOW, MLFLOW_POD, names.MLFLOW_PORT, [HUB_POD, JOB_POD]
+        ),
+        make_ingress_policy(
+            names.POSTGRES_SERVICE, namespace, names.DATABASE, POSTGRES_POD, names.POSTGRES_PORT, [MLFLOW_POD, HUB_POD]
+        ),
     ]
 
 
 #: what the jobs service (in the hub pod, as the chart's ``hub`` service account) does with jobs
 JOBS_RULES = [
-    {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
-     "verbs": ["create", "get", "list", "watch", "delete"]},
+    {
+        "apiGroups": ["trainer.kubeflow.org"],
+        "resources": ["trainjobs"],
+        "verbs": ["create", "get", "list", "watch", "delete"],
+    },
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
@@ -295,10 +365,17 @@ JOBS_RULES = [
 def make_jobs_rbac(namespace: str, service_account: str = "hub") -> list[dict]:
     """A Role for what the jobs service does with TrainJobs, Kueue workloads, pods and token Secrets in the
     Danlu namespace, bound to the hub's service account (the chart's own Role covers notebook pods only)."""
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": metadata("danlu-jobs", namespace, names.HUB), "rules": JOBS_RULES}
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": metadata("danlu-jobs", namespace, names.HUB),
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "danlu-jobs"},
-               "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata("danlu-jobs", namespace, names.HUB),
+        "rules": JOBS_RULES,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata("danlu-jobs", namespace, names.HUB),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "danlu-jobs"},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+    }
     return [role, binding]

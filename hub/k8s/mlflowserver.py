@@ -29,22 +29,41 @@ def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[st
     mlflow = settings.mlflow
     for key in ("backend_store_uri", "artifacts_destination"):
         if not getattr(mlflow, key):
-            raise ConfigError(f"{settings.where('mlflow')}: mlflow.{key} is not set",
-                              fix="render the ConfigMap with danlu render k8s, which sets it")
-    return [sys.executable, "-m", "danlu.hub.mlflowserver", "--app-name", "basic-auth",
-            "--backend-store-uri", mlflow.backend_store_uri,
-            "--artifacts-destination", mlflow.artifacts_destination,
-            "--host", "0.0.0.0", "--port", str(port), "--static-prefix", "/services/mlflow",
-            "--workers", str(mlflow.workers),
-            "--allowed-hosts", f"{names.MLFLOW_SERVICE}:{port},localhost:{port}"]
+            raise ConfigError(
+                f"{settings.where('mlflow')}: mlflow.{key} is not set",
+                fix="render the ConfigMap with danlu render k8s, which sets it",
+            )
+    return [
+        sys.executable,
+        "-m",
+        "danlu.hub.mlflowserver",
+        "--app-name",
+        "basic-auth",
+        "--backend-store-uri",
+        mlflow.backend_store_uri,
+        "--artifacts-destination",
+        mlflow.artifacts_destination,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--static-prefix",
+        "/services/mlflow",
+        "--workers",
+        str(mlflow.workers),
+        "--allowed-hosts",
+        f"{names.MLFLOW_SERVICE}:{port},localhost:{port}",
+    ]
 
 
 def main() -> None:
     settings = load_settings()
     secret = env.MLFLOW_AUTH_SECRET.get()
     if not secret:
-        raise SystemExit(f"{env.MLFLOW_AUTH_SECRET} is not set: create the {names.SECRET} Secret "
-                         f"(key {names.SECRET_MLFLOW_AUTH}); see docs/kubernetes.md")
+        raise SystemExit(
+            f"{env.MLFLOW_AUTH_SECRET} is not set: create the {names.SECRET} Secret "
+            f"(key {names.SECRET_MLFLOW_AUTH}); see docs/kubernetes.md"
+        )
     folder = Path(tempfile.mkdtemp(prefix="mlflow-auth-"))
     config = mlflow_auth.write_auth_config(folder, settings, secret)
     command = server_command(settings)

@@ -32,8 +32,16 @@ PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 PLACEHOLDER_REGISTRY = "registry.example.com/danlu"
 DEFAULT_POSTGRES = f"docker.io/library/postgres:17@{PLACEHOLDER_DIGEST}"
 STATE_DIR = "/srv/jupyterhub/danlu"  # on the hub's own volume (the chart's sqlite-pvc)
-FILES = ("README.md", "namespace.yaml", "kueue.yaml", "kueue-config.yaml", "trainer.yaml", "mlflow.yaml",
-         "rbac.yaml", "values.yaml")
+FILES = (
+    "README.md",
+    "namespace.yaml",
+    "kueue.yaml",
+    "kueue-config.yaml",
+    "trainer.yaml",
+    "mlflow.yaml",
+    "rbac.yaml",
+    "values.yaml",
+)
 
 
 def placeholder(name: str) -> str:
@@ -53,18 +61,23 @@ def check_no_secrets(settings: Settings) -> None:
     """danlu.yaml goes into a ConfigMap, which any reader of the namespace may read: refuse secrets."""
     for path in secret_options():
         if settings.is_set(*path):
-            raise ConfigError(f"{settings.where(*path)}: {'.'.join(path)} would be written into the "
-                              f"{names.CONFIG_MAP} ConfigMap",
-                              fix="remove it from the file you render and give it to the hub from a Secret "
-                                  "(docs/kubernetes.md, Secrets)")
-    urls = {("jobs", "database_url"): settings.jobs.database_url,
-            ("mlflow", "backend_store_uri"): settings.mlflow.backend_store_uri,
-            ("mlflow", "auth_database_uri"): settings.mlflow.auth_database_uri}
+            raise ConfigError(
+                f"{settings.where(*path)}: {'.'.join(path)} would be written into the {names.CONFIG_MAP} ConfigMap",
+                fix="remove it from the file you render and give it to the hub from a Secret "
+                "(docs/kubernetes.md, Secrets)",
+            )
+    urls = {
+        ("jobs", "database_url"): settings.jobs.database_url,
+        ("mlflow", "backend_store_uri"): settings.mlflow.backend_store_uri,
+        ("mlflow", "auth_database_uri"): settings.mlflow.auth_database_uri,
+    }
     for (section, key), url in urls.items():
         url = url or ""
         if "@" in url and ":" in url.split("://", 1)[-1].split("@", 1)[0]:
-            raise ConfigError(f"{settings.where(section, key)}: {section}.{key} holds a password",
-                              fix="leave the password out; the pods read it from $PGPASSWORD (danlu-secrets)")
+            raise ConfigError(
+                f"{settings.where(section, key)}: {section}.{key} holds a password",
+                fix="leave the password out; the pods read it from $PGPASSWORD (danlu-secrets)",
+            )
 
 
 def cluster_settings(settings: Settings) -> dict:
@@ -126,8 +139,9 @@ def _dump(data) -> str:
 
 
 def _stream(objects: list[dict], header: str) -> str:
-    return header + yaml.dump_all(objects, Dumper=_Dumper, sort_keys=True, default_flow_style=False,
-                                  explicit_start=True, allow_unicode=True)
+    return header + yaml.dump_all(
+        objects, Dumper=_Dumper, sort_keys=True, default_flow_style=False, explicit_start=True, allow_unicode=True
+    )
 
 
 def _comment(text: str) -> str:
@@ -156,27 +170,30 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
     profiles_yaml = _dump(cluster_profiles(profiles))
     artifacts_claim = None if mlflow.artifacts_destination else f"{names.MLFLOW_SERVICE}-artifacts"
     storage_class = mlflow.storage_class
-    mlflow_objects = [manifests.make_config_map(ns, danlu_yaml, profiles_yaml),
-                      manifests.make_postgres_init(ns),
-                      manifests.make_service(names.POSTGRES_SERVICE, ns, names.DATABASE, manifests.POSTGRES_POD,
-                                             names.POSTGRES_PORT, headless=True),
-                      manifests.make_postgres(ns, mlflow.postgres_image or DEFAULT_POSTGRES,
-                                              memory_quantity(mlflow.database_size), storage_class)]
+    mlflow_objects = [
+        manifests.make_config_map(ns, danlu_yaml, profiles_yaml),
+        manifests.make_postgres_init(ns),
+        manifests.make_service(
+            names.POSTGRES_SERVICE, ns, names.DATABASE, manifests.POSTGRES_POD, names.POSTGRES_PORT, headless=True
+        ),
+        manifests.make_postgres(
+            ns, mlflow.postgres_image or DEFAULT_POSTGRES, memory_quantity(mlflow.database_size), storage_class
+        ),
+    ]
     if artifacts_claim:
-        mlflow_objects.append(manifests.make_pvc(artifacts_claim, ns, names.MLFLOW,
-                                                 memory_quantity(mlflow.artifacts_size),
-                                                 storage_class))
-    mlflow_objects += [manifests.make_service(names.MLFLOW_SERVICE, ns, names.MLFLOW, manifests.MLFLOW_POD,
-                                              names.MLFLOW_PORT),
-                       manifests.make_mlflow_deployment(ns, mlflow.image or hub_image,
-                                                        artifacts_claim=artifacts_claim),
-                       *manifests.make_mlflow_policies(ns)]
+        mlflow_objects.append(
+            manifests.make_pvc(artifacts_claim, ns, names.MLFLOW, memory_quantity(mlflow.artifacts_size), storage_class)
+        )
+    mlflow_objects += [
+        manifests.make_service(names.MLFLOW_SERVICE, ns, names.MLFLOW, manifests.MLFLOW_POD, names.MLFLOW_PORT),
+        manifests.make_mlflow_deployment(ns, mlflow.image or hub_image, artifacts_claim=artifacts_claim),
+        *manifests.make_mlflow_policies(ns),
+    ]
     return {
         "namespace.yaml": [manifests.make_namespace(ns)],
         "kueue.yaml": kueue.render(settings, gpus.inventory(settings.gpus), namespace=ns),
         "kueue-config.yaml": [manifests.make_kueue_config_map(ns)],
-        "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube.shm_size),
-                                                         kube.runtime)],
+        "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube.shm_size), kube.runtime)],
         "mlflow.yaml": mlflow_objects,
         "rbac.yaml": manifests.make_jobs_rbac(ns),
     }
@@ -185,10 +202,14 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
 def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
     kube = settings.kubernetes
     return values.make_values(
-        namespace=kube.namespace, hub_image=kube.hub_image or placeholder("hub"),
-        notebook_image=profile_image(profiles.default), home_size=memory_quantity(kube.home_size),
-        shm_size=memory_quantity(kube.shm_size), home_storage_class=kube.home_storage_class,
-        idle_timeout=settings.hub.idle_timeout_seconds)
+        namespace=kube.namespace,
+        hub_image=kube.hub_image or placeholder("hub"),
+        notebook_image=profile_image(profiles.default),
+        home_size=memory_quantity(kube.home_size),
+        shm_size=memory_quantity(kube.shm_size),
+        home_storage_class=kube.home_storage_class,
+        idle_timeout=settings.hub.idle_timeout_seconds,
+    )
 
 
 def placeholders(settings: Settings, profiles: ProfileSet) -> list[str]:
@@ -207,12 +228,19 @@ def render(settings: Settings, profiles: ProfileSet) -> dict[str, str]:
     missing = placeholders(settings, profiles)
     header = _comment(f"Rendered by `danlu render k8s` from {source}; edit that file and render again.")
     if missing:
-        header += _comment(f"Placeholder images ({PLACEHOLDER_DIGEST[:15]}...: replace with the digest you "
-                           f"pushed/pulled, in danlu.yaml or profiles.yaml): {', '.join(missing)}.")
+        header += _comment(
+            f"Placeholder images ({PLACEHOLDER_DIGEST[:15]}...: replace with the digest you "
+            f"pushed/pulled, in danlu.yaml or profiles.yaml): {', '.join(missing)}."
+        )
     files = {name: _stream(objs, header) for name, objs in objects(settings, profiles).items()}
-    files["values.yaml"] = values_text(chart_values(settings, profiles), header + _comment(
-        f"Zero to JupyterHub chart {values.CHART_VERSION} values: helm upgrade --install danlu "
-        f"jupyterhub/jupyterhub --version {values.CHART_VERSION} -n {settings.kubernetes.namespace} -f values.yaml"))
+    files["values.yaml"] = values_text(
+        chart_values(settings, profiles),
+        header
+        + _comment(
+            f"Zero to JupyterHub chart {values.CHART_VERSION} values: helm upgrade --install danlu "
+            f"jupyterhub/jupyterhub --version {values.CHART_VERSION} -n {settings.kubernetes.namespace} -f values.yaml"
+        ),
+    )
     files["README.md"] = readme.text(settings, source, missing)
     return {name: files[name] for name in FILES}
 

@@ -42,6 +42,7 @@ OPTIONS = ("profile", "gpus", "gpu_flavor")
 @dataclass(frozen=True)
 class Flavor:
     """A GPU flavor of danlu.yaml's inventory, as a notebook pod is placed on it."""
+
     name: str
     resource: str = GPU_RESOURCE
     node_labels: tuple[tuple[str, str], ...] = ()
@@ -56,9 +57,15 @@ def gpu_flavors(settings: Settings) -> dict[str, Flavor]:
     flavors: dict[str, Flavor] = {}
     for group in settings.gpus.declared:
         name = group.get("flavor", "gpu")
-        flavors.setdefault(name, Flavor(name, group.get("resource", GPU_RESOURCE),
-                                        tuple((group.get("node_labels") or {}).items()),
-                                        tuple(group.get("tolerations") or ())))
+        flavors.setdefault(
+            name,
+            Flavor(
+                name,
+                group.get("resource", GPU_RESOURCE),
+                tuple((group.get("node_labels") or {}).items()),
+                tuple(group.get("tolerations") or ()),
+            ),
+        )
     return flavors
 
 
@@ -69,19 +76,37 @@ def profile_entry(profile: Profile, flavors: dict[str, Flavor], *, default: bool
         override.update(cpu_limit=float(profile.cpu), cpu_guarantee=float(profile.cpu))
     if profile.memory:
         override.update(mem_limit=profile.memory, mem_guarantee=profile.memory)
-    entry = {"display_name": profile.display_name, "slug": profile.slug, "description": profile.description,
-             "default": default, "kubespawner_override": override}
+    entry = {
+        "display_name": profile.display_name,
+        "slug": profile.slug,
+        "description": profile.description,
+        "default": default,
+        "kubespawner_override": override,
+    }
     if profile.max_gpus:
         # the count is a limit: the API server refuses an extended resource requested without one
         resource = next(iter(flavors.values())).resource if flavors else GPU_RESOURCE
-        options = {"gpus": {"display_name": "GPUs", "choices": {
-            str(n): {"display_name": f"{n} GPU{'' if n == 1 else 's'}", "default": i == 0,
-                     "kubespawner_override": {"extra_resource_limits": {resource: str(n)}} if n else {}}
-            for i, n in enumerate(profile.gpu_choices)}}}
+        options = {
+            "gpus": {
+                "display_name": "GPUs",
+                "choices": {
+                    str(n): {
+                        "display_name": f"{n} GPU{'' if n == 1 else 's'}",
+                        "default": i == 0,
+                        "kubespawner_override": {"extra_resource_limits": {resource: str(n)}} if n else {},
+                    }
+                    for i, n in enumerate(profile.gpu_choices)
+                },
+            }
+        }
         if flavors:
-            options["gpu_flavor"] = {"display_name": "GPU type", "choices": {
-                f.name: {"display_name": f.name, "default": i == 0, "kubespawner_override": f.override()}
-                for i, f in enumerate(flavors.values())}}
+            options["gpu_flavor"] = {
+                "display_name": "GPU type",
+                "choices": {
+                    f.name: {"display_name": f.name, "default": i == 0, "kubespawner_override": f.override()}
+                    for i, f in enumerate(flavors.values())
+                },
+            }
         entry["profile_options"] = options
     return entry
 
@@ -89,6 +114,7 @@ def profile_entry(profile: Profile, flavors: dict[str, Flavor], *, default: bool
 @dataclass(frozen=True)
 class Decision:
     """What a request was granted: the profile, its GPUs and where they are, the team queue."""
+
     profile: Profile
     gpus: int
     flavor: Flavor | None
@@ -97,8 +123,10 @@ class Decision:
 
 class DanluKubeSpawner(KubeSpawner):
     """JupyterLab servers from governed profiles, as Kubernetes pods."""
-    settings = Any(help="danlu.yaml as Settings (danlu.hub.k8s.hubconfig passes the one it loaded; default: "
-                        "$DANLU_CONFIG).").tag(config=True)
+
+    settings = Any(
+        help="danlu.yaml as Settings (danlu.hub.k8s.hubconfig passes the one it loaded; default: $DANLU_CONFIG)."
+    ).tag(config=True)
     profiles = Any(help="The governed profiles as a ProfileSet (default: Settings.profiles_file).").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, DANLU_PUBLIC_URL).").tag(config=True)
 
@@ -134,8 +162,9 @@ class DanluKubeSpawner(KubeSpawner):
         unoffered = [p.slug for p in self.profiles if not p.environment.get("image")]
         if set(unoffered) - DanluKubeSpawner._said_unoffered:
             DanluKubeSpawner._said_unoffered.update(unoffered)
-            self.log.warning("profiles %s have no environment.image, so they are not offered on Kubernetes",
-                             ", ".join(unoffered))
+            self.log.warning(
+                "profiles %s have no environment.image, so they are not offered on Kubernetes", ", ".join(unoffered)
+            )
         return [p for p in self.profiles.for_user(self._groups(), admin=self._admin) if p.environment.get("image")]
 
     def _profile_list(self, spawner=None) -> list[dict]:
@@ -160,16 +189,22 @@ class DanluKubeSpawner(KubeSpawner):
         if slug is None:
             offered = self._offered()
             if not offered:
-                raise web.HTTPError(403, "no profile with an image is open to your groups "
-                                         f"({', '.join(groups) or 'none'}); ask an admin to add you to a group")
+                raise web.HTTPError(
+                    403,
+                    "no profile with an image is open to your groups "
+                    f"({', '.join(groups) or 'none'}); ask an admin to add you to a group",
+                )
             slug = next((p for p in offered if p.default), offered[0]).slug
         try:
             profile = self.profiles.authorize(slug, groups, admin=admin)
         except DanluError as e:
             raise self._http(e) from None
         if not profile.environment.get("image"):
-            raise web.HTTPError(400, f"profile '{profile.slug}' has no environment.image, so it is not offered on "
-                                     "Kubernetes; choose another profile")
+            raise web.HTTPError(
+                400,
+                f"profile '{profile.slug}' has no environment.image, so it is not offered on "
+                "Kubernetes; choose another profile",
+            )
         raw = options.get("gpus", profile.gpu_choices[0])
         try:
             gpus = int(raw)
@@ -187,10 +222,11 @@ class DanluKubeSpawner(KubeSpawner):
                 raise web.HTTPError(400, f"unknown GPU flavor {name!r}; choose one of: {', '.join(flavors)}")
             flavor = flavors[name]
         self._decision = Decision(profile, gpus, flavor, self._team(groups) if gpus else None)
-        self.user_options = {"profile": profile.slug,
-                             **({"gpus": str(gpus)} if profile.max_gpus else {}),
-                             **({"gpu_flavor": (flavor or next(iter(flavors.values()))).name}
-                                if profile.max_gpus and flavors else {})}
+        self.user_options = {
+            "profile": profile.slug,
+            **({"gpus": str(gpus)} if profile.max_gpus else {}),
+            **({"gpu_flavor": (flavor or next(iter(flavors.values()))).name} if profile.max_gpus and flavors else {}),
+        }
 
     def _team(self, groups: list[str]) -> str:
         """The queue of a GPU notebook: the first of the user's groups that is a team."""
@@ -199,17 +235,21 @@ class DanluKubeSpawner(KubeSpawner):
             return DEFAULT_QUEUE
         mine = [g for g in groups if g in teams]
         if not mine:
-            raise web.HTTPError(403, f"a notebook with GPUs is queued under its owner's team, and none of your "
-                                     f"groups ({', '.join(groups) or 'none'}) is a team; the teams are "
-                                     f"{', '.join(teams)}. Ask an admin to add you to one, or start without GPUs")
+            raise web.HTTPError(
+                403,
+                f"a notebook with GPUs is queued under its owner's team, and none of your "
+                f"groups ({', '.join(groups) or 'none'}) is a team; the teams are "
+                f"{', '.join(teams)}. Ask an admin to add you to one, or start without GPUs",
+            )
         return mine[0]
 
     async def load_user_options(self):
         if getattr(self, "_decision", None) is None:  # started without JupyterHub's apply_user_options
             self._apply_options(self.user_options)
         if getattr(self, "_configured", None) is None:  # the configuration, before any profile touched it
-            self._configured = copy.deepcopy((self.node_selector, self._sorted_dict_values(self.tolerations),
-                                              self.extra_resource_limits))
+            self._configured = copy.deepcopy(
+                (self.node_selector, self._sorted_dict_values(self.tolerations), self.extra_resource_limits)
+            )
         # KubeSpawner merges overrides into these traits: start every spawn from the configuration
         self.node_selector, self.tolerations, self.extra_resource_limits = copy.deepcopy(self._configured)
         await super().load_user_options()
@@ -246,11 +286,15 @@ class DanluKubeSpawner(KubeSpawner):
         # component label stays singleuser-server, which KubeSpawner and the chart select pods by
         pod.metadata.labels = {**(pod.metadata.labels or {}), **self.danlu_labels()}
         size = memory_quantity(self.settings.kubernetes.shm_size)
-        pod.spec.volumes = [*(pod.spec.volumes or []), V1Volume(
-            name=SHM_VOLUME, empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=size))]
+        pod.spec.volumes = [
+            *(pod.spec.volumes or []),
+            V1Volume(name=SHM_VOLUME, empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=size)),
+        ]
         container = pod.spec.containers[0]
-        container.volume_mounts = [*(container.volume_mounts or []),
-                                   V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")]
+        container.volume_mounts = [
+            *(container.volume_mounts or []),
+            V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
+        ]
         return pod
 
     def get_env(self):

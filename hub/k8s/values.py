@@ -31,7 +31,7 @@ def split_image(reference: str) -> dict:
     colon = name.rfind(":")
     tag = ""
     if colon > slash:
-        name, tag = name[:colon], name[colon + 1:]
+        name, tag = name[:colon], name[colon + 1 :]
     tag = tag or "latest"
     return {"name": name, "tag": f"{tag}@{digest}" if digest else tag}
 
@@ -50,8 +50,10 @@ def hub_network_policy() -> dict:
     return {
         "enabled": True,
         "ingress": [
-            {"from": _from(manifests.PROXY_POD, manifests.NOTEBOOK_POD),
-             "ports": _ports(names.JOBS_SERVICE_PORT, names.GATEWAY_SERVICE_PORT)},
+            {
+                "from": _from(manifests.PROXY_POD, manifests.NOTEBOOK_POD),
+                "ports": _ports(names.JOBS_SERVICE_PORT, names.GATEWAY_SERVICE_PORT),
+            },
             {"from": _from(manifests.JOB_POD), "ports": _ports(names.JOBS_SERVICE_PORT)},
         ],
         "egress": [
@@ -77,27 +79,46 @@ def hub_services(namespace: str) -> dict:
     """The jobs service and the MLflow gateway, run by the hub in its pod (configure(c) adds their
     commands): the chart's hub Service gets their ports, so the proxy reaches them at ``hub:PORT``."""
     return {
-        "danlu": {"name": "danlu", "url": f"http://hub:{names.JOBS_SERVICE_PORT}", "display": True,
-                  "oauth_no_confirm": True},
-        "mlflow": {"name": "mlflow", "url": f"http://hub:{names.GATEWAY_SERVICE_PORT}", "display": True,
-                   "oauth_no_confirm": True},
+        "danlu": {
+            "name": "danlu",
+            "url": f"http://hub:{names.JOBS_SERVICE_PORT}",
+            "display": True,
+            "oauth_no_confirm": True,
+        },
+        "mlflow": {
+            "name": "mlflow",
+            "url": f"http://hub:{names.GATEWAY_SERVICE_PORT}",
+            "display": True,
+            "oauth_no_confirm": True,
+        },
     }
 
 
 def hub_roles() -> dict:
     """Every user may use both services; the jobs service reads users and groups (as danlu up grants)."""
     return {
-        "user": {"description": "Every user: their own server, jobs and MLflow.",
-                 "scopes": ["self", "access:services!service=danlu", "access:services!service=mlflow",
-                            f"{WRITE}!user"]},
-        "danlu-service": {"description": "The jobs service reads users' groups.",
-                          "scopes": ["read:users", "read:groups", "list:users", "read:servers"],
-                          "services": ["danlu"]},
+        "user": {
+            "description": "Every user: their own server, jobs and MLflow.",
+            "scopes": ["self", "access:services!service=danlu", "access:services!service=mlflow", f"{WRITE}!user"],
+        },
+        "danlu-service": {
+            "description": "The jobs service reads users' groups.",
+            "scopes": ["read:users", "read:groups", "list:users", "read:servers"],
+            "services": ["danlu"],
+        },
     }
 
 
-def make_values(*, namespace: str, hub_image: str, notebook_image: str, home_size: str, shm_size: str,
-                home_storage_class: str | None, idle_timeout: int) -> dict:
+def make_values(
+    *,
+    namespace: str,
+    hub_image: str,
+    notebook_image: str,
+    home_size: str,
+    shm_size: str,
+    home_storage_class: str | None,
+    idle_timeout: int,
+) -> dict:
     """The chart values (keys sorted on output). Quantities are strings."""
     mlflow_url = f"http://{names.MLFLOW_SERVICE}.{namespace}.svc:{names.MLFLOW_PORT}/services/mlflow"
     dynamic: dict = {"storageAccessModes": ["ReadWriteMany"]}  # job pods mount their owner's home elsewhere
@@ -105,8 +126,7 @@ def make_values(*, namespace: str, hub_image: str, notebook_image: str, home_siz
         dynamic["storageClass"] = home_storage_class
     cull: dict = {"enabled": bool(idle_timeout)}
     if idle_timeout:
-        cull.update({"timeout": int(idle_timeout), "every": min(600, max(60, int(idle_timeout) // 6)),
-                     "users": False})
+        cull.update({"timeout": int(idle_timeout), "every": min(600, max(60, int(idle_timeout) // 6)), "users": False})
     return {
         "hub": {
             "image": split_image(hub_image),
@@ -116,17 +136,25 @@ def make_values(*, namespace: str, hub_image: str, notebook_image: str, home_siz
             "extraEnv": {
                 str(env.CONFIG): f"{names.CONFIG_DIR}/danlu.yaml",
                 str(env.MLFLOW_URL): mlflow_url,
-                str(env.MLFLOW_AUTH_SECRET): {"valueFrom": {"secretKeyRef": {
-                    "name": names.SECRET, "key": names.SECRET_MLFLOW_AUTH}}},
-                "PGPASSWORD": {"valueFrom": {"secretKeyRef": {
-                    "name": names.SECRET, "key": names.SECRET_POSTGRES_PASSWORD}}},
+                str(env.MLFLOW_AUTH_SECRET): {
+                    "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": names.SECRET_MLFLOW_AUTH}}
+                },
+                "PGPASSWORD": {
+                    "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": names.SECRET_POSTGRES_PASSWORD}}
+                },
             },
             "services": hub_services(namespace),
             "loadRoles": hub_roles(),
-            "service": {"extraPorts": [
-                {"name": "danlu", "port": names.JOBS_SERVICE_PORT, "targetPort": names.JOBS_SERVICE_PORT},
-                {"name": "mlflow-gateway", "port": names.GATEWAY_SERVICE_PORT,
-                 "targetPort": names.GATEWAY_SERVICE_PORT}]},
+            "service": {
+                "extraPorts": [
+                    {"name": "danlu", "port": names.JOBS_SERVICE_PORT, "targetPort": names.JOBS_SERVICE_PORT},
+                    {
+                        "name": "mlflow-gateway",
+                        "port": names.GATEWAY_SERVICE_PORT,
+                        "targetPort": names.GATEWAY_SERVICE_PORT,
+                    },
+                ]
+            },
             "networkPolicy": hub_network_policy(),
             "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         },
@@ -157,11 +185,17 @@ def make_values(*, namespace: str, hub_image: str, notebook_image: str, home_siz
 
 
 COMMENTS = {
-    "hub": ("hub.image: the chart's hub image plus danlu (kernel-images/hub/Dockerfile), pinned by digest;\n"
-            "the chart writes name:tag, so the digest rides in the tag."),
-    "proxy": ("proxy.https is left off: terminate TLS at your ingress or load balancer, or set\n"
-              "proxy.https (letsencrypt, manual or secret) as the chart's documentation describes."),
-    "scheduling": ("The chart's user scheduler packs notebook pods onto few nodes, which leaves whole GPU\n"
-                   "nodes free for jobs and lets an autoscaler remove idle ones."),
+    "hub": (
+        "hub.image: the chart's hub image plus danlu (kernel-images/hub/Dockerfile), pinned by digest;\n"
+        "the chart writes name:tag, so the digest rides in the tag."
+    ),
+    "proxy": (
+        "proxy.https is left off: terminate TLS at your ingress or load balancer, or set\n"
+        "proxy.https (letsencrypt, manual or secret) as the chart's documentation describes."
+    ),
+    "scheduling": (
+        "The chart's user scheduler packs notebook pods onto few nodes, which leaves whole GPU\n"
+        "nodes free for jobs and lets an autoscaler remove idle ones."
+    ),
     "cull": "The chart's idle culler stops servers idle for hub.idle_timeout_seconds of danlu.yaml.",
 }

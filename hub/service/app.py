@@ -64,8 +64,10 @@ def hold_lock(path, wait: float = 30.0):
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(fd)
-                raise ConfigError(f"another jobs service is running on {path.parent}",
-                                  fix="stop it first: one workbench per state folder") from None
+                raise ConfigError(
+                    f"another jobs service is running on {path.parent}",
+                    fix="stop it first: one workbench per state folder",
+                ) from None
             time.sleep(0.5)
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
@@ -83,30 +85,42 @@ class JobsServiceApp(Application):
     version = __version__
 
     backend_class = EntryPointType(
-        klass=Backend, entry_point_group="danlu.backends",
+        klass=Backend,
+        entry_point_group="danlu.backends",
         help="Where jobs run: a name of the danlu.backends entry points (local: processes on this machine; "
-             "kubernetes: Kueue-admitted TrainJobs) or the import name of a Backend class. Default: danlu.yaml's "
-             "jobs.backend.").tag(config=True)
+        "kubernetes: Kueue-admitted TrainJobs) or the import name of a Backend class. Default: danlu.yaml's "
+        "jobs.backend.",
+    ).tag(config=True)
     scheduler_class = Type(
         klass=Scheduler,
         help="Who admits jobs: DanluScheduler (Danlu's own quotas, cohorts and preemption) or QueueingScheduler "
-             "(the backend's own queue, as Kueue is on Kubernetes). Default: QueueingScheduler for a backend that "
-             "queues attempts itself, else DanluScheduler.").tag(config=True)
+        "(the backend's own queue, as Kueue is on Kubernetes). Default: QueueingScheduler for a backend that "
+        "queues attempts itself, else DanluScheduler.",
+    ).tag(config=True)
     mlflow_url = Unicode(help="Loopback URL of the MLflow tracking server jobs log to ($DANLU_MLFLOW_URL).").tag(
-        config=True)
+        config=True
+    )
     service_url = Unicode(help="Where this service listens ($JUPYTERHUB_SERVICE_URL).").tag(config=True)
     service_prefix = Unicode("/services/danlu/", help="URL prefix ($JUPYTERHUB_SERVICE_PREFIX).").tag(config=True)
-    ip = Unicode(help="The address to listen on (default: the host of service_url). On Kubernetes 0.0.0.0: the "
-                      "proxy and job pods reach the service through the hub's Service name, which is no address "
-                      "of the hub pod.").tag(config=True)
+    ip = Unicode(
+        help="The address to listen on (default: the host of service_url). On Kubernetes 0.0.0.0: the "
+        "proxy and job pods reach the service through the hub's Service name, which is no address "
+        "of the hub pod."
+    ).tag(config=True)
     schedule_interval = Integer(2, help="Seconds between admission passes when nothing else triggers one.").tag(
-        config=True)
-    upgrade_database = Bool(False, help="Upgrade the jobs database's schema at start, where no danlu up runs first "
-                                        "(the hub pod); otherwise the service refuses a schema it does not know "
-                                        "and never changes it.").tag(config=True)
-    cull_idle_servers = Bool(True, help="Stop users' servers idle for danlu.yaml's hub.idle_timeout_seconds (off "
-                                        "where the hub has a culler of its own: the chart's, on Kubernetes).").tag(
-        config=True)
+        config=True
+    )
+    upgrade_database = Bool(
+        False,
+        help="Upgrade the jobs database's schema at start, where no danlu up runs first "
+        "(the hub pod); otherwise the service refuses a schema it does not know "
+        "and never changes it.",
+    ).tag(config=True)
+    cull_idle_servers = Bool(
+        True,
+        help="Stop users' servers idle for danlu.yaml's hub.idle_timeout_seconds (off "
+        "where the hub has a culler of its own: the chart's, on Kubernetes).",
+    ).tag(config=True)
     settings_ = Instance(Settings)
 
     @default("log_level")
@@ -152,29 +166,48 @@ class JobsServiceApp(Application):
         self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
-        self.manager = JobManager(settings=settings, profiles=profiles, inventory=inventory,
-                                  database=Database.at(settings.jobs_database_url), backend=backend,
-                                  groups=GroupDirectory(self.hub_auth), scheduler_class=self.scheduler_class,
-                                  mlflow=mlflow, service_api=service_api, log=self.log)
-        self.manager.record_profiles(profiles)
+        self.manager = JobManager(
+            settings=settings,
+            profiles=profiles,
+            inventory=inventory,
+            database=Database.at(settings.jobs_database_url),
+            backend=backend,
+            groups=GroupDirectory(self.hub_auth),
+            scheduler_class=self.scheduler_class,
+            mlflow=mlflow,
+            service_api=service_api,
+            log=self.log,
+        )
+        self.manager.audit.record_profiles(profiles)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
         return web.Application(
-            routes(prefix) + [
+            routes(prefix)
+            + [
                 (f"{prefix.rstrip('/')}/oauth_callback", HubOAuthCallbackHandler),
                 (rf"{prefix.rstrip('/')}/.*", NotFoundHandler),
             ],
-            hub_auth=self.hub_auth, danlu_manager=self.manager, cookie_secret=os.urandom(32),
-            xsrf_cookies=False, log_function=self._log_request,
+            hub_auth=self.hub_auth,
+            danlu_manager=self.manager,
+            cookie_secret=os.urandom(32),
+            xsrf_cookies=False,
+            log_function=self._log_request,
         )
 
     def _log_request(self, handler):
         status = handler.get_status()
-        level = logging.WARNING if status >= 500 else (
-            logging.INFO if handler.request.method != "GET" else logging.DEBUG)
-        self.log.log(level, "%s %s %s %.1fms", status, handler.request.method, handler.request.uri,
-                     1000 * handler.request.request_time())
+        level = (
+            logging.WARNING if status >= 500 else (logging.INFO if handler.request.method != "GET" else logging.DEBUG)
+        )
+        self.log.log(
+            level,
+            "%s %s %s %.1fms",
+            status,
+            handler.request.method,
+            handler.request.uri,
+            1000 * handler.request.request_time(),
+        )
 
     async def run(self) -> None:
         url = urlparse(self.service_url)
@@ -190,13 +223,19 @@ class JobsServiceApp(Application):
         # the digest of the workbench's own Python (every installed distribution) is read once, now rather
         # than in the first submission; likewise the validators are built
         default_profile = self.manager.profiles.default
-        tasks.append(asyncio.ensure_future(
-            provenance.environment_of(default_profile, in_image=self.backend_class.runs_in_images)))
+        tasks.append(
+            asyncio.ensure_future(
+                provenance.environment_of(default_profile, in_image=self.backend_class.runs_in_images)
+            )
+        )
         tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))
         idle = self.settings_.hub.idle_timeout_seconds
         if idle and self.cull_idle_servers:
-            tasks.append(asyncio.ensure_future(culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token,
-                                                                    idle, self.log)))
+            tasks.append(
+                asyncio.ensure_future(
+                    culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token, idle, self.log)
+                )
+            )
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")
         server.stop()

@@ -21,6 +21,7 @@ from urllib.parse import quote
 from jupyterhub.services.auth import check_scopes
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from danlu.errors import Forbidden
 from danlu.hub.scopes import ADMIN, READ, WRITE
 
 
@@ -48,6 +49,7 @@ class Principal:
 
 class GroupDirectory:
     """User -> groups, from the hub API (with the service's token), cached for ``ttl`` seconds."""
+
     def __init__(self, hub_auth, ttl: float = 15.0):
         self.hub_auth = hub_auth
         self.ttl = ttl
@@ -58,7 +60,8 @@ class GroupDirectory:
         url = f"{self.hub_auth.api_url}/users/{quote(username, safe='')}"
         try:
             response = await AsyncHTTPClient().fetch(
-                url, headers={"Authorization": f"token {self.hub_auth.api_token}"}, request_timeout=10)
+                url, headers={"Authorization": f"token {self.hub_auth.api_token}"}, request_timeout=10
+            )
         except (HTTPClientError, OSError):
             return None
         try:
@@ -87,3 +90,12 @@ class GroupDirectory:
             self._cache.clear()
         else:
             self._cache.pop(username, None)
+
+
+ADMIN_FIX = "use an admin's token: the workbench's admin token, or one an admin makes at /hub/token"
+
+
+def require_admin(principal: Principal, message: str = "this is an admin operation") -> None:
+    """A 403 for anyone but an admin, saying how to become one for this call."""
+    if not principal.admin:
+        raise Forbidden(message, reason="not_admin", fix=ADMIN_FIX)

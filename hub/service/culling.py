@@ -20,8 +20,9 @@ def interval(timeout: float) -> float:
     return max(5.0, min(60.0, timeout / 4))
 
 
-async def cull_forever(api_url: str, token: str, timeout: float, log: logging.Logger,
-                       every: float | None = None) -> None:
+async def cull_forever(
+    api_url: str, token: str, timeout: float, log: logging.Logger, every: float | None = None
+) -> None:
     """Stop servers idle for ``timeout`` seconds, a pass every ``every`` seconds, until cancelled."""
     # deferred: only a service that culls imports the culler (and its dateutil)
     from jupyterhub_idle_culler import cull_idle

@@ -38,7 +38,7 @@ EXPERIMENT_ID = re.compile(r"^[0-9]{1,19}\Z")
 
 
 def short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -47,4 +47,4 @@ def show(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         return "a number of more than 4300 digits"
-    return text if len(text) <= limit else f"{text[:limit - 4]}...{text[-1]}"
+    return text if len(text) <= limit else f"{text[: limit - 4]}...{text[-1]}"

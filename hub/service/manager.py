@@ -3,13 +3,14 @@
 :class:`JobManager` wires the parts of a job's life around one :class:`~danlu.hub.service.jobs.core.Core`
 -- :class:`~danlu.hub.service.jobs.supervisor.Supervisor` (the execution manager), the scheduler (the
 ``scheduler_class`` chosen at start-up: Danlu's own admission or a backend's own queue),
-:class:`~danlu.hub.service.jobs.submission.Submission`, :class:`~danlu.hub.service.jobs.reproduction.Reproduction`
--- and answers for a caller about jobs: who may see or control which job (404, never 403, for someone
-else's), reading a job's log and notebooks through the backend, the audit log, usage, allocations,
-profiles, lineage. The rest is reached through its named facades, each doing its own authorization:
-:attr:`datasets` (the catalog), :attr:`models` (the model registry), :attr:`queues` (queue
-administration), :attr:`servers` (notebook servers' GPUs) and :attr:`runner_api` (what a job's runner may
-ask and tell). Authorization lives here and in the facades, not in the handlers.
+:class:`~danlu.hub.service.jobs.submission.Submission`,
+:class:`~danlu.hub.service.jobs.reproduction.Reproduction` -- and answers for a caller about jobs: who may
+see or control which job (404, never 403, for someone else's), reading a job's log and notebooks through the
+backend, usage, allocations, profiles, lineage. The rest is reached through its named facades, each doing
+its own authorization: :attr:`datasets` (the catalog), :attr:`models` (the model registry), :attr:`queues`
+(queue administration), :attr:`servers` (notebook servers' GPUs), :attr:`audit` (the audit log) and
+:attr:`runner_api` (what a job's runner may ask and tell). Authorization lives here and in the facades, not
+in the handlers.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from sqlalchemy import func, select
 
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.backends.base import Backend, FileRefused
+from danlu.hub.service.auth import ADMIN_FIX, require_admin
 from danlu.hub.service.datasets.catalog import Catalog, uses_of_jobs
 from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.jobs import outputs
 from danlu.hub.service.jobs.attempts import handed_over
 from danlu.hub.service.jobs.core import Core
 from danlu.hub.service.jobs.experiments import experiments_of
-from danlu.hub.service.jobs.queues import ADMIN_FIX, Queues, require_admin
+from danlu.hub.service.jobs.queues import Queues
 from danlu.hub.service.jobs.reproduction import Reproduction
 from danlu.hub.service.jobs.runner_api import RunnerApi
 from danlu.hub.service.jobs.scheduler import Scheduler
@@ -42,17 +44,29 @@ from danlu.hub.service.registry.lineage import model_lineage
 from danlu.hub.service.registry.versions import ModelRegistry
 from danlu.hub.service.states import FINAL, JobState, transition
 from danlu.hub.service.store import audit, listing
+from danlu.hub.service.store.audit import AuditLog
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.ledger import Ledger
-from danlu.hub.service.store.orm import AuditRecord, Flag, Job, JobInput, utcnow
+from danlu.hub.service.store.orm import Job, JobInput, utcnow
 from danlu.hub.service.store.rows import STORED_COLUMNS, stored
 from danlu.hub.service.usage import reports as usage
 
 
 class JobManager:
-    def __init__(self, *, settings, profiles, inventory, database: Database, backend: Backend, groups,
-                 scheduler_class: type[Scheduler], mlflow=None, service_api: str = "",
-                 log: logging.Logger | None = None):
+    def __init__(
+        self,
+        *,
+        settings,
+        profiles,
+        inventory,
+        database: Database,
+        backend: Backend,
+        groups,
+        scheduler_class: type[Scheduler],
+        mlflow=None,
+        service_api: str = "",
+        log: logging.Logger | None = None,
+    ):
         self.settings = settings
         self.profiles = profiles
         self.database = database
@@ -64,20 +78,50 @@ class JobManager:
         self.ledger = ledger = Ledger(inventory)
         self.core = core = Core.load(database, settings, inventory)
         shared = {"database": database, "settings": settings}
-        self.supervisor = Supervisor(core, **shared, backend=backend, ledger=ledger, metrics=metrics, mlflow=mlflow,
-                                     service_api=service_api, log=log)
-        self.scheduler = scheduler_class(core, self.supervisor, **shared, backend=backend, profiles=profiles,
-                                         inventory=inventory, ledger=ledger, metrics=metrics, log=log)
+        self.supervisor = Supervisor(
+            core,
+            **shared,
+            backend=backend,
+            ledger=ledger,
+            metrics=metrics,
+            mlflow=mlflow,
+            service_api=service_api,
+            log=log,
+        )
+        self.scheduler = scheduler_class(
+            core,
+            self.supervisor,
+            **shared,
+            backend=backend,
+            profiles=profiles,
+            inventory=inventory,
+            ledger=ledger,
+            metrics=metrics,
+            log=log,
+        )
         self.datasets = Catalog(database, settings=settings, groups=groups, log=log)
-        self.submission = Submission(core, self.scheduler, self.datasets, **shared, profiles=profiles, groups=groups,
-                                     ledger=ledger, backend=backend, mlflow=mlflow, log=log)
-        self.runner_api = RunnerApi(self.supervisor, self.datasets, **shared, backend=backend, profiles=profiles,
-                                    mlflow=mlflow)
+        self.submission = Submission(
+            core,
+            self.scheduler,
+            self.datasets,
+            **shared,
+            profiles=profiles,
+            groups=groups,
+            ledger=ledger,
+            backend=backend,
+            mlflow=mlflow,
+            log=log,
+        )
+        self.runner_api = RunnerApi(
+            self.supervisor, self.datasets, **shared, backend=backend, profiles=profiles, mlflow=mlflow
+        )
         self.queues = Queues(core, self.scheduler, **shared, inventory=inventory)
         self.servers = Servers(core, self.scheduler, **shared, ledger=ledger, groups=groups)
-        self.reproduction = Reproduction(self.submission, self.datasets, database=database, profiles=profiles,
-                                         groups=groups, mlflow=mlflow)
+        self.reproduction = Reproduction(
+            self.submission, self.datasets, database=database, profiles=profiles, groups=groups, mlflow=mlflow
+        )
         self.models = ModelRegistry(self.submission, **shared, groups=groups, mlflow=mlflow, log=log)
+        self.audit = AuditLog(database)
         self.usage_cache = usage.Cache()
         self.views = Views(settings.public_url, self.scheduler, backend)
 
@@ -89,40 +133,65 @@ class JobManager:
     async def get(self, principal, job_id: str, *, write: bool = False) -> Job:
         """A job the caller may see (and, with ``write``, control); 404 otherwise, never 403."""
         if not isinstance(job_id, str) or not JOB_ID.match(job_id):
-            raise ValidationError(f"'{str(job_id)[:40]}' is not a job id (12 hex digits)", field="id",
-                                  reason="bad_id")
+            raise ValidationError(f"'{str(job_id)[:40]}' is not a job id (12 hex digits)", field="id", reason="bad_id")
         job = await self.database.read(lambda s: s.get(Job, job_id))
         allowed = job is not None and (principal.can_write(job.owner) if write else principal.can_read(job.owner))
         if not allowed:
-            raise NotFound(f"job {job_id} not found", reason="no_such_job", field="id",
-                           fix="see the jobs you may read with 'danlu jobs list' or GET /jobs")
+            raise NotFound(
+                f"job {job_id} not found",
+                reason="no_such_job",
+                field="id",
+                fix="see the jobs you may read with 'danlu jobs list' or GET /jobs",
+            )
         return job
 
-    def _listing(self, principal, states: list[str] | None, owner: str | None,
-                 cursor: str | None) -> tuple[str | None, listing.Key | None]:
+    def _listing(
+        self, principal, states: list[str] | None, owner: str | None, cursor: str | None
+    ) -> tuple[str | None, listing.Key | None]:
         """Whose jobs a listing may read (None: everyone's, for admins) and the key it starts below; 403 for a
         user asking for another's, 400 for an unknown state or a bad cursor, before anything is read."""
         if owner and owner != principal.name and not principal.admin:
-            raise Forbidden("only admins can list other users' jobs", reason="not_admin", field="owner",
-                            fix=f"leave owner out, or ask for owner={principal.name}")
+            raise Forbidden(
+                "only admins can list other users' jobs",
+                reason="not_admin",
+                field="owner",
+                fix=f"leave owner out, or ask for owner={principal.name}",
+            )
         for state in states or []:
             if state not in JobState.__members__:
-                raise ValidationError(f"unknown state '{state[:40]}'", field="state",
-                                      fix=f"use {', '.join(JobState.__members__)}")
+                raise ValidationError(
+                    f"unknown state '{state[:40]}'", field="state", fix=f"use {', '.join(JobState.__members__)}"
+                )
         after = listing.decode_cursor(cursor) if cursor is not None else None
         return ((owner or None) if principal.admin else principal.name), after
 
-    async def page(self, principal, *, states: list[str] | None = None, owner: str | None = None,
-                   queue: str | None = None, limit: int = 200,
-                   cursor: str | None = None) -> tuple[list[Job], str | None]:
+    async def page(
+        self,
+        principal,
+        *,
+        states: list[str] | None = None,
+        owner: str | None = None,
+        queue: str | None = None,
+        limit: int = 200,
+        cursor: str | None = None,
+    ) -> tuple[list[Job], str | None]:
         """A page of the jobs the caller may see, newest first, and the cursor of the next page (None: the last)."""
         who, after = self._listing(principal, states, owner, cursor)
-        jobs, last = await self.database.read(lambda s: listing.page(s, owner=who, states=list(states or []),
-                                                                     queue=queue, limit=limit, after=after))
+        jobs, last = await self.database.read(
+            lambda s: listing.page(s, owner=who, states=list(states or []), queue=queue, limit=limit, after=after)
+        )
         return jobs, (listing.encode_cursor(last) if last is not None else None)
 
-    async def page_json(self, principal, *, states: list[str] | None = None, owner: str | None = None,
-                        queue: str | None = None, limit: int = 200, cursor: str | None = None) -> str:
+    async def page_json(
+        self,
+        principal,
+        *,
+        states: list[str] | None = None,
+        owner: str | None = None,
+        queue: str | None = None,
+        limit: int = 200,
+        cursor: str | None = None,
+    ) -> str:
         """:meth:`page` with :meth:`views` of its jobs, as the body of ``GET /jobs`` (JSON text, the same bytes).
 
         Read, built and encoded in one go on a reader thread: what its jobs' views show, read with the
@@ -134,11 +203,13 @@ class JobManager:
         who, after = self._listing(principal, states, owner, cursor)
 
         def body(s) -> str:
-            found, last = listing.rows(s, STORED_COLUMNS, owner=who, states=list(states or []),
-                                       queue=queue, limit=limit, after=after)
+            found, last = listing.rows(
+                s, STORED_COLUMNS, owner=who, states=list(states or []), queue=queue, limit=limit, after=after
+            )
             jobs = stored(s, [row for _key, row in found])
-            return listing.encode_page(self.views.encoded(jobs),
-                                       listing.encode_cursor(last) if last is not None else None)
+            return listing.encode_page(
+                self.views.encoded(jobs), listing.encode_cursor(last) if last is not None else None
+            )
 
         return await self.database.read(body)
 
@@ -150,13 +221,18 @@ class JobManager:
         """The MLflow experiments holding a user's job runs (the caller's, or for admins anyone's)."""
         owner = owner or principal.name
         if owner != principal.name and not principal.admin:
-            raise Forbidden("only admins can list other users' experiments", reason="not_admin", field="owner",
-                            fix=f"leave owner out, or ask for owner={principal.name}")
+            raise Forbidden(
+                "only admins can list other users' experiments",
+                reason="not_admin",
+                field="owner",
+                fix=f"leave owner out, or ask for owner={principal.name}",
+            )
         return await self.database.read(experiments_of, owner)
 
     async def views_of(self, jobs: builtins.list[Job]) -> builtins.list[dict]:
         """The API models of ``jobs``, with the dataset versions each used (one query for all), built on a
         reader thread: a page of 1000 jobs costs the event loop nothing but the wait."""
+
         def build(s):
             uses = uses_of_jobs(s, [j.id for j in jobs])
             return [self.views.to_dict(j, uses.get(j.id, [])) for j in jobs]
@@ -194,8 +270,12 @@ class JobManager:
         try:
             return await self.backend.read_log(job.id, self._files_state(job), offset, limit)
         except FileRefused as e:
-            raise DanluError(f"job {job.id}'s log cannot be served: {e}", status=409, reason="unsafe_file",
-                             fix="the job replaced its log with something that is not a plain file") from None
+            raise DanluError(
+                f"job {job.id}'s log cannot be served: {e}",
+                status=409,
+                reason="unsafe_file",
+                fix="the job replaced its log with something that is not a plain file",
+            ) from None
 
     async def read_output(self, job: Job, rank: int, offset: int, limit: int) -> tuple[bytes, int] | None:
         """Likewise for rank ``rank``'s executed notebook; None while there is none."""
@@ -205,9 +285,12 @@ class JobManager:
         try:
             answer = await self.backend.read_output(job.id, self._files_state(job), rank, offset, limit)
         except FileRefused as e:
-            raise DanluError(f"job {job.id}'s output cannot be served: {e}", status=409, reason="unsafe_file",
-                             fix="the job replaced its output notebook with something that is not a plain "
-                                 "file") from None
+            raise DanluError(
+                f"job {job.id}'s output cannot be served: {e}",
+                status=409,
+                reason="unsafe_file",
+                fix="the job replaced its output notebook with something that is not a plain file",
+            ) from None
         if answer is None:  # a runner whose folder the service cannot read handed it over (a pod)
             answer = await asyncio.to_thread(outputs.read, self.settings.state_dir, job.id, rank, offset, limit)
         return answer
@@ -217,8 +300,9 @@ class JobManager:
 
     async def counts(self) -> dict:
         """Jobs per state."""
-        return await self.database.read(lambda s: dict(s.execute(select(Job.state, func.count())
-                                                             .group_by(Job.state)).all()))
+        return await self.database.read(
+            lambda s: dict(s.execute(select(Job.state, func.count()).group_by(Job.state)).all())
+        )
 
     # changing ----------------------------------------------------------------------------------
     async def submit(self, principal, body) -> tuple[int, dict]:
@@ -242,7 +326,7 @@ class JobManager:
                 await self.backend.cancel(job_id, handed, grace, reason="cancelled")
                 await self.backend.cleanup(job_id, handed)
         else:
-            await self.audit_event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
+            await self.audit.event(who, "cancel", job_id, before={"state": job.state}, after={"state": "cancelled"})
             await self.supervisor.cancel(job_id, dict(job.backend_state or {}), f"cancelled by {who}")
         await self.scheduler.schedule()
         return await self.job_dict(job_id)
@@ -266,63 +350,19 @@ class JobManager:
         return await self.job_dict(job_id)
 
     # the audit log, usage, allocations ------------------------------------------------------------
-    async def audit_event(self, actor: str, action: str, target: str, before=None, after=None) -> dict:
-        """Append to the audit log (the database's one writer keeps the chain whole)."""
-        return await self.database.write(
-            lambda s: audit.to_dict(audit.append(s, actor, action, target, before=before, after=after)))
-
-    async def record_login(self, principal, body: dict) -> dict:
-        if not (principal.kind == "service" and principal.name == "danlu-admin"):
-            raise Forbidden("only the hub records logins", reason="not_the_hub",
-                            fix="logins are recorded by the hub itself; read them with GET /audit?action=login")
-        return await self.audit_event(body["actor"], body["action"], "workbench", after=body.get("details", {}))
-
-    async def audit_records(self, principal, *, limit: int, action: str | None,
-                            target: str | None) -> builtins.list[dict]:
-        if not principal.admin:
-            raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
-
-        def query(s):
-            q = select(AuditRecord).order_by(AuditRecord.seq.desc()).limit(limit)
-            if action:
-                q = q.where(AuditRecord.action == action)
-            if target:
-                q = q.where(AuditRecord.target == target)
-            return [audit.to_dict(r) for r in s.scalars(q)]
-
-        return await self.database.read(query)
-
-    async def audit_verify(self, principal) -> dict:
-        if not principal.admin:
-            raise Forbidden("the audit log is for admins", reason="not_admin", fix=ADMIN_FIX)
-        return await self.database.read(lambda s: audit.verify(s).to_dict())
-
-    def record_profiles(self, profiles) -> None:
-        """Audit a change of the governed profiles since the service last started (at start-up)."""
-        now = {p.slug: {"display_name": p.display_name, "environment": p.environment, "groups": list(p.groups),
-                        "gpus": list(p.gpu_choices), "requirements": p.requirements_digest()} for p in profiles}
-
-        def record(s) -> None:
-            flag = s.get(Flag, "profiles")
-            before = flag.value.get("profiles", {}) if flag and isinstance(flag.value, dict) else None
-            if before == now:
-                return
-            changed = {slug for slug in set(now) | set(before or {}) if (before or {}).get(slug) != now.get(slug)}
-            audit.append(s, "danlu", "change_profiles", profiles.source,
-                         before={slug: (before or {}).get(slug) for slug in sorted(changed)},
-                         after={slug: now.get(slug) for slug in sorted(changed)})
-            s.merge(Flag(key="profiles", value={"profiles": now}))
-
-        self.database.write_now(record)
-
     async def usage(self, principal, *, user: str | None, by: str, start, end) -> dict:
         if not principal.admin:
             if user not in (None, principal.name) or by != "user":
-                raise Forbidden("you may see only your own usage", reason="not_admin", field="user",
-                                fix=f"ask for user={principal.name}, grouped by user")
+                raise Forbidden(
+                    "you may see only your own usage",
+                    reason="not_admin",
+                    field="user",
+                    fix=f"ask for user={principal.name}, grouped by user",
+                )
             user = principal.name
-        body = await self.database.read(lambda s: usage.report(s, self.settings, start, end, by=by, owner=user,
-                                                               cache=self.usage_cache))
+        body = await self.database.read(
+            lambda s: usage.report(s, self.settings, start, end, by=by, owner=user, cache=self.usage_cache)
+        )
         if principal.admin:
             body["idle_gpu_servers"] = await self.servers.idle()
         return body
@@ -332,15 +372,25 @@ class JobManager:
         ledger = self.ledger
 
         def query(s):
-            return [{"device": a.device, "holder_kind": a.holder_kind, "holder_id": a.holder_id, "owner": a.owner,
-                     "flavor": a.flavor, "since": a.since.isoformat() + "Z"} for a in ledger.allocations(s)]
+            return [
+                {
+                    "device": a.device,
+                    "holder_kind": a.holder_kind,
+                    "holder_id": a.holder_id,
+                    "owner": a.owner,
+                    "flavor": a.flavor,
+                    "since": a.since.isoformat() + "Z",
+                }
+                for a in ledger.allocations(s)
+            ]
 
         return {"gpus": [g.to_dict() for g in ledger.inventory], "allocations": await self.database.read(query)}
 
     async def allocate_server(self, principal, body: dict) -> builtins.list[int]:
         require_admin(principal)
-        return await self.servers.allocate(body["holder"], body["owner"], body["gpus"],
-                                           profile=body.get("profile", ""), groups=body.get("groups", []))
+        return await self.servers.allocate(
+            body["holder"], body["owner"], body["gpus"], profile=body.get("profile", ""), groups=body.get("groups", [])
+        )
 
     async def release_server(self, principal, holder: str) -> None:
         require_admin(principal)
@@ -356,8 +406,12 @@ class JobManager:
         if user is None:
             raise ValidationError("say whose runner to warm", field="user", fix="give user: NAME")
         if not principal.can_write(user):
-            raise Forbidden("you may warm runners only for yourself", reason="not_yours", field="user",
-                            fix=f"leave user out, or ask for user={principal.name}")
+            raise Forbidden(
+                "you may warm runners only for yourself",
+                reason="not_yours",
+                field="user",
+                fix=f"leave user out, or ask for user={principal.name}",
+            )
         account = self.settings.account(user)  # refuses a user without a Unix account when they are on
         groups = await self.groups.groups_of(user, fallback=principal.groups if user == principal.name else ())
         profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin and user == principal.name)
@@ -372,14 +426,19 @@ class JobManager:
         """The profiles the caller may use, and their default."""
         groups = await self.groups.groups_of(principal.name, fallback=principal.groups) if principal.is_user else ()
         default = self.profiles.default_for(groups, admin=principal.admin)
-        return {"profiles": [p.to_dict() for p in self.profiles.for_user(groups, admin=principal.admin)],
-                "default": default.slug if default else None}
+        return {
+            "profiles": [p.to_dict() for p in self.profiles.for_user(groups, admin=principal.admin)],
+            "default": default.slug if default else None,
+        }
 
     async def queues_view(self) -> dict:
         """Every queue, whether the workbench drains, and the priority classes (everyone may read them)."""
-        return {"queues": await self.queues.list(), "draining": self.core.draining,
-                "priority_classes": self.settings.priority_classes,
-                "default_priority_class": self.settings.default_priority_class}
+        return {
+            "queues": await self.queues.list(),
+            "draining": self.core.draining,
+            "priority_classes": self.settings.priority_classes,
+            "default_priority_class": self.settings.default_priority_class,
+        }
 
     async def lineage(self, principal, name: str, version: int) -> dict:
         """What made a model version, as far as the caller may read it (404 as the registry answers otherwise)."""
@@ -387,8 +446,9 @@ class JobManager:
 
     def metrics_text(self, principal) -> bytes:
         if not principal.admin:
-            raise Forbidden("metrics are for admins (and Prometheus with an admin token)", reason="not_admin",
-                            fix=ADMIN_FIX)
+            raise Forbidden(
+                "metrics are for admins (and Prometheus with an admin token)", reason="not_admin", fix=ADMIN_FIX
+            )
         return self.metrics.exposition()
 
     # life ---------------------------------------------------------------------------------------

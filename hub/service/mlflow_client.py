@@ -173,8 +173,9 @@ class MlflowRegistry:
 
     async def call(self, method: str, path: str, params: dict | None = None, body: dict | None = None):
         """``(status, JSON object)`` of one call; Unreachable when MLflow does not answer or fails (5xx)."""
-        return await mlflow_auth.rest(self.url, self.headers, method, path, params=params, body=body,
-                                      timeout=self.timeout, max_body=MAX_ANSWER)
+        return await mlflow_auth.rest(
+            self.url, self.headers, method, path, params=params, body=body, timeout=self.timeout, max_body=MAX_ANSWER
+        )
 
     refused = staticmethod(mlflow_auth.refused)
 
@@ -196,9 +197,16 @@ class MlflowRegistry:
 
     async def logged_models(self, experiment_id: str, run_id: str) -> list[dict]:
         """The MLflow 3 logged models whose source run is ``run_id`` (their ``info``), newest first."""
-        code, data = await self.call("POST", "/api/2.0/mlflow/logged-models/search", body={
-            "experiment_ids": [experiment_id], "filter": f"source_run_id = '{run_id}'",
-            "max_results": MAX_LOGGED_MODELS, "order_by": [{"field_name": "creation_time", "ascending": False}]})
+        code, data = await self.call(
+            "POST",
+            "/api/2.0/mlflow/logged-models/search",
+            body={
+                "experiment_ids": [experiment_id],
+                "filter": f"source_run_id = '{run_id}'",
+                "max_results": MAX_LOGGED_MODELS,
+                "order_by": [{"field_name": "creation_time", "ascending": False}],
+            },
+        )
         if code != 200:
             return []  # an MLflow without logged models: the run's artifacts are the source
         return [m["info"] for m in data.get("models") or [] if isinstance(m, dict) and isinstance(m.get("info"), dict)]
@@ -221,42 +229,60 @@ class MlflowRegistry:
 
     async def create_registered_model(self, name: str, description: str) -> bool:
         """Create it (the service gets MANAGE, users keep the default); False if the name exists."""
-        code, data = await self.call("POST", "/api/2.0/mlflow/registered-models/create",
-                                     body={"name": name, "description": description})
+        code, data = await self.call(
+            "POST", "/api/2.0/mlflow/registered-models/create", body={"name": name, "description": description}
+        )
         if code == 200:
             return True
         if data.get("error_code") == "RESOURCE_ALREADY_EXISTS":
             return False
         raise self.refused(f"create registered model {name}", code, data)
 
-    async def create_version(self, name: str, source: str, run_id: str, model_id: str | None, tags: dict,
-                             description: str) -> int:
-        body = {"name": name, "source": source, "run_id": run_id, "description": description,
-                "tags": [{"key": k, "value": v} for k, v in tags.items()]}
+    async def create_version(
+        self, name: str, source: str, run_id: str, model_id: str | None, tags: dict, description: str
+    ) -> int:
+        body = {
+            "name": name,
+            "source": source,
+            "run_id": run_id,
+            "description": description,
+            "tags": [{"key": k, "value": v} for k, v in tags.items()],
+        }
         if model_id:
             body["model_id"] = model_id
-        data = await self._ok(f"create a version of {name}", "POST", "/api/2.0/mlflow/model-versions/create",
-                              body=body)
+        data = await self._ok(f"create a version of {name}", "POST", "/api/2.0/mlflow/model-versions/create", body=body)
         return int(data["model_version"]["version"])
 
     async def set_version_tags(self, name: str, version: int, tags: dict) -> None:
         for key, value in tags.items():
-            await self._ok(f"tag {name} version {version}", "POST", "/api/2.0/mlflow/model-versions/set-tag",
-                           body={"name": name, "version": str(version), "key": key, "value": value})
+            await self._ok(
+                f"tag {name} version {version}",
+                "POST",
+                "/api/2.0/mlflow/model-versions/set-tag",
+                body={"name": name, "version": str(version), "key": key, "value": value},
+            )
 
     async def set_alias(self, name: str, alias: str, version: int) -> None:
-        await self._ok(f"set alias {alias} of {name}", "POST", "/api/2.0/mlflow/registered-models/alias",
-                       body={"name": name, "alias": alias, "version": str(version)})
+        await self._ok(
+            f"set alias {alias} of {name}",
+            "POST",
+            "/api/2.0/mlflow/registered-models/alias",
+            body={"name": name, "alias": alias, "version": str(version)},
+        )
 
     async def delete_alias(self, name: str, alias: str) -> None:
-        code, data = await self.call("DELETE", "/api/2.0/mlflow/registered-models/alias",
-                                     body={"name": name, "alias": alias})
+        code, data = await self.call(
+            "DELETE", "/api/2.0/mlflow/registered-models/alias", body={"name": name, "alias": alias}
+        )
         if code != 200 and data.get("error_code") not in MISSING:
             raise self.refused(f"delete alias {alias} of {name}", code, data)
 
     async def grant_read(self, username: str, name: str) -> bool:
         """Give ``username`` READ on the registered model (what their evaluation job needs to load a version
         under ``default_permission: NO_PERMISSIONS``); False if this MLflow cannot."""
-        code, data = await self.call("POST", "/api/3.0/mlflow/users/permissions/grant", body={
-            "username": username, "resource_type": "registered_model", "resource_id": name, "permission": "READ"})
+        code, data = await self.call(
+            "POST",
+            "/api/3.0/mlflow/users/permissions/grant",
+            body={"username": username, "resource_type": "registered_model", "resource_id": name, "permission": "READ"},
+        )
         return code == 200 or data.get("error_code") == "RESOURCE_ALREADY_EXISTS"  # their earlier version's

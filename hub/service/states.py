@@ -19,8 +19,16 @@ __all__ = ["ACTIVE", "FINAL", "Ending", "JobState", "Next", "TRANSITIONS", "next
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.queued: frozenset({JobState.running, JobState.cancelled}),
-    JobState.running: frozenset({JobState.succeeded, JobState.failed, JobState.cancelled, JobState.queued,
-                                 JobState.preempted, JobState.timed_out}),
+    JobState.running: frozenset(
+        {
+            JobState.succeeded,
+            JobState.failed,
+            JobState.cancelled,
+            JobState.queued,
+            JobState.preempted,
+            JobState.timed_out,
+        }
+    ),
     JobState.preempted: frozenset({JobState.queued, JobState.cancelled, JobState.succeeded}),
     JobState.succeeded: frozenset(),
     JobState.failed: frozenset(),
@@ -62,8 +70,17 @@ class Next:
     retry_number: int = 0
 
 
-def next_state(job_state: str | JobState, ending: Ending, *, stopping: str | None, preempt_reason: str,
-               retries: int, failures_before: int, limit_seconds: float, backoff_seconds: float) -> Next:
+def next_state(
+    job_state: str | JobState,
+    ending: Ending,
+    *,
+    stopping: str | None,
+    preempt_reason: str,
+    retries: int,
+    failures_before: int,
+    limit_seconds: float,
+    backoff_seconds: float,
+) -> Next:
     """Decide what follows an attempt of a running or preempted job (a pure function).
 
     ``stopping`` is why the service was stopping the attempt (cancelled, preempted, timed_out),

@@ -70,8 +70,11 @@ def _warm_up(kernel_name: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m danlu.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("--warm", metavar="KERNEL", help="start a kernel first, then wait for a launch message")
-    parser.add_argument("--kubernetes", action="store_true",
-                        help="in a job pod: the launch comes from the environment, the log goes to the pod's log")
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="in a job pod: the launch comes from the environment, the log goes to the pod's log",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     for noisy in ("urllib3", "mlflow", "alembic"):

@@ -112,9 +112,12 @@ class JobRunner:
     def prepare(self) -> None:
         spec = self.spec
         devices = spec.get("devices") or []
-        print(f"danlu: job {spec['job_id']} attempt {spec['attempt']}: profile {spec['profile']}, "
-              f"{spec['nproc']} process(es), GPUs {','.join(map(str, devices)) or 'none'}", file=sys.stderr,
-              flush=True)
+        print(
+            f"danlu: job {spec['job_id']} attempt {spec['attempt']}: profile {spec['profile']}, "
+            f"{spec['nproc']} process(es), GPUs {','.join(map(str, devices)) or 'none'}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         inputs = self._digest_datasets()  # a missing dataset fails the job, with its name
@@ -122,8 +125,10 @@ class JobRunner:
         self.tracking = Tracking(spec, self.jd, spec["attempt"], inputs)
         self.tracking.start(on_run=self._report_tracking)
         # the kernels get the runner API too: danlu.dataset() asks it for catalog versions
-        self.env = {**job_env(self.jd, spec, self.tracking.run_id, self.tracking.experiment_id),
-                    **self.link.kernel_env()}
+        self.env = {
+            **job_env(self.jd, spec, self.tracking.run_id, self.tracking.experiment_id),
+            **self.link.kernel_env(),
+        }
 
     def _report_tracking(self) -> None:
         self.link.report({"event": "tracking", **self.tracking.health()}, patience=30)
@@ -173,15 +178,26 @@ class JobRunner:
         self.stop_kernel()
         if self.upload_outputs:
             self._upload_outputs()
-        self.link.report({"event": "finished", "state": self.state, "reason": self.reason[:2000],
-                          "exit_code": self.exit_code, "infrastructure": self.infrastructure, "tracking": tracking})
+        self.link.report(
+            {
+                "event": "finished",
+                "state": self.state,
+                "reason": self.reason[:2000],
+                "exit_code": self.exit_code,
+                "infrastructure": self.infrastructure,
+                "tracking": tracking,
+            }
+        )
 
     def _upload_outputs(self) -> None:
         outputs = [(0, self.jd.output_notebook)]
         ranks = self.jd.path / "ranks"
         if ranks.is_dir():
-            outputs += [(int(p.stem.rpartition("-")[2]), p) for p in sorted(ranks.glob("rank-*.ipynb"))
-                        if p.stem.rpartition("-")[2].isdigit()]
+            outputs += [
+                (int(p.stem.rpartition("-")[2]), p)
+                for p in sorted(ranks.glob("rank-*.ipynb"))
+                if p.stem.rpartition("-")[2].isdigit()
+            ]
         for rank, path in outputs:
             if path.is_file() and not path.is_symlink() and path.stat().st_size <= MAX_OUTPUT:
                 self.link.upload_output(rank, path.read_bytes())
@@ -194,14 +210,22 @@ class JobRunner:
                 if ds.get("pinned_from"):  # a reproduction: the path must hold what the job it re-runs read
                     digest = self._verify_pinned(ds)
                 elif ds.get("digest"):  # a catalog version: the files must still be what was registered
-                    digest = digests.verify(ds["path"], ds["name"], ds["digest"], ds.get("manifest") or [],
-                                             cache_file=digests.default_cache())
+                    digest = digests.verify(
+                        ds["path"],
+                        ds["name"],
+                        ds["digest"],
+                        ds.get("manifest") or [],
+                        cache_file=digests.default_cache(),
+                    )
                 else:
                     digest = digests.digest(ds["path"], name=ds["name"], cache_file=digests.default_cache())
             except FileNotFoundError:
                 raise FileNotFoundError(f"dataset {ds['name']} is gone (it was at {ds['path']})") from None
-            print(f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"danlu: dataset {ds['name']} sha256 {digest.digest[:16]}… ({digest.files} files)",
+                file=sys.stderr,
+                flush=True,
+            )
             found.append((digest, ds.get("context") or digests.TRAINING))
         return found
 
@@ -213,7 +237,8 @@ class JobRunner:
             raise digests.DatasetChanged(
                 f"dataset {ds['name']} changed since job {ds['pinned_from']} read it: "
                 f"{', '.join(what) or 'its digest differs'}; restore it, or submit the notebook with the data as "
-                "it is now")
+                "it is now"
+            )
         return found
 
     # provenance: what only the job knows ----------------------------------------------------------
@@ -228,8 +253,11 @@ class JobRunner:
                 continue  # a catalog version, or a pin: the service has its digest
             item = {"name": str(ds["name"])[:4096], "digest": found.digest}
             try:
-                manifest = digests.scan(ds["path"], ds["name"], cache_file=digests.default_cache())[1] \
-                    if found.files <= MAX_MANIFEST_FILES else []
+                manifest = (
+                    digests.scan(ds["path"], ds["name"], cache_file=digests.default_cache())[1]
+                    if found.files <= MAX_MANIFEST_FILES
+                    else []
+                )
             except OSError:
                 manifest = []
             size = len(json.dumps(manifest))
@@ -250,8 +278,12 @@ class JobRunner:
         if source.get("git_dirty") is not None or not source.get("git_commit") or not self.spec.get("cwd"):
             return None
         try:
-            out = subprocess.run(["git", "-C", str(self.spec["cwd"]), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["git", "-C", str(self.spec["cwd"]), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return bool(out.stdout.strip()) if out.returncode == 0 else None

@@ -29,9 +29,14 @@ class KernelRunner(JobRunner):
             self.km = start_kernel(spec["kernel_name"], cwd=spec["cwd"], env=self.env)
         prime(self.km, self.env, spec["cwd"])
         execute_notebook(
-            self.km, str(self.jd.input_notebook), str(self.jd.output_notebook),
-            parameters=spec["parameters"], kernel_name=spec["kernel_name"],
-            log_output=True, progress_bar=False, request_save_on_cell_execute=True,
+            self.km,
+            str(self.jd.input_notebook),
+            str(self.jd.output_notebook),
+            parameters=spec["parameters"],
+            kernel_name=spec["kernel_name"],
+            log_output=True,
+            progress_bar=False,
+            request_save_on_cell_execute=True,
             execution_timeout=spec.get("cell_timeout_seconds"),
         )
 
@@ -46,18 +51,33 @@ class TorchrunRunner(JobRunner):
         try:
             import torch.distributed.run  # deferred: optional, and torch takes ~2 s to import  # noqa: F401
         except ImportError:
-            raise RuntimeError(f"--nproc {spec['nproc']} needs PyTorch (torchrun) in the workbench environment") \
-                from None
+            raise RuntimeError(
+                f"--nproc {spec['nproc']} needs PyTorch (torchrun) in the workbench environment"
+            ) from None
         (self.jd.path / "ranks").mkdir(exist_ok=True)
         # the ranks read the spec here (the job's own file: the service never reads it)
-        write_json_atomic(self.jd.spec_file, {**{k: v for k, v in spec.items() if k != "notebook"},
-                                              "tracking": {"run_id": self.tracking.run_id if self.tracking else None}})
+        write_json_atomic(
+            self.jd.spec_file,
+            {
+                **{k: v for k, v in spec.items() if k != "notebook"},
+                "tracking": {"run_id": self.tracking.run_id if self.tracking else None},
+            },
+        )
         nodes = int(spec.get("nnodes") or 1)
         # one node: a rendezvous of its own; more (a TrainJob's pods): torchrun reads the node's rank and its
         # master from the PET_* variables the Trainer sets in each pod
         where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}"]
-        cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={spec['nproc']}",
-               "--max-restarts=0", "--module", "danlu.runner.rank", str(self.jd.path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *where,
+            f"--nproc-per-node={spec['nproc']}",
+            "--max-restarts=0",
+            "--module",
+            "danlu.runner.rank",
+            str(self.jd.path),
+        ]
         env = {**os.environ, **self.env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.proc = subprocess.Popen(cmd, cwd=spec["cwd"], env=env, stdin=subprocess.DEVNULL)
         try:
@@ -107,15 +127,22 @@ class NodeRunner(TorchrunRunner):
     """
 
     def prepare(self) -> None:
-        print(f"danlu: job {self.spec['job_id']} attempt {self.spec['attempt']}: node {node_rank()} of "
-              f"{self.spec['nnodes']}, {self.spec['nproc']} process(es)", file=sys.stderr, flush=True)
+        print(
+            f"danlu: job {self.spec['job_id']} attempt {self.spec['attempt']}: node {node_rank()} of "
+            f"{self.spec['nnodes']}, {self.spec['nproc']} process(es)",
+            file=sys.stderr,
+            flush=True,
+        )
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.env = job_env(self.jd, self.spec, None)
 
     def finish(self) -> None:
         self.stop_kernel()
-        print(f"danlu: node {node_rank()} {self.state}" + (f": {self.reason}" if self.reason else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"danlu: node {node_rank()} {self.state}" + (f": {self.reason}" if self.reason else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         if self.upload_outputs:
             self._upload_outputs()
 

@@ -70,8 +70,9 @@ def execute_notebook(km, input_path: str, output_path: str, **kwargs):
     import papermill  # deferred: papermill takes ~2 s to import; a torchrun job's runner executes no notebook
 
     _register_engine()
-    return papermill.execute_notebook(input_path, output_path, km=km, kc=_ready_client(km),
-                                      engine_name=READY_ENGINE, **kwargs)
+    return papermill.execute_notebook(
+        input_path, output_path, km=km, kc=_ready_client(km), engine_name=READY_ENGINE, **kwargs
+    )
 
 
 READY_ENGINE = "danlu-ready-client"
@@ -91,14 +92,32 @@ def _register_engine() -> None:
 
     class ReadyClientEngine(NBClientEngine):
         @classmethod
-        def execute_managed_notebook(cls, nb_man, kernel_name, log_output=False, stdout_file=None,
-                                     stderr_file=None, start_timeout=60, execution_timeout=None, kc=None,
-                                     **kwargs):
+        def execute_managed_notebook(
+            cls,
+            nb_man,
+            kernel_name,
+            log_output=False,
+            stdout_file=None,
+            stderr_file=None,
+            start_timeout=60,
+            execution_timeout=None,
+            kc=None,
+            **kwargs,
+        ):
             # as NBClientEngine.execute_managed_notebook passes its arguments to the client
             kwargs = {k: v for k, v in kwargs.items() if k not in ("input_path", "timeout", "startup_timeout")}
-            return ReadyNotebookClient(nb_man, kc=kc, timeout=execution_timeout, startup_timeout=start_timeout,
-                                       kernel_name=kernel_name, log=logger, log_output=log_output,
-                                       stdout_file=stdout_file, stderr_file=stderr_file, **kwargs).execute()
+            return ReadyNotebookClient(
+                nb_man,
+                kc=kc,
+                timeout=execution_timeout,
+                startup_timeout=start_timeout,
+                kernel_name=kernel_name,
+                log=logger,
+                log_output=log_output,
+                stdout_file=stdout_file,
+                stderr_file=stderr_file,
+                **kwargs,
+            ).execute()
 
     papermill_engines.register(READY_ENGINE, ReadyClientEngine)
 
@@ -150,6 +169,7 @@ def exit_marker(km) -> str | None:
 
 def begin_stop(km, now: bool = False) -> None:
     """Ask the kernel to shut down (or kill it, with ``now``), without waiting for it to be gone."""
+
     async def begin():
         if not await km.is_alive():
             return
@@ -189,6 +209,7 @@ def _running(km) -> bool:
 def end_stop(km) -> None:
     """After :func:`begin_stop`: wait until the kernel is gone (killing it after jupyter_client's shutdown wait),
     then remove its connection file and sockets."""
+
     async def end():
         if km.has_kernel:
             await km.finish_shutdown()
@@ -238,8 +259,13 @@ def prime(km, env: dict, cwd: str) -> None:
             # no wait_for_ready: the kernel answered when it was started, and that call ends by waiting 0.2 s
             # for IOPub to fall quiet, which only matters for output (this code's is dropped); the reply comes
             # on the shell channel, which queues the request until the kernel reads it
-            reply = await kc.execute_interactive(prime_code(env, cwd, exit_marker(km)), silent=True,
-                                                 store_history=False, timeout=120, output_hook=lambda msg: None)
+            reply = await kc.execute_interactive(
+                prime_code(env, cwd, exit_marker(km)),
+                silent=True,
+                store_history=False,
+                timeout=120,
+                output_hook=lambda msg: None,
+            )
         finally:
             if own:
                 kc.stop_channels()
@@ -257,14 +283,16 @@ def job_env(jd: JobDir, spec: dict, run_id: str | None, experiment_id: str | Non
     out = {k: str(v) for k, v in (spec.get("env") or {}).items()}
     out.update({k: str(v) for k, v in (spec.get("mlflow_env") or {}).items()})
     devices = spec.get("devices") or []
-    out.update({
-        names.JOB_ID: spec["job_id"],
-        names.JOB_DIR: str(jd.path),
-        names.CHECKPOINT_DIR: str(jd.checkpoint_dir),
-        # exclusive devices: a job that asked for no GPU sees none
-        "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # the ledger's indices are nvidia-smi's (PCI) order
-    })
+    out.update(
+        {
+            names.JOB_ID: spec["job_id"],
+            names.JOB_DIR: str(jd.path),
+            names.CHECKPOINT_DIR: str(jd.checkpoint_dir),
+            # exclusive devices: a job that asked for no GPU sees none
+            "CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in devices),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # the ledger's indices are nvidia-smi's (PCI) order
+        }
+    )
     if run_id:
         out["MLFLOW_RUN_ID"] = run_id
     if experiment_id:

@@ -36,8 +36,9 @@ class LaunchMessage:
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError("the launch message is not an object")
-        return cls(str(data["job_id"]), int(data["attempt"]), str(data["api"]), str(data["token"]),
-                   str(data["job_dir"]))
+        return cls(
+            str(data["job_id"]), int(data["attempt"]), str(data["api"]), str(data["token"]), str(data["job_dir"])
+        )
 
 
 def launch_from_env(environ=None) -> LaunchMessage:
@@ -47,8 +48,13 @@ def launch_from_env(environ=None) -> LaunchMessage:
     missing = [v for v in (env.JOB_ID, env.ATTEMPT, env.RUNNER_API, env.JOB_TOKEN, env.JOB_DIR) if not environ.get(v)]
     if missing:
         raise ValueError(f"the pod's environment lacks {', '.join(missing)}")
-    return LaunchMessage(environ[env.JOB_ID], int(environ[env.ATTEMPT]), environ[env.RUNNER_API],
-                         environ[env.JOB_TOKEN], environ[env.JOB_DIR])
+    return LaunchMessage(
+        environ[env.JOB_ID],
+        int(environ[env.ATTEMPT]),
+        environ[env.RUNNER_API],
+        environ[env.JOB_TOKEN],
+        environ[env.JOB_DIR],
+    )
 
 
 def read_launch(stream=None) -> LaunchMessage | None:
@@ -64,8 +70,7 @@ class ServiceLink:
 
     def __init__(self, launch: LaunchMessage, timeout: float = 30.0):
         self.launch = launch
-        self.client = DanluClient(api=launch.api, token=launch.token, timeout=timeout, scheme="Bearer",
-                                  url=launch.api)
+        self.client = DanluClient(api=launch.api, token=launch.token, timeout=timeout, scheme="Bearer", url=launch.api)
         self.base = f"/runner/jobs/{launch.job_id}/attempts/{launch.attempt}"
 
     def _retrying(self, method: str, path: str, *, patience: float, **kwargs):
@@ -105,8 +110,7 @@ class ServiceLink:
             self._retrying("PUT", f"/outputs/{rank}", data=data, patience=patience, timeout=120)
             return True
         except DanluError as e:
-            print(f"danlu: could not hand rank {rank}'s notebook to the jobs service: {e}", file=sys.stderr,
-                  flush=True)
+            print(f"danlu: could not hand rank {rank}'s notebook to the jobs service: {e}", file=sys.stderr, flush=True)
             return False
 
     def report(self, event: dict, patience: float = 600.0) -> bool:
@@ -115,6 +119,5 @@ class ServiceLink:
             self._retrying("POST", "/events", json=event, patience=patience)
             return True
         except DanluError as e:
-            print(f"danlu: could not report {event.get('event')} to the jobs service: {e}", file=sys.stderr,
-                  flush=True)
+            print(f"danlu: could not report {event.get('event')} to the jobs service: {e}", file=sys.stderr, flush=True)
             return False

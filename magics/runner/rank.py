@@ -58,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         km = start_kernel(spec["kernel_name"], cwd=spec["cwd"], env=env)
         prime(km, env, spec["cwd"])
         execute_notebook(
-            km, str(jd.input_notebook), str(jd.rank_notebook(rank)), parameters=spec["parameters"],
-            kernel_name=spec["kernel_name"], log_output=True, progress_bar=False,
-            request_save_on_cell_execute=True, execution_timeout=spec.get("cell_timeout_seconds"),
+            km,
+            str(jd.input_notebook),
+            str(jd.rank_notebook(rank)),
+            parameters=spec["parameters"],
+            kernel_name=spec["kernel_name"],
+            log_output=True,
+            progress_bar=False,
+            request_save_on_cell_execute=True,
+            execution_timeout=spec.get("cell_timeout_seconds"),
         )
         write_json_atomic(status_file, {"state": "succeeded", "reason": ""})
         return 0

@@ -46,8 +46,9 @@ class Tracking:
         self.on_run: Callable[[], None] = lambda: None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.forwarder = MetricForwarder(None, None, jd.logdirs_file, [jd.tensorboard_dir / "rank-0"],
-                                         final_timeout=final_timeout)
+        self.forwarder = MetricForwarder(
+            None, None, jd.logdirs_file, [jd.tensorboard_dir / "rank-0"], final_timeout=final_timeout
+        )
 
     def note(self, text: str) -> None:
         if len(self.notes) < MAX_NOTES:
@@ -72,8 +73,10 @@ class Tracking:
             if _refused(e):
                 self.note(f"MLflow refused the run: {_short(e)}")
                 return
-            self.note(f"MLflow did not answer at the start ({_short(e)}); the run is created when it does, "
-                      f"metrics wait in {self.jd.tensorboard_dir}")
+            self.note(
+                f"MLflow did not answer at the start ({_short(e)}); the run is created when it does, "
+                f"metrics wait in {self.jd.tensorboard_dir}"
+            )
             self._thread = threading.Thread(target=self._keep_trying, name="danlu-mlflow-connect", daemon=True)
             self._thread.start()
 
@@ -120,11 +123,17 @@ class Tracking:
         spec = self.spec
         source = spec.get("source") or {}
         run_tags = {
-            tags.RUN_NAME: spec["name"], tags.MLFLOW_USER: spec["owner"], tags.SOURCE_TYPE: "NOTEBOOK",
+            tags.RUN_NAME: spec["name"],
+            tags.MLFLOW_USER: spec["owner"],
+            tags.SOURCE_TYPE: "NOTEBOOK",
             tags.SOURCE_NAME: source.get("notebook_path") or "",
-            tags.JOB_ID: spec["job_id"], tags.USER: spec["owner"], tags.PROFILE: spec["profile"],
-            tags.QUEUE: spec.get("queue", "default"), tags.NOTEBOOK_PATH: source.get("notebook_path") or "",
-            tags.CELL_ID: source.get("cell_id") or "", tags.CELL_SHA256: spec.get("cell_sha256", ""),
+            tags.JOB_ID: spec["job_id"],
+            tags.USER: spec["owner"],
+            tags.PROFILE: spec["profile"],
+            tags.QUEUE: spec.get("queue", "default"),
+            tags.NOTEBOOK_PATH: source.get("notebook_path") or "",
+            tags.CELL_ID: source.get("cell_id") or "",
+            tags.CELL_SHA256: spec.get("cell_sha256", ""),
             tags.INCLUDED_CELLS: ",".join(source.get("included_cells", [])),
         }
         if source.get("git_commit"):
@@ -135,8 +144,13 @@ class Tracking:
         run = client.create_run(experiment_id, run_name=spec["name"], tags={k: v for k, v in run_tags.items() if v})
         run_id = run.info.run_id
         params = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in spec["parameters"].items()}
-        params.update({"resources.nproc": str(spec["nproc"]), "resources.gpus": str(spec.get("gpus", 0)),
-                       "profile": spec["profile"]})
+        params.update(
+            {
+                "resources.nproc": str(spec["nproc"]),
+                "resources.gpus": str(spec.get("gpus", 0)),
+                "profile": spec["profile"],
+            }
+        )
         client.log_batch(run_id, params=[Param(k[:250], v[:6000]) for k, v in params.items()], synchronous=True)
         for digest, context in self.digests:
             datasets.log_to_mlflow(client, run_id, digest, context=context)
@@ -164,8 +178,9 @@ class Tracking:
                 self.note("the job has no MLflow run: MLflow did not answer while it ran")
             return
         self._log_artifacts()
-        status = {"succeeded": "FINISHED", "cancelled": "KILLED", "preempted": "KILLED",
-                  "timed_out": "KILLED"}.get(state, "FAILED")
+        status = {"succeeded": "FINISHED", "cancelled": "KILLED", "preempted": "KILLED", "timed_out": "KILLED"}.get(
+            state, "FAILED"
+        )
         deadline = time.monotonic() + self.final_timeout
         while True:
             try:
@@ -201,8 +216,13 @@ class Tracking:
 
     def health(self) -> dict:
         """What the service records about this job's tracking."""
-        out = {"run_id": self.run_id, "experiment_id": self.experiment_id, "points_sent": 0, "points_dropped": 0,
-               "notes": list(self.notes)}
+        out = {
+            "run_id": self.run_id,
+            "experiment_id": self.experiment_id,
+            "points_sent": 0,
+            "points_dropped": 0,
+            "notes": list(self.notes),
+        }
         if self.configured:
             fwd = self.forwarder.health()
             out["points_sent"] = int(fwd.get("points_sent", 0))

@@ -81,7 +81,7 @@ class ScalarEncoder:
         tid = len(self._templates) - 1
         if tid >= len(self._layout_of):
             grown = np.full((max(16, 2 * len(self._layout_of)), 11, 2), -1, dtype=np.int64)
-            grown[:len(self._layout_of)] = self._layout_of
+            grown[: len(self._layout_of)] = self._layout_of
             self._layout_of = grown
         self.tag_ids[tag] = tid  # last: the fast path may use it from now on
         return tid
@@ -95,13 +95,13 @@ class ScalarEncoder:
         if len(row) > self._rows.shape[1] or layout == len(self._rows):  # grown by doubling: a tag per step
             count = max(16, 2 * len(self._rows)) if layout == len(self._rows) else len(self._rows)  # stays cheap
             grown = np.zeros((count, max(len(row), self._rows.shape[1])), dtype=np.uint8)
-            grown[:len(self._rows), :self._rows.shape[1]] = self._rows
+            grown[: len(self._rows), : self._rows.shape[1]] = self._rows
             self._rows = grown
             more = count - len(self._length_arr)
             self._length_arr = np.concatenate([self._length_arr, np.zeros(more, dtype=np.int64)])
             self._register_arr = np.concatenate([self._register_arr, np.zeros(more, dtype=np.uint32)])
-        self._rows[layout, :len(row)] = np.frombuffer(row, dtype=np.uint8)
-        self._rows[layout, len(row):] = 0
+        self._rows[layout, : len(row)] = np.frombuffer(row, dtype=np.uint8)
+        self._rows[layout, len(row) :] = 0
         self._length_arr[layout] = len(row)
         self._register_arr[layout] = crc_register(payload)
         self._layouts = layout + 1
@@ -152,7 +152,7 @@ class ScalarEncoder:
         if all_walls and low == high:  # one prefix length: each byte's distance is the same in every record
             for j in range(8):  # wall time byte j is at payload offset 1 + j
                 d = int(prefix[0]) - 2 - j
-                local ^= share[d * 256:(d + 1) * 256][wall_bytes[:, j]]
+                local ^= share[d * 256 : (d + 1) * 256][wall_bytes[:, j]]
         else:  # a record without a wall time has zeros there, whose share is 0 at any distance
             wall_bytes_in = wall_bytes * has_wall[:, None].astype(np.uint8)
             for j in range(8):
@@ -164,14 +164,14 @@ class ScalarEncoder:
         for j in range(4):
             register ^= share[rest - (j + 1) * 256 + ((local >> np.uint32(8 * j)) & np.uint32(0xFF))]
         for j in range(4):  # value byte j is at distance 3 - j from the end
-            register ^= share[(3 - j) * 256:(4 - j) * 256][value_bytes[:, j]]
+            register ^= share[(3 - j) * 256 : (4 - j) * 256][value_bytes[:, j]]
         crc = mask(register ^ np.uint32(0xFFFFFFFF)).astype("<u4").view(np.uint8).reshape(n, 4)
 
         # The bytes into the rows, then the rows cut to their lengths.
         if all_walls:
             rows[:, 13:21] = wall_bytes
             if low == high and k:
-                rows[:, 22:22 + k] = step_bytes
+                rows[:, 22 : 22 + k] = step_bytes
             elif k:
                 self._put_steps(rows, np.full(n, 22), step_bytes, nbytes)
         else:
@@ -181,13 +181,14 @@ class ScalarEncoder:
                 self._put_steps(rows, 13 + 9 * has_wall, step_bytes, nbytes)
         tail = np.concatenate([value_bytes, crc], axis=1)
         if int(lengths.min()) == width:
-            rows[:, width - 8:] = tail
+            rows[:, width - 8 :] = tail
             return rows.tobytes()
         rows[np.arange(n)[:, None], (lengths - 8)[:, None] + np.arange(8)] = tail
         return rows[np.arange(width) < lengths[:, None]].tobytes()
 
-    def _encode_common(self, tids: np.ndarray, values: np.ndarray, unsigned: np.ndarray, walls: np.ndarray,
-                       k: int) -> bytes:
+    def _encode_common(
+        self, tids: np.ndarray, values: np.ndarray, unsigned: np.ndarray, walls: np.ndarray, k: int
+    ) -> bytes:
         """:meth:`encode` for the usual batch: every record with a wall time, every step k <= 8 bytes long.
 
         Each record is its layout's row with the wall time, step, value and
@@ -220,7 +221,7 @@ class ScalarEncoder:
             step_words |= np.uint64(_CONTINUED[k])
             step_words = step_words.astype("<u8", copy=False)
             step_bytes = step_words.view(np.uint8).reshape(n, 8)[:, :k]
-            rows[:, 22:22 + k] = step_bytes
+            rows[:, 22 : 22 + k] = step_bytes
         with np.errstate(over="ignore", invalid="ignore"):  # out of float32's range: infinity, as protobuf
             value = values.astype("<f4")
         value_words = value.view("<u4")
@@ -279,7 +280,7 @@ def _shares(words: np.ndarray, data: np.ndarray, first: int):
     for j in range(data.shape[1]):
         d = first - j
         if (varies >> (8 * j)) & 0xFF:
-            out = out ^ share[d * 256:(d + 1) * 256].take(data[:, j])
+            out = out ^ share[d * 256 : (d + 1) * 256].take(data[:, j])
         else:
             out = out ^ share[d * 256 + ((same >> (8 * j)) & 0xFF)]
     return out

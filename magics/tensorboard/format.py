@@ -97,9 +97,13 @@ def masked_crc32c(data: bytes) -> int:
     first = [(DEPTH - 1 - j) * 256 for j in range(4)]
     share = t.share
     for chunk_share in shares.tolist():
-        state = (int(share[first[0] + (state & 0xFF)]) ^ int(share[first[1] + ((state >> 8) & 0xFF)])
-                 ^ int(share[first[2] + ((state >> 16) & 0xFF)]) ^ int(share[first[3] + (state >> 24)])
-                 ^ chunk_share)
+        state = (
+            int(share[first[0] + (state & 0xFF)])
+            ^ int(share[first[1] + ((state >> 8) & 0xFF)])
+            ^ int(share[first[2] + ((state >> 16) & 0xFF)])
+            ^ int(share[first[3] + (state >> 24)])
+            ^ chunk_share
+        )
     return mask(state ^ 0xFFFFFFFF)
 
 
@@ -110,7 +114,7 @@ def _distances(n: int) -> np.ndarray:
     """``(n - 1 - i) * 256`` for i < n: the table offsets of a message's bytes."""
     d = _distance_cache.get(n)
     if d is None:
-        d = _distance_cache[n] = (np.arange(n - 1, -1, -1, dtype=np.int64) * 256)
+        d = _distance_cache[n] = np.arange(n - 1, -1, -1, dtype=np.int64) * 256
     return d
 
 
@@ -155,5 +159,6 @@ def crc_register(data: bytes) -> int:
 
 def frame(payload: bytes) -> bytes:
     """One TFRecord: length, its checksum, the payload, its checksum."""
-    return struct.pack("<QI", len(payload), header_crc(len(payload))) + payload + struct.pack(
-        "<I", masked_crc32c(payload))
+    return (
+        struct.pack("<QI", len(payload), header_crc(len(payload))) + payload + struct.pack("<I", masked_crc32c(payload))
+    )

@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from danlu.errors import Conflict
+from danlu.tensorboard import notes
 from danlu.tensorboard.names import metric_key
 from danlu.tensorboard.reader import READ_CHUNK, EventFile, LogDirs
 
@@ -67,6 +68,7 @@ _MS_LIMIT = float(2**63)  # wall times in ms must be below this to fit MLflow's 
 
 # errors --------------------------------------------------------------------------------------------
 
+
 class RunNotActive(Conflict):
     """MLflow refused points and the run is deleted or cannot be read: the points wait instead of being dropped."""
 
@@ -80,23 +82,6 @@ def _refused(error: BaseException) -> bool:
     return isinstance(error, MlflowException) and error.get_http_status_code() == 400
 
 
-def _describe(error: BaseException, limit: int = 200) -> str:
-    return _clip(" ".join(str(error).split()) or type(error).__name__, limit)
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _quoted(name: str, limit: int = 60) -> str:
-    """A name for a note: its start and its end (where a hash suffix is) when it is long."""
-    return repr(name if len(name) <= limit else f"{name[:limit - 15]}...{name[-12:]}")
-
-
-def _count(n: int, unit: str) -> str:
-    return f"1 {unit}" if n == 1 else f"{n} {unit}s"
-
-
 class MetricForwarder:
     """Sends the scalars of a job's TensorBoard event files to its MLflow run, from a background thread.
 
@@ -107,9 +92,17 @@ class MetricForwarder:
     retries. See the module docstring for what is sent, changed or dropped.
     """
 
-    def __init__(self, client=None, run_id: str | None = None, logdirs_file: Path | None = None,
-                 default_dirs=(), interval: float = 2.0, *, max_pending: int = 1_000_000,
-                 final_timeout: float = 60.0):
+    def __init__(
+        self,
+        client=None,
+        run_id: str | None = None,
+        logdirs_file: Path | None = None,
+        default_dirs=(),
+        interval: float = 2.0,
+        *,
+        max_pending: int = 1_000_000,
+        final_timeout: float = 60.0,
+    ):
         if (client is None) != (run_id is None):
             raise ValueError("client and run_id are given together, or both left None until attach()")
         if max_pending < 1 or interval <= 0 or final_timeout < 0:
@@ -153,12 +146,17 @@ class MetricForwarder:
     def health(self) -> dict:
         """The run, the points sent, dropped and pending, short notes, and the error that keeps points pending."""
         with self._lock:
-            notes = [_render(*note) for note in self._notes.values()]
+            notes = [notes.render(*note) for note in self._notes.values()]
             if self._notes_left_out:
                 notes.append("more notes left out (see the runner log)")
-            return {"run_id": self.run_id, "points_sent": self._sent, "points_dropped": self._dropped,
-                    "points_pending": len(self._pending) + self._in_flight, "notes": notes,
-                    "last_error": self._last_error}
+            return {
+                "run_id": self.run_id,
+                "points_sent": self._sent,
+                "points_dropped": self._dropped,
+                "points_pending": len(self._pending) + self._in_flight,
+                "notes": notes,
+                "last_error": self._last_error,
+            }
 
     def attach(self, client, run_id: str) -> None:
         """Start sending to ``run_id`` (for a forwarder created before the run existed)."""
@@ -217,8 +215,11 @@ class MetricForwarder:
         with self._lock:
             if self._thread.is_alive() and not self._abandoned:
                 self._abandoned = True
-                self._give_up(f"the job's stop left {limit:g} s" if self._deadline >= self._limit_at
-                              else f"MLflow did not answer within the final {self.final_timeout:g} s")
+                self._give_up(
+                    f"the job's stop left {limit:g} s"
+                    if self._deadline >= self._limit_at
+                    else f"MLflow did not answer within the final {self.final_timeout:g} s"
+                )
             return self._sent
 
     # the thread ---------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ class MetricForwarder:
                 failures += 1
                 delay = min(self.interval * 2 ** min(failures, 16), MAX_BACKOFF)
                 retry_at = time.monotonic() + delay
-                log.warning("metrics not sent (attempt %d), retrying in %.0f s: %s", failures, delay, _describe(e))
+                log.warning("metrics not sent (attempt %d), retrying in %.0f s: %s", failures, delay, notes.describe(e))
             if self._wake.wait(self.interval):
                 self._wake.clear()
             with self._lock:
@@ -253,7 +254,7 @@ class MetricForwarder:
                         break
             except Exception as e:
                 failures += 1
-                log.warning("final metric flush failed (attempt %d): %s", failures, _describe(e))
+                log.warning("final metric flush failed (attempt %d): %s", failures, notes.describe(e))
             remaining = self._deadline - time.monotonic()
             if remaining <= 0 or self._abandoned or self.client is None:  # no run to wait for
                 break
@@ -265,16 +266,20 @@ class MetricForwarder:
             try:
                 self._drain(send=False)  # count what was never read, too
             except Exception as e:
-                log.warning("reading the last events failed: %s", _describe(e))
+                log.warning("reading the last events failed: %s", notes.describe(e))
         with self._lock:
             if not self._abandoned:
                 if self.client is None:
                     self._give_up("the job had no MLflow run")
                 else:
-                    self._give_up((f"the job's stop left {self._limit_at - self._stop_at:g} s"
-                                   if self._deadline >= self._limit_at else
-                                   f"MLflow accepted none for the final {self.final_timeout:g} s")
-                                  + (f" ({_clip(self._last_error, 100)})" if self._last_error else ""))
+                    self._give_up(
+                        (
+                            f"the job's stop left {self._limit_at - self._stop_at:g} s"
+                            if self._deadline >= self._limit_at
+                            else f"MLflow accepted none for the final {self.final_timeout:g} s"
+                        )
+                        + (f" ({notes.clip(self._last_error, 100)})" if self._last_error else "")
+                    )
 
     def _give_up(self, why: str) -> None:
         """Count every unsent point as dropped (with _lock held)."""
@@ -291,7 +296,7 @@ class MetricForwarder:
                 sent = self._drain(send, final)
         except Exception as e:
             with self._lock:
-                self._last_error = _describe(e)
+                self._last_error = notes.describe(e)
             raise
         return sent
 
@@ -324,7 +329,7 @@ class MetricForwarder:
             events, file_more = file.read(READ_CHUNK)
             more = more or file_more
             if file.skipped or file.problems:
-                name = _quoted(os.path.basename(path))
+                name = notes.quoted(os.path.basename(path))
                 with self._lock:
                     if file.skipped:
                         self._note(("file", path), f"event file {name} skipped: {file.skipped}")
@@ -347,8 +352,12 @@ class MetricForwarder:
                     key = self._key(tag)
                 if not usable:
                     with self._lock:
-                        self._note(("time", key), f" of {_quoted(key)} had no usable wall time "
-                                   f"({wall_time!r}): recorded with the time they were read", 1)
+                        self._note(
+                            ("time", key),
+                            f" of {notes.quoted(key)} had no usable wall time "
+                            f"({wall_time!r}): recorded with the time they were read",
+                            1,
+                        )
                 points.append((key, value, timestamp, step))
         return points
 
@@ -358,7 +367,7 @@ class MetricForwarder:
         key = self._keys[tag] = metric_key(tag)
         if key != tag:
             with self._lock:
-                self._note(("renamed", tag), f"metric name {_quoted(tag)} recorded as {_quoted(key)}")
+                self._note(("renamed", tag), f"metric name {notes.quoted(tag)} recorded as {notes.quoted(key)}")
         return key
 
     def _buffer(self, points: list[tuple]) -> None:
@@ -371,8 +380,9 @@ class MetricForwarder:
                 for _ in range(excess):
                     self._pending.popleft()
                 self._dropped += excess
-                self._note(("full",), f" dropped, the oldest: more than {self.max_pending} points "
-                           "waited for MLflow", excess)
+                self._note(
+                    ("full",), f" dropped, the oldest: more than {self.max_pending} points waited for MLflow", excess
+                )
 
     # sending ------------------------------------------------------------------------------------
     def _send_pending(self, final: bool = False) -> int:
@@ -421,8 +431,9 @@ class MetricForwarder:
                         self._in_flight -= len(part)
                         self._last_error = None
                         if self._stop.is_set():
-                            self._deadline = max(self._deadline,
-                                                 min(time.monotonic() + self.final_timeout, self._limit_at))
+                            self._deadline = max(
+                                self._deadline, min(time.monotonic() + self.final_timeout, self._limit_at)
+                            )
                     sent += len(part)
             except BaseException:
                 with self._lock:
@@ -437,19 +448,22 @@ class MetricForwarder:
         try:
             stage = client.get_run(run_id).info.lifecycle_stage
         except Exception as e:
-            raise RunNotActive(f"run {run_id} refused metrics and could not be read: {_describe(e)}") from error
+            raise RunNotActive(f"run {run_id} refused metrics and could not be read: {notes.describe(e)}") from error
         if stage != "active":
-            raise RunNotActive(f"run {run_id} is {stage}: {_describe(error)}") from error
+            raise RunNotActive(f"run {run_id} is {stage}: {notes.describe(error)}") from error
 
     def _refuse(self, point: tuple, error: BaseException) -> None:
-        reason = _describe(error, 120)
+        reason = notes.describe(error, 120)
         with self._lock:
             if self._abandoned:
                 return
             self._in_flight -= 1
             self._dropped += 1
-            self._note(("refused", point[0], getattr(error, "error_code", "")),
-                       f" of {_quoted(point[0])} dropped: MLflow refused them ({reason})", 1)
+            self._note(
+                ("refused", point[0], getattr(error, "error_code", "")),
+                f" of {notes.quoted(point[0])} dropped: MLflow refused them ({reason})",
+                1,
+            )
 
     # notes --------------------------------------------------------------------------------------
     def _note(self, key: tuple, text: str, count: int | None = None, unit: str = "point") -> None:
@@ -464,10 +478,10 @@ class MetricForwarder:
             return
         if len(self._notes) >= MAX_NOTES - 1:
             self._notes_left_out = True
-            log.info("metric forwarding: %s", _render(count, unit, text))
+            log.info("metric forwarding: %s", notes.render(count, unit, text))
             return
         self._notes[key] = [count, unit, text]
-        log.warning("metric forwarding: %s", _render(count, unit, text))
+        log.warning("metric forwarding: %s", notes.render(count, unit, text))
 
 
 def _lower_priority() -> None:
@@ -479,7 +493,3 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
     except OSError:  # not permitted here: forwarding works the same
         pass
-
-
-def _render(count: int | None, unit: str, text: str) -> str:
-    return text if count is None else _count(count, unit) + text

@@ -47,15 +47,16 @@ def metric_key(tag: str) -> str:
     if len(tag) <= MAX_KEY_LENGTH and _NAME_CHARS.match(tag) and _plain_path(tag):
         return tag
     body = _clean_path(_BAD_CHAR.sub("_", tag))
-    body = _clean_path(body[:MAX_KEY_LENGTH - _SUFFIX_LENGTH]) or "metric"
+    body = _clean_path(body[: MAX_KEY_LENGTH - _SUFFIX_LENGTH]) or "metric"
     digest = hashlib.sha256(tag.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{body}_{digest}"
 
 
 def _plain_path(name: str) -> bool:
     """What MLflow's ``path_not_unique`` lets through: a normalized relative path."""
-    return (bool(name) and not name.startswith(("/", ".."))
-            and all(part not in ("", ".", "..") for part in name.split("/")))
+    return (
+        bool(name) and not name.startswith(("/", "..")) and all(part not in ("", ".", "..") for part in name.split("/"))
+    )
 
 
 def _clean_path(name: str) -> str:

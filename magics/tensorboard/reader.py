@@ -172,7 +172,7 @@ class EventFile:
             pos += size
             event = simple_scalar(data, start, start + length)
             if event is None:
-                event = self._decode(data[start:start + length])
+                event = self._decode(data[start : start + length])
                 if event is None:
                     continue
             checks.append((len(events), start, length, footer(data, pos - _FOOTER.size)[0]))
@@ -206,13 +206,14 @@ class EventFile:
         buf = np.frombuffer(data, dtype=np.uint8)
         short = np.flatnonzero(lengths <= DEPTH)
         # groups of about CHECK_BYTES payload bytes: the pass holds a few int64 per byte
-        bounds = np.searchsorted(np.cumsum(lengths[short]), np.arange(CHECK_BYTES, int(lengths[short].sum()),
-                                                                         CHECK_BYTES))
+        bounds = np.searchsorted(
+            np.cumsum(lengths[short]), np.arange(CHECK_BYTES, int(lengths[short].sum()), CHECK_BYTES)
+        )
         for group in np.split(short, bounds):
             if len(group):
                 crcs[group] = span_crcs(buf, starts[group], lengths[group])
         for i in np.flatnonzero(lengths > DEPTH).tolist():
-            crcs[i] = masked_crc32c(data[starts[i]:starts[i] + lengths[i]])
+            crcs[i] = masked_crc32c(data[starts[i] : starts[i] + lengths[i]])
         return set(index[crcs != stored].tolist())
 
 
@@ -245,6 +246,7 @@ def read_regular(path: Path, limit: int) -> tuple[tuple | None, bytes | None, st
         return ident, b"".join(chunks), None
     finally:
         os.close(fd)
+
 
 class LogDirs:
     """The event files of a job: those in its default log dirs and in the dirs its logdirs file lists.
@@ -295,7 +297,7 @@ class LogDirs:
         if self._registered is not None and self._registered[0] == ident:
             return self._registered[1]
         if len(data) > LOGDIRS_MAX_BYTES:
-            data = data[:data.rfind(b"\n", 0, LOGDIRS_MAX_BYTES + 1) + 1]
+            data = data[: data.rfind(b"\n", 0, LOGDIRS_MAX_BYTES + 1) + 1]
             self.problems[("logdirs", "size")] = f"{self.file.name}: only its first 1 MiB is read"
         dirs, seen = [], set()
         for line in data.splitlines():
@@ -305,8 +307,9 @@ class LogDirs:
             if path in seen:
                 continue
             if len(dirs) == LOGDIRS_MAX_DIRS:
-                self.problems[("logdirs", "count")] = (f"{self.file.name}: only its first {LOGDIRS_MAX_DIRS} "
-                                                       "directories are read")
+                self.problems[("logdirs", "count")] = (
+                    f"{self.file.name}: only its first {LOGDIRS_MAX_DIRS} directories are read"
+                )
                 break
             seen.add(path)
             dirs.append(path)

@@ -94,8 +94,14 @@ class EventFileWriter:
     def __init__(self, logdir, max_queue_size=10, flush_secs=120, filename_suffix=""):
         self._logdir = str(logdir)
         os.makedirs(self._logdir, exist_ok=True)
-        self._file_name = os.path.join(self._logdir, "events.out.tfevents.%010d.%s.%s.%s" % (
-            time.time(), socket.gethostname(), os.getpid(), _uid_counter().get())) + filename_suffix
+        self._file_name = (
+            os.path.join(
+                self._logdir,
+                "events.out.tfevents.%010d.%s.%s.%s"
+                % (time.time(), socket.gethostname(), os.getpid(), _uid_counter().get()),
+            )
+            + filename_suffix
+        )
         self._fd: int | None = os.open(self._file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         # Filled by any thread (list.append is atomic); emptied under _io by taking a prefix (a slice, then del
         # of that slice: appends in between stay), so no lock is taken per scalar. An item is ITEM packed: one
@@ -113,8 +119,13 @@ class EventFileWriter:
         self._closed = False
         self._flush_secs = float(flush_secs)
         self._stop = threading.Event()
-        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
-                                       source_metadata=event_pb2.SourceMetadata(writer=_FILE_VERSION_WRITER)))
+        self.add_event(
+            event_pb2.Event(
+                wall_time=time.time(),
+                file_version="brain.Event:2",
+                source_metadata=event_pb2.SourceMetadata(writer=_FILE_VERSION_WRITER),
+            )
+        )
         self.flush()
         self._thread = threading.Thread(target=self._run, name="danlu-event-writer", daemon=True)
         self._thread.start()
@@ -222,7 +233,7 @@ class EventFileWriter:
             data = encode(self._encoder, items, self._payloads)
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
 
 
 def encode(encoder: ScalarEncoder, items: list[bytes], payloads: dict[int, bytes]) -> bytes:
@@ -257,8 +268,19 @@ def _number(value) -> float | None:
     if torch is not None and isinstance(value, torch.Tensor):
         global _FAST_DTYPES
         if _FAST_DTYPES is None:  # bfloat16 goes through float16 in torch's make_np: left to torch
-            _FAST_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
-                                      torch.int16, torch.int8, torch.uint8, torch.bool})
+            _FAST_DTYPES = frozenset(
+                {
+                    torch.float32,
+                    torch.float64,
+                    torch.float16,
+                    torch.int64,
+                    torch.int32,
+                    torch.int16,
+                    torch.int8,
+                    torch.uint8,
+                    torch.bool,
+                }
+            )
         if value.dtype in _FAST_DTYPES and value.numel() == 1 and value.device.type != "meta":
             return float(value)
     return None
@@ -278,14 +300,18 @@ def activate(writer_module) -> None:
     original = cls.add_scalar
     now, pack = time.time, _pack
 
-    def add_scalar(self, tag, scalar_value, global_step=None, walltime=None, new_style=False,
-                   double_precision=False):
+    def add_scalar(self, tag, scalar_value, global_step=None, walltime=None, new_style=False, double_precision=False):
         # The common call, queued here in the fewest steps: a tag already seen, a float, an int step, no wall time,
         # an open writer (torch sets file_writer and all_writers together: the file_writer is the one
         # _get_file_writer() returns). Every other call, and one that fails here, goes through writer.add_scalar
         # or torch.
-        if (type(tag) is str and type(scalar_value) is float and type(global_step) is int and walltime is None
-                and not (new_style or double_precision)):
+        if (
+            type(tag) is str
+            and type(scalar_value) is float
+            and type(global_step) is int
+            and walltime is None
+            and not (new_style or double_precision)
+        ):
             try:
                 writer = self.file_writer.event_writer
                 item = pack(writer._tags[tag], scalar_value, global_step, now())

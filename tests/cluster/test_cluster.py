@@ -20,15 +20,30 @@ from danlu.hub.k8s import names
 
 pytestmark = pytest.mark.cluster
 PATIENCE = 900.0  # image pulls and node scale-up on a real cluster; nothing here measures time
-NOTEBOOK = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": "print('hello from a pod')"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "c1",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "print('hello from a pod')",
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 
 
 @pytest.fixture(scope="module")
 def cluster():
     if not os.environ.get("KUBECONFIG") or not env.TEST_CLUSTER_URL.get() or not env.TEST_CLUSTER_TOKEN.get():
-        pytest.skip(f"no cluster: set KUBECONFIG, {env.TEST_CLUSTER_URL} and {env.TEST_CLUSTER_TOKEN} "
-                    "(docs/kubernetes.md) to run the cluster tier")
+        pytest.skip(
+            f"no cluster: set KUBECONFIG, {env.TEST_CLUSTER_URL} and {env.TEST_CLUSTER_TOKEN} "
+            "(docs/kubernetes.md) to run the cluster tier"
+        )
     kubernetes = pytest.importorskip("kubernetes")
     try:
         api = kubernetes.config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
@@ -43,11 +58,17 @@ def test_the_engines_danlu_needs_are_installed(cluster):
 
     extensions = kubernetes.client.ApiextensionsV1Api(cluster)
     crds = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
-    assert {"trainjobs.trainer.kubeflow.org", "clustertrainingruntimes.trainer.kubeflow.org",
-            "workloads.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io", "jobsets.jobset.x-k8s.io"} <= crds
+    assert {
+        "trainjobs.trainer.kubeflow.org",
+        "clustertrainingruntimes.trainer.kubeflow.org",
+        "workloads.kueue.x-k8s.io",
+        "localqueues.kueue.x-k8s.io",
+        "jobsets.jobset.x-k8s.io",
+    } <= crds
     custom = kubernetes.client.CustomObjectsApi(cluster)
-    runtime = custom.get_cluster_custom_object("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes",
-                                               names.RUNTIME)
+    runtime = custom.get_cluster_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", names.RUNTIME
+    )
     assert runtime["metadata"]["labels"][names.MANAGED_BY] == names.MANAGER
 
 

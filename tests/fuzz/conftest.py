@@ -105,5 +105,7 @@ def run_one_job(fuzz_workbench):
 def pytest_terminal_summary(terminalreporter, config):
     stats = config.stash.get(_SENT, None)
     if stats and stats["requests"]:
-        terminalreporter.write_line(f"fuzz tier: {stats['requests']} requests to the jobs service, "
-                                    f"{stats['seconds']:.0f}s with its workbench up")
+        terminalreporter.write_line(
+            f"fuzz tier: {stats['requests']} requests to the jobs service, "
+            f"{stats['seconds']:.0f}s with its workbench up"
+        )

@@ -46,69 +46,141 @@ def refusals_name_the_field_and_the_fix(ctx, response, case):
         assert body.get("field") and body.get("fix"), f"a {response.status_code} without field and fix: {body}"
 
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          refusals_name_the_field_and_the_fix]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    refusals_name_the_field_and_the_fix,
+]
 # Per operation and principal, on top of the examples and coverage phases (bounds, missing and wrong-typed
 # values: ~3000 requests): 23 operations x 3 principals and 3 runner operations make ~3500 requests.
 MAX_EXAMPLES = 10
-CONFIG = schemathesis.Config.from_dict({
-    "generation": {"mode": "all", "deterministic": True, "database": "none",
-                   "with-security-parameters": False},
-    "phases": {"stateful": {"enabled": False}},
-    "suppress-health-check": ["all"],
-})
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "generation": {"mode": "all", "deterministic": True, "database": "none", "with-security-parameters": False},
+        "phases": {"stateful": {"enabled": False}},
+        "suppress-health-check": ["all"],
+    }
+)
 SCHEMA = schemathesis.openapi.from_dict(openapi(), config=CONFIG)
 USER_API = SCHEMA.exclude(path="/drain").exclude(path_regex="^/runner/")
 RUNNER_API = SCHEMA.include(path_regex="^/runner/")
-FUZZ = settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 # what a runner might send: well-formed tokens nobody holds, and anything printable
-BEARERS = st.one_of(st.from_regex(r"\A[A-Za-z0-9_-]{20,100}\Z"),
-                    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=200))
+BEARERS = st.one_of(
+    st.from_regex(r"\A[A-Za-z0-9_-]{20,100}\Z"),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=200),
+)
 
 
 def headers_of(wb, principal: str) -> dict:
-    return {"anonymous": {}, "user": {"Authorization": f"token {wb.tokens['alice']}"},
-            "admin": {"Authorization": f"token {wb.admin_token}"}}[principal]
+    return {
+        "anonymous": {},
+        "user": {"Authorization": f"token {wb.tokens['alice']}"},
+        "admin": {"Authorization": f"token {wb.admin_token}"},
+    }[principal]
 
 
 @pytest.mark.parametrize("principal", ["anonymous", "user", "admin"])
 @USER_API.parametrize()
 @FUZZ
 def test_every_operation_keeps_to_the_document(case, principal, fuzz_workbench, fuzz_session):
-    case.call_and_validate(base_url=fuzz_workbench.url + PREFIX, session=fuzz_session,
-                           headers=headers_of(fuzz_workbench, principal), checks=CHECKS, timeout=60)
+    case.call_and_validate(
+        base_url=fuzz_workbench.url + PREFIX,
+        session=fuzz_session,
+        headers=headers_of(fuzz_workbench, principal),
+        checks=CHECKS,
+        timeout=60,
+    )
 
 
 @RUNNER_API.parametrize()
 @RUNNER_API.given(bearer=BEARERS)
 @FUZZ
 def test_runner_api_keeps_to_the_document_whatever_the_token(case, bearer, fuzz_workbench, fuzz_session):
-    case.call_and_validate(base_url=fuzz_workbench.url + PREFIX, session=fuzz_session,
-                           headers={"Authorization": f"Bearer {bearer}"}, checks=CHECKS, timeout=60)
+    case.call_and_validate(
+        base_url=fuzz_workbench.url + PREFIX,
+        session=fuzz_session,
+        headers={"Authorization": f"Bearer {bearer}"},
+        checks=CHECKS,
+        timeout=60,
+    )
 
 
 # the classes a hostile probe tried, on purpose ----------------------------------------------------
 
-NB = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                 "source": "print('hi')"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+NB = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "c1",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "print('hi')",
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE", "PROPFIND")
 JOB = "0123456789ab"  # no such job
 ROUTES = [
-    "/health", "/openapi.json", "/profiles", "/jobs", f"/jobs/{JOB}", f"/jobs/{JOB}/cancel", f"/jobs/{JOB}/logs",
-    f"/jobs/{JOB}/output", f"/jobs/{JOB}/input", "/queues", "/queues/research", "/queues/research/hold",
-    "/queues/research/release", "/drain", "/audit", "/audit/verify", "/usage", "/allocations",
-    "/allocations/server/alice", f"/runner/jobs/{JOB}/attempts/1/spec", f"/runner/jobs/{JOB}/attempts/1/stop",
+    "/health",
+    "/openapi.json",
+    "/profiles",
+    "/jobs",
+    f"/jobs/{JOB}",
+    f"/jobs/{JOB}/cancel",
+    f"/jobs/{JOB}/logs",
+    f"/jobs/{JOB}/output",
+    f"/jobs/{JOB}/input",
+    "/queues",
+    "/queues/research",
+    "/queues/research/hold",
+    "/queues/research/release",
+    "/drain",
+    "/audit",
+    "/audit/verify",
+    "/usage",
+    "/allocations",
+    "/allocations/server/alice",
+    f"/runner/jobs/{JOB}/attempts/1/spec",
+    f"/runner/jobs/{JOB}/attempts/1/stop",
     f"/runner/jobs/{JOB}/attempts/1/events",
     # no such route
-    "", "/", "/nope", "/allocations/nope", "/allocations/server", "/allocations/server/a/b", "/jobs/x/y/z",
-    f"/jobs/{JOB}/logs/more", "/queues/a/b/c", "/runner", f"/runner/jobs/{JOB}/attempts/1", "/audit/verify/x",
-    "/openapi.yaml", "/../metrics",
+    "",
+    "/",
+    "/nope",
+    "/allocations/nope",
+    "/allocations/server",
+    "/allocations/server/a/b",
+    "/jobs/x/y/z",
+    f"/jobs/{JOB}/logs/more",
+    "/queues/a/b/c",
+    "/runner",
+    f"/runner/jobs/{JOB}/attempts/1",
+    "/audit/verify/x",
+    "/openapi.yaml",
+    "/../metrics",
     # hostile path parameters
-    "/jobs/%00", "/jobs/%2e%2e", "/jobs/%2e%2e/%2e%2e/metrics", "/jobs/..%2f..%2fetc/output", "/jobs/" + "a" * 4000,
-    "/queues/%00", "/queues/" + "q" * 4000, "/allocations/server/%00", "/allocations/server/%2e%2e",
-    "/allocations/server/" + "h" * 4000, f"/runner/jobs/{JOB}/attempts/0/spec",
-    f"/runner/jobs/{JOB}/attempts/99999999999999999999/stop", "/runner/jobs/%00/attempts/1/events",
+    "/jobs/%00",
+    "/jobs/%2e%2e",
+    "/jobs/%2e%2e/%2e%2e/metrics",
+    "/jobs/..%2f..%2fetc/output",
+    "/jobs/" + "a" * 4000,
+    "/queues/%00",
+    "/queues/" + "q" * 4000,
+    "/allocations/server/%00",
+    "/allocations/server/%2e%2e",
+    "/allocations/server/" + "h" * 4000,
+    f"/runner/jobs/{JOB}/attempts/0/spec",
+    f"/runner/jobs/{JOB}/attempts/99999999999999999999/stop",
+    "/runner/jobs/%00/attempts/1/events",
 ]
 
 
@@ -145,8 +217,14 @@ def test_every_method_on_every_route_is_an_answer_not_a_crash(fuzz_workbench, fu
     for route, method in itertools.product(ROUTES, METHODS):
         if route == "/drain" and method == "POST":
             continue  # a valid body would end the drain; its refusals are below
-        r = fuzz_session.request(method, fuzz_workbench.url + PREFIX + route, headers=headers, timeout=60,
-                                 data=b"{}" if method in ("POST", "PUT", "PATCH") else None, allow_redirects=False)
+        r = fuzz_session.request(
+            method,
+            fuzz_workbench.url + PREFIX + route,
+            headers=headers,
+            timeout=60,
+            data=b"{}" if method in ("POST", "PUT", "PATCH") else None,
+            allow_redirects=False,
+        )
         where = f"{principal}: {method} {route[:80]} -> {r.status_code}"
         assert r.status_code < 500, f"{where} {r.text[:300]}"
         if documented(route, method):
@@ -181,8 +259,15 @@ BODIES = {
     "not-json": b"{'on': true}",
     "truncated": b'\xef\xbb\xbf{"on": true',
 }
-WRITES = [("POST", "/jobs"), ("PATCH", f"/jobs/{JOB}"), ("PATCH", "/queues/research"), ("POST", "/drain"),
-          ("POST", "/audit"), ("POST", "/allocations"), ("POST", f"/runner/jobs/{JOB}/attempts/1/events")]
+WRITES = [
+    ("POST", "/jobs"),
+    ("PATCH", f"/jobs/{JOB}"),
+    ("PATCH", "/queues/research"),
+    ("POST", "/drain"),
+    ("POST", "/audit"),
+    ("POST", "/allocations"),
+    ("POST", f"/runner/jobs/{JOB}/attempts/1/events"),
+]
 
 
 @pytest.mark.parametrize("kind", sorted(BODIES))
@@ -191,8 +276,9 @@ def test_hostile_bodies_are_refused_with_the_field_named(fuzz_workbench, fuzz_se
         headers = {**headers_of(fuzz_workbench, principal), "Content-Type": "application/json"}
         if route.startswith("/runner/"):
             headers["Authorization"] = "Bearer " + "t" * 40
-        r = fuzz_session.request(method, fuzz_workbench.url + PREFIX + route, headers=headers,
-                                 data=BODIES[kind], timeout=120)
+        r = fuzz_session.request(
+            method, fuzz_workbench.url + PREFIX + route, headers=headers, data=BODIES[kind], timeout=120
+        )
         where = f"{kind}: {principal} {method} {route} -> {r.status_code}"
         assert r.status_code in (400, 401, 403, 404, 413, 422), f"{where} {r.text[:300]}"
         body = error_of(r)
@@ -224,11 +310,17 @@ def test_quota_changes_are_bounded(fuzz_workbench, fuzz_session):
     assert fuzz_session.delete(url, headers=admin, timeout=60).json()["quota"] == {"gpus": {"sim": 1}}
 
 
-@pytest.mark.parametrize("memory", ["1e999G", "1e308T", "inf", "NaNG", "-1G", "99999999999999999999T", 1e308,
-                                    2**61, -1, True, [1], "1" * 100])
+@pytest.mark.parametrize(
+    "memory",
+    ["1e999G", "1e308T", "inf", "NaNG", "-1G", "99999999999999999999T", 1e308, 2**61, -1, True, [1], "1" * 100],
+)
 def test_sizes_are_finite_and_bounded(fuzz_workbench, fuzz_session, memory):
-    r = fuzz_session.post(fuzz_workbench.url + PREFIX + "/jobs", headers=headers_of(fuzz_workbench, "user"),
-                          json={"notebook": NB, "resources": {"memory": memory}, "dry_run": True}, timeout=60)
+    r = fuzz_session.post(
+        fuzz_workbench.url + PREFIX + "/jobs",
+        headers=headers_of(fuzz_workbench, "user"),
+        json={"notebook": NB, "resources": {"memory": memory}, "dry_run": True},
+        timeout=60,
+    )
     assert r.status_code == 422, (memory, r.status_code, r.text[:300])
     body = error_of(r)
     assert body["field"] == "resources.memory" and body["fix"], body
@@ -236,18 +328,52 @@ def test_sizes_are_finite_and_bounded(fuzz_workbench, fuzz_session, memory):
 
 def queries(job: str) -> dict[str, list[str]]:
     return {
-        "/jobs": ["limit=99999999999999999999999", "limit=0", "limit=-1", "limit=1e3", "limit=%00", "limit=%D9%A1",
-                  "limit=%201", "limit=1&limit=2", "state=%00", "state=" + "x" * 300, "owner=%ED%A0%80",
-                  "owner=" + "o" * 1000, "queue=%00", "queue=a%0Ab"],
-        f"/jobs/{job}/logs": ["offset=" + "9" * 30, "offset=9007199254740992", "offset=-1", "tail=9007199254740991",
-                              "tail=-1", "tail=100001", "follow=maybe", "follow=%00", "follow=true&follow=false"],
+        "/jobs": [
+            "limit=99999999999999999999999",
+            "limit=0",
+            "limit=-1",
+            "limit=1e3",
+            "limit=%00",
+            "limit=%D9%A1",
+            "limit=%201",
+            "limit=1&limit=2",
+            "state=%00",
+            "state=" + "x" * 300,
+            "owner=%ED%A0%80",
+            "owner=" + "o" * 1000,
+            "queue=%00",
+            "queue=a%0Ab",
+        ],
+        f"/jobs/{job}/logs": [
+            "offset=" + "9" * 30,
+            "offset=9007199254740992",
+            "offset=-1",
+            "tail=9007199254740991",
+            "tail=-1",
+            "tail=100001",
+            "follow=maybe",
+            "follow=%00",
+            "follow=true&follow=false",
+        ],
         f"/jobs/{job}/output": ["rank=99999", "rank=-1", "rank=1e2", "rank=4096", "format=pdf", "format=%00"],
         f"/jobs/{job}/input": ["format=pdf", "format=html%00"],
-        "/usage": ["from=0001-01-01", "to=9999-12-31T23:59:59-05:00", "from=9999-12-31T23:59:59-05:00",
-                   "to=0001-01-01T00:00:00%2B14:00", "from=2020-13-45", "to=%2B275760-09-13", "from=1969-12-31",
-                   "from=2026-01-01T00:00:00%2B99:00", "from=2026-01-02&to=2026-01-01",
-                   "from=1970-01-01&to=9999-12-30", "by=x", "user=%00", "from=" + "2" * 100, "from=%ED%A0%80",
-                   "from=2026-01-01%00"],
+        "/usage": [
+            "from=0001-01-01",
+            "to=9999-12-31T23:59:59-05:00",
+            "from=9999-12-31T23:59:59-05:00",
+            "to=0001-01-01T00:00:00%2B14:00",
+            "from=2020-13-45",
+            "to=%2B275760-09-13",
+            "from=1969-12-31",
+            "from=2026-01-01T00:00:00%2B99:00",
+            "from=2026-01-02&to=2026-01-01",
+            "from=1970-01-01&to=9999-12-30",
+            "by=x",
+            "user=%00",
+            "from=" + "2" * 100,
+            "from=%ED%A0%80",
+            "from=2026-01-01%00",
+        ],
         "/audit": ["limit=10001", "limit=0", "action=%00", "target=" + "t" * 300],
     }
 
@@ -256,8 +382,11 @@ def test_out_of_range_queries_are_refused_with_the_field_named(fuzz_workbench, f
     for principal in ("user", "admin"):
         for route, values in queries(queued_job).items():
             for query in values:
-                r = fuzz_session.get(f"{fuzz_workbench.url}{PREFIX}{route}?{query}",
-                                     headers=headers_of(fuzz_workbench, principal), timeout=60)
+                r = fuzz_session.get(
+                    f"{fuzz_workbench.url}{PREFIX}{route}?{query}",
+                    headers=headers_of(fuzz_workbench, principal),
+                    timeout=60,
+                )
                 where = f"{principal}: GET {route}?{query[:60]} -> {r.status_code}"
                 assert r.status_code in (400, 403, 404, 422), f"{where} {r.text[:300]}"
                 body = error_of(r)
@@ -280,8 +409,9 @@ def test_the_largest_values_in_range_are_answered(fuzz_workbench, fuzz_session, 
         ("admin", "/audit?limit=10000"),
         ("admin", f"/jobs?limit=1&owner={'o' * 256}"),
     ]:
-        r = fuzz_session.get(fuzz_workbench.url + PREFIX + route, headers=headers_of(fuzz_workbench, principal),
-                             timeout=60)
+        r = fuzz_session.get(
+            fuzz_workbench.url + PREFIX + route, headers=headers_of(fuzz_workbench, principal), timeout=60
+        )
         assert r.status_code == 200, (principal, route, r.status_code, r.text[:300])
 
 
@@ -290,11 +420,16 @@ def test_malformed_percent_encoding_is_a_json_400_at_the_service(fuzz_workbench,
     own 500 before they reach it: a configurable-http-proxy limit)."""
     service = f"http://127.0.0.1:{fuzz_workbench.info['service_port']}{PREFIX}"
     admin = headers_of(fuzz_workbench, "admin")
-    for method, path, field in [("GET", "/jobs/%ff", "id"), ("DELETE", "/queues/%ff", "name"),
-                                ("DELETE", "/allocations/server/%c0%af", "holder"), ("GET", "/jobs?owner=%ff", "owner"),
-                                ("GET", f"/jobs/{queued_job}/logs?tail=%ff", "tail"),
-                                ("GET", f"/runner/jobs/{JOB}/attempts/%ff/stop", "attempt"),
-                                ("FOO", "/jobs", None), ("FOO", "/nope", None)]:
+    for method, path, field in [
+        ("GET", "/jobs/%ff", "id"),
+        ("DELETE", "/queues/%ff", "name"),
+        ("DELETE", "/allocations/server/%c0%af", "holder"),
+        ("GET", "/jobs?owner=%ff", "owner"),
+        ("GET", f"/jobs/{queued_job}/logs?tail=%ff", "tail"),
+        ("GET", f"/runner/jobs/{JOB}/attempts/%ff/stop", "attempt"),
+        ("FOO", "/jobs", None),
+        ("FOO", "/nope", None),
+    ]:
         r = fuzz_session.request(method, service + path, headers=admin, timeout=60)
         body = error_of(r)
         if field:
@@ -310,12 +445,25 @@ def test_document_and_routes_agree():
     from danlu.hub.service.api.routes import routes as service_routes
     from danlu.hub.service.api.web import METHODS as HANDLED
 
-    samples = {"id": JOB, "attempt": "1", "name": "research", "holder": "alice", "version": "1", "rank": "0",
-               "alias": "champion", "other": JOB}
-    documented_paths = {PREFIX + path.format(**samples): {m.upper() for m in item if m in HANDLED}
-                        for path, item in openapi()["paths"].items()}
-    routes = [(re.compile(pattern + "$"), handler) for pattern, handler in service_routes("/services/danlu/")
-              if pattern.startswith(PREFIX)]
+    samples = {
+        "id": JOB,
+        "attempt": "1",
+        "name": "research",
+        "holder": "alice",
+        "version": "1",
+        "rank": "0",
+        "alias": "champion",
+        "other": JOB,
+    }
+    documented_paths = {
+        PREFIX + path.format(**samples): {m.upper() for m in item if m in HANDLED}
+        for path, item in openapi()["paths"].items()
+    }
+    routes = [
+        (re.compile(pattern + "$"), handler)
+        for pattern, handler in service_routes("/services/danlu/")
+        if pattern.startswith(PREFIX)
+    ]
     for path, methods in documented_paths.items():
         handler = next((h for route, h in routes if route.match(path)), None)
         assert handler is not None, f"{path} has no route"

@@ -23,9 +23,21 @@ from danlu.hub.service.api.jobs import MAX_FOLLOWERS_PER_USER
 
 pytestmark = pytest.mark.service
 
-NB = {"cells": [{"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [], "execution_count": None,
-                 "source": "import time\nprint('following me', flush=True)\ntime.sleep(900)"}],
-      "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+NB = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "id": "c1",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": "import time\nprint('following me', flush=True)\ntime.sleep(900)",
+        }
+    ],
+    "metadata": {},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
 FOLLOWERS = 50
 DEADLINE = 120
 # The service's thread pools (database, job files, the resolver's) start threads on demand up to a few each
@@ -53,9 +65,11 @@ class Follower:
     def __init__(self, wb, job_id: str, token: str, sse: bool = False):
         self.sock = socket.create_connection(("127.0.0.1", wb.port), timeout=60)
         accept = "text/event-stream" if sse else "text/plain"
-        self.sock.sendall(f"GET /services/danlu/api/v1/jobs/{job_id}/logs?follow=true HTTP/1.1\r\n"
-                          f"Host: 127.0.0.1:{wb.port}\r\nAuthorization: token {token}\r\nAccept: {accept}\r\n"
-                          "\r\n".encode())
+        self.sock.sendall(
+            f"GET /services/danlu/api/v1/jobs/{job_id}/logs?follow=true HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{wb.port}\r\nAuthorization: token {token}\r\nAccept: {accept}\r\n"
+            "\r\n".encode()
+        )
         self.head = b""
         while b"\r\n\r\n" not in self.head:  # the status line and headers: the follower is in
             chunk = self.sock.recv(65536)
@@ -80,8 +94,9 @@ def open_followers(wb, job_id: str) -> list[Follower]:
 
 
 def gauges(wb) -> dict[str, float]:
-    r = requests.get(f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"},
-                     timeout=60)
+    r = requests.get(
+        f"{wb.url}/services/danlu/metrics", headers={"Authorization": f"token {wb.admin_token}"}, timeout=60
+    )
     assert r.status_code == 200, r.text
     found = dict(re.findall(r"^(danlu_log_followers|danlu_event_loop_tasks) (\S+)$", r.text, re.M))
     return {name: float(value) for name, value in found.items()}
@@ -123,8 +138,11 @@ def test_followers_are_bounded_and_released_on_disconnect(fuzz_workbench, run_on
 
         followers = open_followers(wb, job_id)
         try:
-            held = eventually("followers while they are open", lambda: measure(wb, proc),
-                              lambda now: now["danlu_log_followers"] == FOLLOWERS)
+            held = eventually(
+                "followers while they are open",
+                lambda: measure(wb, proc),
+                lambda now: now["danlu_log_followers"] == FOLLOWERS,
+            )
             assert held["danlu_event_loop_tasks"] >= before["danlu_event_loop_tasks"] + FOLLOWERS, (before, held)
             # each follower holds a connection from the proxy, but the proxy may hand a follower one of the
             # keep-alive connections already open in ``before``: most, not all, are new files
@@ -134,10 +152,15 @@ def test_followers_are_bounded_and_released_on_disconnect(fuzz_workbench, run_on
                 follower.close()
 
         eventually("followers after the clients left", lambda: gauges(wb)["danlu_log_followers"], lambda v: v == 0)
-        eventually(f"the service's tasks, open files and threads (before the round: {before})",
-                   lambda: measure(wb, proc),
-                   lambda now: now["danlu_event_loop_tasks"] <= before["danlu_event_loop_tasks"]
-                   and now["fds"] <= before["fds"] and now["threads"] <= before["threads"] + POOL_GROWTH)
+        eventually(
+            f"the service's tasks, open files and threads (before the round: {before})",
+            lambda: measure(wb, proc),
+            lambda now: (
+                now["danlu_event_loop_tasks"] <= before["danlu_event_loop_tasks"]
+                and now["fds"] <= before["fds"]
+                and now["threads"] <= before["threads"] + POOL_GROWTH
+            ),
+        )
         assert wb.api("GET", f"/jobs/{job_id}", token=wb.tokens["alice"]).json()["state"] == "running"
     finally:
         wb.api("POST", f"/jobs/{job_id}/cancel", token=wb.tokens["alice"])

@@ -69,8 +69,9 @@ class Kubelet:
             raise ApiError(400, "BadRequest", f"container {query['container']} is not valid for pod {name}")
         path = self.logs.get((namespace, name))
         if path is None:
-            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: '
-                           "ContainerCreating")
+            raise ApiError(
+                400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
+            )
         with open(path, "rb") as f:
             data = f.read()
         if query.get("tailLines") is not None:
@@ -99,6 +100,7 @@ class Kubelet:
         def mark(p):
             p["metadata"].setdefault("deletionTimestamp", now())
             p["metadata"]["deletionGracePeriodSeconds"] = grace
+
         return self.store.mutate("Pod", meta["namespace"], meta["name"], mark) or pod
 
     def kill_all(self) -> None:
@@ -149,12 +151,27 @@ class Kubelet:
             return
         self._events.add(key)
         meta = pod["metadata"]
-        self.store.create({"apiVersion": "v1", "kind": "Event", "metadata": {
-            "name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "reason": reason, "message": message, "type": "Warning", "count": 1,
-            "firstTimestamp": now(), "lastTimestamp": now(), "source": {"component": "kubelet"}})
+        self.store.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": "Warning",
+                "count": 1,
+                "firstTimestamp": now(),
+                "lastTimestamp": now(),
+                "source": {"component": "kubelet"},
+            }
+        )
 
     def _mounts(self, pod: dict) -> tuple[list[tuple[str, str]], list[str]] | None:
         """(mountPath, local folder) of the first container, longest path first, and the pod's temp dirs;
@@ -208,13 +225,20 @@ class Kubelet:
                 if ref["key"] not in data:
                     if ref.get("optional"):
                         continue
-                    return f'secret "{ref["name"]}" not found' if secret is None else \
-                        f"couldn't find key {ref['key']} in Secret {meta['namespace']}/{ref['name']}"
+                    return (
+                        f'secret "{ref["name"]}" not found'
+                        if secret is None
+                        else f"couldn't find key {ref['key']} in Secret {meta['namespace']}/{ref['name']}"
+                    )
                 env[var["name"]] = base64.b64decode(data[ref["key"]]).decode()
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
-                env[var["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-                                    "metadata.uid": meta["uid"], "status.podIP": "127.0.0.1"}.get(path, "")
+                env[var["name"]] = {
+                    "metadata.name": meta["name"],
+                    "metadata.namespace": meta["namespace"],
+                    "metadata.uid": meta["uid"],
+                    "status.podIP": "127.0.0.1",
+                }.get(path, "")
             else:
                 env[var["name"]] = var.get("value", "")
         return env
@@ -240,23 +264,50 @@ class Kubelet:
         log = os.path.join(self.workdir, f"{meta['namespace']}_{meta['name']}.log")
         try:
             with open(log, "wb") as out:
-                popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except (OSError, IndexError) as e:
             for d in dirs:
                 shutil.rmtree(d, ignore_errors=True)
             self.logs[(meta["namespace"], meta["name"])] = log
-            return self._set_status(pod, "Failed", {"terminated": {
-                "exitCode": 128, "reason": "StartError", "message": str(e), "startedAt": now(), "finishedAt": now()}})
+            return self._set_status(
+                pod,
+                "Failed",
+                {
+                    "terminated": {
+                        "exitCode": 128,
+                        "reason": "StartError",
+                        "message": str(e),
+                        "startedAt": now(),
+                        "finishedAt": now(),
+                    }
+                },
+            )
         self.logs[(meta["namespace"], meta["name"])] = log
         self.procs[meta["uid"]] = Process(popen, log, now(), dirs)
         self._set_status(pod, "Running", {"running": {"startedAt": now()}})
 
     def _terminated(self, pod: dict, proc: Process, code: int) -> None:
         exit_code = code if code >= 0 else 128 - code
-        self._set_status(pod, "Succeeded" if code == 0 else "Failed", {"terminated": {
-            "exitCode": exit_code, "reason": "Completed" if code == 0 else "Error",
-            "startedAt": proc.started, "finishedAt": now()}})
+        self._set_status(
+            pod,
+            "Succeeded" if code == 0 else "Failed",
+            {
+                "terminated": {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": proc.started,
+                    "finishedAt": now(),
+                }
+            },
+        )
         self._forget(pod["metadata"]["uid"])
 
     def _set_status(self, pod: dict, phase: str, state: dict) -> None:
@@ -267,9 +318,19 @@ class Kubelet:
             status = p.setdefault("status", {})
             status.update(phase=phase, hostIP="127.0.0.1", podIP="127.0.0.1")
             status.setdefault("startTime", now())
-            status["conditions"] = [{"type": "Ready", "status": "True" if running else "False",
-                                     "lastTransitionTime": now()}]
-            status["containerStatuses"] = [{
-                "name": container["name"], "image": container.get("image", ""), "imageID": "",
-                "ready": running, "started": running, "restartCount": 0, "state": state}]
+            status["conditions"] = [
+                {"type": "Ready", "status": "True" if running else "False", "lastTransitionTime": now()}
+            ]
+            status["containerStatuses"] = [
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": running,
+                    "started": running,
+                    "restartCount": 0,
+                    "state": state,
+                }
+            ]
+
         self.store.mutate("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"], update)

@@ -31,6 +31,7 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
 POD_SET = "node"
 
+
 def condition(obj: dict, type_: str) -> dict | None:
     return next((c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == type_), None)
 
@@ -44,8 +45,13 @@ def set_condition(obj: dict, type_: str, status: bool, reason: str, message: str
     conditions = obj.setdefault("status", {}).setdefault("conditions", [])
     value = "True" if status else "False"
     old = next((c for c in conditions if c["type"] == type_), None)
-    new = {"type": type_, "status": value, "reason": reason, "message": message,
-           "lastTransitionTime": old["lastTransitionTime"] if old and old["status"] == value else now()}
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old["status"] == value else now(),
+    }
     if old is None:
         conditions.append(new)
     else:
@@ -68,7 +74,8 @@ def pod_placement(trainjob: dict) -> dict:
     out: dict = {}
     for patch in trainjob["spec"].get("runtimePatches") or []:
         jobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
-            "replicatedJobs") or []
+            "replicatedJobs"
+        ) or []
         job = next((j for j in jobs if j.get("name") == POD_SET), {})
         spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
         if "nodeSelector" in spec:
@@ -82,18 +89,39 @@ def make_workload(trainjob: dict, priority: int, priority_class: str | None) -> 
     meta = trainjob["metadata"]
     count = (trainjob["spec"].get("trainer") or {}).get("numNodes", 1)
     container = {"name": POD_SET, "resources": {"requests": pod_requests(trainjob)}}
-    spec = {"queueName": meta["labels"][QUEUE_LABEL], "priority": priority,
-            "podSets": [{"name": POD_SET, "count": count,
-                         "template": {"spec": {**pod_placement(trainjob), "containers": [container]}}}]}
+    spec = {
+        "queueName": meta["labels"][QUEUE_LABEL],
+        "priority": priority,
+        "podSets": [
+            {
+                "name": POD_SET,
+                "count": count,
+                "template": {"spec": {**pod_placement(trainjob), "containers": [container]}},
+            }
+        ],
+    }
     if priority_class:
-        spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
-                                    "name": priority_class}
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {
-        "name": workload_name(trainjob), "namespace": meta["namespace"],
-        "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
-        "ownerReferences": [{"apiVersion": TRAINJOB_API, "kind": "TrainJob", "name": meta["name"],
-                             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
-        "spec": spec}
+        spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": priority_class}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(trainjob),
+            "namespace": meta["namespace"],
+            "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": TRAINJOB_API,
+                    "kind": "TrainJob",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
 
 
 def owner_uid(obj: dict) -> str | None:
@@ -137,8 +165,14 @@ class Kueue:
         for job in store.list("TrainJob"):
             meta = job["metadata"]
             queue = (meta.get("labels") or {}).get(QUEUE_LABEL)
-            if (not queue or (meta["namespace"], queue) not in local_queues or meta["uid"] in owners
-                    or "deletionTimestamp" in meta or is_true(job, "Complete") or is_true(job, "Failed")):
+            if (
+                not queue
+                or (meta["namespace"], queue) not in local_queues
+                or meta["uid"] in owners
+                or "deletionTimestamp" in meta
+                or is_true(job, "Complete")
+                or is_true(job, "Failed")
+            ):
                 continue
             class_name = meta["labels"].get(PRIORITY_LABEL)
             wpc = store.find("WorkloadPriorityClass", None, class_name) if class_name else None
@@ -152,17 +186,28 @@ class Kueue:
                 key = (assignment["flavors"][resource], resource)
                 usage[key] = usage.get(key, Fraction(0)) + quantity(amount)
         uid = workload["metadata"]["uid"]
-        return Admitted(uid, admission["clusterQueue"], workload["spec"].get("priority", 0),
-                        self.admitted_at.get(uid, 0), usage, workload)
+        return Admitted(
+            uid,
+            admission["clusterQueue"],
+            workload["spec"].get("priority", 0),
+            self.admitted_at.get(uid, 0),
+            usage,
+            workload,
+        )
 
     def _admit(self) -> None:
         """Scheduling cycles until one preempts or no ClusterQueue has a head left to try."""
         store = self.store
         live = [w for w in store.list("Workload") if not is_true(w, "Finished")]
-        view = View(store.list("ClusterQueue"), store.list("ResourceFlavor"),
-                    [self._info(w) for w in live if w.get("status", {}).get("admission")])
-        local = {(q["metadata"]["namespace"], q["metadata"]["name"]): q["spec"]["clusterQueue"]
-                 for q in store.list("LocalQueue")}
+        view = View(
+            store.list("ClusterQueue"),
+            store.list("ResourceFlavor"),
+            [self._info(w) for w in live if w.get("status", {}).get("admission")],
+        )
+        local = {
+            (q["metadata"]["namespace"], q["metadata"]["name"]): q["spec"]["clusterQueue"]
+            for q in store.list("LocalQueue")
+        }
         queues: dict[str, list[dict]] = {}  # ClusterQueue -> its pending workloads, in queue order
         order = queue_order(store)
         for wl in sorted((w for w in live if not w.get("status", {}).get("admission")), key=order):
@@ -209,8 +254,9 @@ class Kueue:
                     view.add(*reserved[-1], 1)
                 self._pend(wl, f"couldn't assign flavors to pod set {POD_SET}: {', '.join(choice.reasons)}")
                 continue
-            if preempted & {t.uid for t in choice.targets} or not view.fits_without(cq, requests, [
-                    *choice.targets, *(w for w in view.workloads if w.uid in preempted)]):
+            if preempted & {t.uid for t in choice.targets} or not view.fits_without(
+                cq, requests, [*choice.targets, *(w for w in view.workloads if w.uid in preempted)]
+            ):
                 queues[cq].insert(0, wl)  # overlapping targets, or no longer fits after another head: skipped
                 continue
             for target in choice.targets:
@@ -228,6 +274,7 @@ class Kueue:
     def _pend(self, wl: dict, message: str) -> None:
         def update(w):
             set_condition(w, "QuotaReserved", False, "Pending", message)
+
         self.store.mutate("Workload", wl["metadata"]["namespace"], wl["metadata"]["name"], update)
 
     def _admit_one(self, wl, cq, assignment, need) -> dict:
@@ -236,22 +283,35 @@ class Kueue:
         self.admitted_at[wl["metadata"]["uid"]] = self.seq
 
         def update(w):
-            w.setdefault("status", {})["admission"] = {"clusterQueue": cq, "podSetAssignments": [{
-                "name": POD_SET, "flavors": assignment, "count": count,
-                "resourceUsage": {r: show(v) for r, v in need.items()}}]}
+            w.setdefault("status", {})["admission"] = {
+                "clusterQueue": cq,
+                "podSetAssignments": [
+                    {
+                        "name": POD_SET,
+                        "flavors": assignment,
+                        "count": count,
+                        "resourceUsage": {r: show(v) for r, v in need.items()},
+                    }
+                ],
+            }
             set_condition(w, "QuotaReserved", True, "QuotaReserved", f"Quota reserved in ClusterQueue {cq}")
             set_condition(w, "Admitted", True, "Admitted", "The workload is admitted")
             if condition(w, "Evicted"):
                 set_condition(w, "Evicted", False, "QuotaReserved", "Previously: " + condition(w, "Evicted")["message"])
             if condition(w, "Preempted"):
                 set_condition(w, "Preempted", False, "QuotaReserved", "")
+
         return self.store.mutate("Workload", wl["metadata"]["namespace"], wl["metadata"]["name"], update)
 
     def _evict(self, victim: dict, by: dict, reason: str, paths: tuple[str, str]) -> None:
-        why = {"InClusterQueue": "prioritization in the ClusterQueue",
-               "InCohortReclamation": "reclamation within the cohort"}[reason]
-        message = (f"Preempted to accommodate a workload (UID: {by['metadata']['uid']}, "
-                   f"JobUID: {owner_uid(by)}) due to {why}; preemptor path: {paths[0]}; preemptee path: {paths[1]}")
+        why = {
+            "InClusterQueue": "prioritization in the ClusterQueue",
+            "InCohortReclamation": "reclamation within the cohort",
+        }[reason]
+        message = (
+            f"Preempted to accommodate a workload (UID: {by['metadata']['uid']}, "
+            f"JobUID: {owner_uid(by)}) due to {why}; preemptor path: {paths[0]}; preemptee path: {paths[1]}"
+        )
 
         def update(w):
             w["status"].pop("admission", None)
@@ -259,6 +319,7 @@ class Kueue:
             set_condition(w, "Preempted", True, reason, message)
             set_condition(w, "QuotaReserved", False, "Pending", message)
             set_condition(w, "Admitted", False, "NoReservation", "The workload has no reservation")
+
         self.store.mutate("Workload", victim["metadata"]["namespace"], victim["metadata"]["name"], update)
 
     def pending_summary(self, namespace: str, local_queue: str) -> dict:
@@ -270,24 +331,43 @@ def pending_summary(store: Store, namespace: str, local_queue: str) -> dict:
     lq = store.find("LocalQueue", namespace, local_queue)
     if lq is None:
         raise not_found("LocalQueue", local_queue)
-    queues = {(q["metadata"]["namespace"], q["metadata"]["name"]): q["spec"]["clusterQueue"]
-              for q in store.list("LocalQueue")}
+    queues = {
+        (q["metadata"]["namespace"], q["metadata"]["name"]): q["spec"]["clusterQueue"] for q in store.list("LocalQueue")
+    }
     cq = lq["spec"]["clusterQueue"]
-    in_cq = sorted((w for w in store.list("Workload") if not w.get("status", {}).get("admission")
-                    and not is_true(w, "Finished")
-                    and queues.get((w["metadata"]["namespace"], w["spec"].get("queueName"))) == cq),
-                   key=queue_order(store))
+    in_cq = sorted(
+        (
+            w
+            for w in store.list("Workload")
+            if not w.get("status", {}).get("admission")
+            and not is_true(w, "Finished")
+            and queues.get((w["metadata"]["namespace"], w["spec"].get("queueName"))) == cq
+        ),
+        key=queue_order(store),
+    )
     items, position = [], 0
     for index, wl in enumerate(in_cq):
         meta = wl["metadata"]
         if (meta["namespace"], wl["spec"].get("queueName")) != (namespace, local_queue):
             continue
-        items.append({"metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                                   "creationTimestamp": meta["creationTimestamp"],
-                                   "ownerReferences": meta.get("ownerReferences", [])},
-                      "priority": wl["spec"].get("priority", 0), "localQueueName": local_queue,
-                      "positionInClusterQueue": index, "positionInLocalQueue": position})
+        items.append(
+            {
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "creationTimestamp": meta["creationTimestamp"],
+                    "ownerReferences": meta.get("ownerReferences", []),
+                },
+                "priority": wl["spec"].get("priority", 0),
+                "localQueueName": local_queue,
+                "positionInClusterQueue": index,
+                "positionInLocalQueue": position,
+            }
+        )
         position += 1
-    return {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta1",
-            "metadata": {"creationTimestamp": None}, "items": items}
-
+    return {
+        "kind": "PendingWorkloadsSummary",
+        "apiVersion": "visibility.kueue.x-k8s.io/v1beta1",
+        "metadata": {"creationTimestamp": None},
+        "items": items,
+    }

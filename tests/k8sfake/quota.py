@@ -78,7 +78,8 @@ class View:
                         self.quota[name][(flavor["name"], r["name"])] = (
                             quantity(r["nominalQuota"]),
                             quantity(r["borrowingLimit"]) if "borrowingLimit" in r else None,
-                            quantity(r["lendingLimit"]) if "lendingLimit" in r else None)
+                            quantity(r["lendingLimit"]) if "lendingLimit" in r else None,
+                        )
         self.usage: dict[str, dict[tuple[str, str], Fraction]] = {name: {} for name in self.queues}
         self.workloads: list[Admitted] = []  # the preemption candidates: admitted before this cycle
         self.evicted: set[str] = set()  # uids preempted in this cycle (still holding their quota)
@@ -136,8 +137,7 @@ class View:
         nominal, borrowing, _ = self.quota[name].get(key, (ZERO, None, None))
         if not self.queues[name]["spec"].get("cohortName"):
             return nominal
-        most = self._kept(name, key) + sum((self.nominal(m, key) - self._kept(m, key) for m in self.cohort(name)),
-                                           ZERO)
+        most = self._kept(name, key) + sum((self.nominal(m, key) - self._kept(m, key) for m in self.cohort(name)), ZERO)
         return min(most, nominal + borrowing) if borrowing is not None else most
 
     def borrowing_with(self, name: str, key: tuple[str, str], amount: Fraction = ZERO) -> bool:
@@ -170,10 +170,14 @@ class View:
         flavor, resource = key
         most = self.potential(name, key)
         if amount > most:
-            return (f"insufficient quota for {resource} in flavor {flavor}, request > maximum capacity "
-                    f"({show(amount)} > {show(most)})")
-        return (f"insufficient unused quota for {resource} in flavor {flavor}, "
-                f"{show(amount - self.available(name, key))} more needed")
+            return (
+                f"insufficient quota for {resource} in flavor {flavor}, request > maximum capacity "
+                f"({show(amount)} > {show(most)})"
+            )
+        return (
+            f"insufficient unused quota for {resource} in flavor {flavor}, "
+            f"{show(amount - self.available(name, key))} more needed"
+        )
 
     # --- flavor assignment ---
 
@@ -210,8 +214,12 @@ class View:
             if RANK[best.mode] < RANK[choice.mode]:
                 choice.mode = best.mode
         if choice.mode in (RECLAIM, PREEMPT):
-            choice.targets = self.targets(name, choice.requests(need), priority, {
-                key for key in choice.requests(need) if need[key[1]] > self.available(name, key)})
+            choice.targets = self.targets(
+                name,
+                choice.requests(need),
+                priority,
+                {key for key in choice.requests(need) if need[key[1]] > self.available(name, key)},
+            )
             choice.mode = _mode(name, choice.targets)
         return choice
 
@@ -248,8 +256,10 @@ class View:
         self.add(wl.cq, wl.usage, 1)
 
     def fits(self, name: str, requests: dict[tuple[str, str], Fraction], borrowing: bool = True) -> bool:
-        return all((borrowing or not self.borrowing_with(name, key, amount)) and amount <= self.available(name, key)
-                   for key, amount in requests.items())
+        return all(
+            (borrowing or not self.borrowing_with(name, key, amount)) and amount <= self.available(name, key)
+            for key, amount in requests.items()
+        )
 
     def fits_without(self, name: str, requests: dict[tuple[str, str], Fraction], gone: list[Admitted]) -> bool:
         """Whether the requests fit once ``gone`` have given their quota back."""
@@ -260,8 +270,9 @@ class View:
             for wl in removed:
                 self._restore(wl)
 
-    def targets(self, name: str, requests: dict[tuple[str, str], Fraction], priority: int,
-                keys: set[tuple[str, str]]) -> list[Admitted]:
+    def targets(
+        self, name: str, requests: dict[tuple[str, str], Fraction], priority: int, keys: set[tuple[str, str]]
+    ) -> list[Admitted]:
         """``classicalPreemptions``: whom a workload of queue ``name`` and ``priority`` asking ``requests`` would
         preempt, short of ``keys``; [] if it cannot fit."""
         policy = self.queues[name]["spec"].get("preemption") or {}
@@ -276,16 +287,29 @@ class View:
         def order(wl: Admitted):  # CandidatesOrdering: evicted first, lowest priority, most recently admitted
             return (wl.uid not in self.evicted, wl.priority, -wl.seq, wl.uid)
 
-        same = sorted((w for w in self.workloads if w.cq == name and within != "Never" and uses(w)
-                       and allowed(within, w)), key=order)
+        same = sorted(
+            (w for w in self.workloads if w.cq == name and within != "Never" and uses(w) and allowed(within, w)),
+            key=order,
+        )
         others: list[Admitted] = []
         advantage = False
         if self.queues[name]["spec"].get("cohortName") and reclaim != "Never":
             # hierarchical advantage: the request fits the queue's own nominal quota at its usage now
-            advantage = all(self.used(name, key) + amount <= self.nominal(name, key)
-                            for key, amount in requests.items())
-            others = sorted((w for w in self.workloads if w.cq != name and w.cq in self.cohort(name) and uses(w)
-                             and not self.within_nominal(w.cq, keys) and allowed(reclaim, w)), key=order)
+            advantage = all(
+                self.used(name, key) + amount <= self.nominal(name, key) for key, amount in requests.items()
+            )
+            others = sorted(
+                (
+                    w
+                    for w in self.workloads
+                    if w.cq != name
+                    and w.cq in self.cohort(name)
+                    and uses(w)
+                    and not self.within_nominal(w.cq, keys)
+                    and allowed(reclaim, w)
+                ),
+                key=order,
+            )
         if not others or not all(self.nominal(name, key) > self.used(name, key) for key in keys):
             attempts = [True]  # only its own queue's lower priorities, borrowing allowed
         elif not advantage:

@@ -100,8 +100,13 @@ class Handler(BaseHTTPRequestHandler):
         parts = [p for p in path.split("/") if p]
         if tuple(parts[:3]) == VISIBILITY:
             rest = parts[3:]
-            if method == "GET" and len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "localqueues" \
-                    and rest[4] == "pendingworkloads":
+            if (
+                method == "GET"
+                and len(rest) == 5
+                and rest[0] == "namespaces"
+                and rest[2] == "localqueues"
+                and rest[4] == "pendingworkloads"
+            ):
                 cluster.check_failure("get", "PendingWorkloadsSummary")
                 return self._send(200, cluster.kueue.pending_summary(rest[1], rest[3]))
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -139,8 +144,15 @@ class Handler(BaseHTTPRequestHandler):
 
         if verb == "list":
             items = store.list(kind, namespace, query.get("labelSelector"), query.get("fieldSelector"))
-            return self._send(200, {"kind": f"{kind}List", "apiVersion": api_version(kind),
-                                    "metadata": {"resourceVersion": str(store.rv)}, "items": items})
+            return self._send(
+                200,
+                {
+                    "kind": f"{kind}List",
+                    "apiVersion": api_version(kind),
+                    "metadata": {"resourceVersion": str(store.rv)},
+                    "items": items,
+                },
+            )
         if verb == "watch":
             return self._watch(kind, namespace, query)
         if verb == "get" and sub == "log":
@@ -153,8 +165,7 @@ class Handler(BaseHTTPRequestHandler):
             options = body or {}
             grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
             policy = query.get("propagationPolicy", options.get("propagationPolicy"))
-            return self._send(200, cluster.delete(kind, namespace, name, policy,
-                                                  None if grace is None else int(grace)))
+            return self._send(200, cluster.delete(kind, namespace, name, policy, None if grace is None else int(grace)))
         current = store.get(kind, namespace, name)
         if verb == "patch":
             content_type = (self.headers.get("Content-Type") or "").split(";")[0]
@@ -162,18 +173,26 @@ class Handler(BaseHTTPRequestHandler):
                 new = json_patch(current, body or [])
             elif content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 if not isinstance(body, dict):  # e.g. a JSON patch sent without its content type
-                    raise ApiError(400, "BadRequest", "error decoding patch: json: cannot unmarshal "
-                                   f"{type(body).__name__} into Go value of type map[string]interface {{}}")
+                    raise ApiError(
+                        400,
+                        "BadRequest",
+                        "error decoding patch: json: cannot unmarshal "
+                        f"{type(body).__name__} into Go value of type map[string]interface {{}}",
+                    )
                 new = merge_patch(current, body)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the fake does not support {content_type!r} patches")
-            new["metadata"]["resourceVersion"] = \
+            new["metadata"]["resourceVersion"] = (
                 body.get("metadata", {}).get("resourceVersion") if isinstance(body, dict) else None
+            )
         else:
             new = self._checked(body, kind, namespace, name)
         if sub == "status":  # the subresource changes status only, the main resource everything else
-            new = {**current, "status": new.get("status"),
-                   "metadata": {**current["metadata"], "resourceVersion": new["metadata"].get("resourceVersion")}}
+            new = {
+                **current,
+                "status": new.get("status"),
+                "metadata": {**current["metadata"], "resourceVersion": new["metadata"].get("resourceVersion")},
+            }
         elif "status" in current:
             new["status"] = current["status"]
         new = self._checked(new, kind, namespace, name)
@@ -186,22 +205,36 @@ class Handler(BaseHTTPRequestHandler):
         obj.setdefault("apiVersion", api_version(kind))
         meta = obj.setdefault("metadata", {})
         if obj["kind"] != kind or obj["apiVersion"] != api_version(kind):
-            raise ApiError(400, "BadRequest", f"the body is a {obj['apiVersion']}/{obj['kind']}, "
-                           f"not a {api_version(kind)}/{kind}")
+            raise ApiError(
+                400, "BadRequest", f"the body is a {obj['apiVersion']}/{obj['kind']}, not a {api_version(kind)}/{kind}"
+            )
         if namespace is not None:
             if meta.setdefault("namespace", namespace) != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                               "the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                )
         if name is not None and meta.get("name") != name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
-        if kind not in ("Event", "Namespace") and (problems := _validation_errors(
-                {k: v for k, v in obj.items() if k != "status"} if kind == "Pod" else obj)):
+        if kind not in ("Event", "Namespace") and (
+            problems := _validation_errors({k: v for k, v in obj.items() if k != "status"} if kind == "Pod" else obj)
+        ):
             group = KINDS[kind][0]
             resource = f"{kind}.{group}" if group else kind
-            raise ApiError(422, "Invalid", f'{resource} "{meta.get("name")}" is invalid: ' + "; ".join(problems), {
-                "name": meta.get("name"), "group": group, "kind": kind,
-                "causes": [{"reason": "FieldValueInvalid", "message": p, "field": p.split(":", 1)[0]}
-                           for p in problems]})
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{resource} "{meta.get("name")}" is invalid: ' + "; ".join(problems),
+                {
+                    "name": meta.get("name"),
+                    "group": group,
+                    "kind": kind,
+                    "causes": [
+                        {"reason": "FieldValueInvalid", "message": p, "field": p.split(":", 1)[0]} for p in problems
+                    ],
+                },
+            )
         return obj
 
     def _watch(self, kind, namespace, query):
@@ -219,8 +252,11 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         def wanted(obj):
-            return obj["kind"] == kind and (namespace is None or obj["metadata"].get("namespace") == namespace) \
+            return (
+                obj["kind"] == kind
+                and (namespace is None or obj["metadata"].get("namespace") == namespace)
                 and labels(obj)
+            )
 
         rv = query.get("resourceVersion")
         try:
@@ -291,9 +327,12 @@ class FakeCluster:
     def start(self) -> FakeCluster:
         self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.cluster = self
-        self._threads = [threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                          name="k8sfake-http", daemon=True),
-                         threading.Thread(target=self._simulate, name="k8sfake-sim", daemon=True)]
+        self._threads = [
+            threading.Thread(
+                target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="k8sfake-http", daemon=True
+            ),
+            threading.Thread(target=self._simulate, name="k8sfake-sim", daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
         return self
@@ -321,11 +360,14 @@ class FakeCluster:
         self.stop()
 
     def write_kubeconfig(self, path) -> str:
-        config = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-                  "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-                  "users": [{"name": "fake", "user": {"token": self.token}}],
-                  "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
-                                                            "namespace": "danlu"}}]}
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": self.token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "danlu"}}],
+        }
         with open(path, "w") as f:
             json.dump(config, f)  # JSON is YAML
         return str(path)
@@ -369,9 +411,11 @@ class FakeCluster:
             return self.kubelet.delete(obj, grace)
         dependents = self.store.dependents(obj["metadata"]["uid"]) if policy != "Orphan" else []
         if policy == "Foreground" and dependents:
+
             def mark(o):
                 o["metadata"].setdefault("deletionTimestamp", now())
                 o["metadata"]["finalizers"] = sorted({*o["metadata"].get("finalizers", []), "foregroundDeletion"})
+
             obj = self.store.mutate(kind, namespace, name, mark)
         else:
             self.store.remove(kind, namespace, name)
@@ -384,8 +428,9 @@ class FakeCluster:
 
     def _finish_foreground(self) -> None:
         for (kind, ns, name), obj in list(self.store.objects.items()):
-            if "foregroundDeletion" in obj["metadata"].get("finalizers", []) \
-                    and not self.store.dependents(obj["metadata"]["uid"]):
+            if "foregroundDeletion" in obj["metadata"].get("finalizers", []) and not self.store.dependents(
+                obj["metadata"]["uid"]
+            ):
                 self.store.remove(kind, ns, name)
 
     # --- the simulators ---
@@ -405,4 +450,3 @@ class FakeCluster:
             except Exception:
                 self.errors.append(traceback.format_exc())
                 time.sleep(TICK)
-

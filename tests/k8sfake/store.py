@@ -30,8 +30,9 @@ RESOURCES = {
     ("trainer.kubeflow.org", "v1alpha1", "trainjobs"): ("TrainJob", True),
     ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"): ("ClusterTrainingRuntime", False),
 }
-KINDS = {kind: (group, version, plural, namespaced)
-         for (group, version, plural), (kind, namespaced) in RESOURCES.items()}
+KINDS = {
+    kind: (group, version, plural, namespaced) for (group, version, plural), (kind, namespaced) in RESOURCES.items()
+}
 HISTORY = 2000  # events a watch can resume from; older resourceVersions get 410 Gone
 
 
@@ -52,8 +53,15 @@ class ApiError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> dict:
-        out = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": self.message, "reason": self.reason, "code": self.code}
+        out = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details:
             out["details"] = self.details
         return out
@@ -63,8 +71,7 @@ def not_found(kind: str, name: str) -> ApiError:
     plural = KINDS[kind][2] if kind in KINDS else kind.lower()
     group = KINDS[kind][0] if kind in KINDS else ""
     resource = f"{plural}.{group}" if group else plural
-    return ApiError(404, "NotFound", f'{resource} "{name}" not found',
-                    {"name": name, "group": group, "kind": plural})
+    return ApiError(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "group": group, "kind": plural})
 
 
 # --- label selectors ----------------------------------------------------------------------------
@@ -119,12 +126,13 @@ def field_matcher(selector: str | None):
         key, value = (s.strip() for s in term.replace("!=", "=").replace("==", "=").split("=", 1))
         field = key.split(".")
         if field[0] != "metadata" or len(field) != 2:
-            raise ApiError(400, "BadRequest", f'field label not supported: {key}')
+            raise ApiError(400, "BadRequest", f"field label not supported: {key}")
         tests.append(lambda o, f=field[1], v=value, n=negate: (o["metadata"].get(f) == v) != n)
     return lambda obj: all(t(obj) for t in tests)
 
 
 # --- patches ------------------------------------------------------------------------------------
+
 
 def merge_patch(target, patch):
     """RFC 7386 (also used for strategic merge patches: lists are replaced, not merged by key)."""
@@ -204,6 +212,7 @@ def json_patch(doc, ops: list):
 
 # --- the store ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Event:
     rv: int
@@ -251,8 +260,11 @@ class Store:
     def list(self, kind, namespace=None, label_selector=None, field_selector=None) -> list[dict]:
         labels, fields = label_matcher(label_selector), field_matcher(field_selector)
         with self.lock:
-            found = [o for (k, ns, _), o in self.objects.items()
-                     if k == kind and (namespace is None or ns == namespace) and labels(o) and fields(o)]
+            found = [
+                o
+                for (k, ns, _), o in self.objects.items()
+                if k == kind and (namespace is None or ns == namespace) and labels(o) and fields(o)
+            ]
             return copy.deepcopy(sorted(found, key=lambda o: int(o["metadata"]["resourceVersion"])))
 
     def create(self, obj: dict) -> dict:
@@ -264,13 +276,21 @@ class Store:
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             key = self._key(kind, meta.get("namespace"), meta.get("name"))
             if KINDS[kind][3] and kind != "Event" and ("Namespace", None, meta.get("namespace")) not in self.objects:
-                raise ApiError(404, "NotFound", f'namespaces "{meta.get("namespace")}" not found',
-                               {"name": meta.get("namespace"), "kind": "namespaces"})
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{meta.get("namespace")}" not found',
+                    {"name": meta.get("namespace"), "kind": "namespaces"},
+                )
             if key in self.objects:
                 plural, group = KINDS[kind][2], KINDS[kind][0]
                 resource = f"{plural}.{group}" if group else plural
-                raise ApiError(409, "AlreadyExists", f'{resource} "{meta["name"]}" already exists',
-                               {"name": meta["name"], "group": group, "kind": plural})
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{resource} "{meta["name"]}" already exists',
+                    {"name": meta["name"], "group": group, "kind": plural},
+                )
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
             self.created[meta["uid"]] = self.rv + 1
             meta.pop("deletionTimestamp", None)
@@ -278,8 +298,10 @@ class Store:
                 obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
             if kind == "Secret" and "stringData" in obj:
                 import base64
+
                 obj.setdefault("data", {}).update(
-                    {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()})
+                    {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
+                )
             self._bump(obj)
             self.objects[key] = obj
             self._record("ADDED", obj)
@@ -296,9 +318,13 @@ class Store:
                 raise not_found(obj["kind"], meta.get("name"))
             stale = meta.get("resourceVersion") not in (None, "", old["metadata"]["resourceVersion"])
             if check_rv and stale:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {KINDS[obj["kind"]][2]} '
-                               f'"{meta["name"]}": the object has been modified; please apply your changes to '
-                               "the latest version and try again")
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {KINDS[obj['kind']][2]} "
+                    f'"{meta["name"]}": the object has been modified; please apply your changes to '
+                    "the latest version and try again",
+                )
             new = copy.deepcopy(old)
             if status:
                 if "status" in obj:
@@ -306,9 +332,17 @@ class Store:
                 else:
                     new.pop("status", None)
             else:
-                keep = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "generation",
-                                                       "deletionTimestamp", "deletionGracePeriodSeconds")
-                        if k in old["metadata"]}
+                keep = {
+                    k: old["metadata"][k]
+                    for k in (
+                        "uid",
+                        "creationTimestamp",
+                        "generation",
+                        "deletionTimestamp",
+                        "deletionGracePeriodSeconds",
+                    )
+                    if k in old["metadata"]
+                }
                 new = {k: copy.deepcopy(v) for k, v in obj.items() if k != "status"}
                 if "status" in old:
                     new["status"] = old["status"]
@@ -352,8 +386,11 @@ class Store:
 
     def dependents(self, uid: str) -> list[dict]:
         with self.lock:
-            return [copy.deepcopy(o) for o in self.objects.values()
-                    if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or [])]
+            return [
+                copy.deepcopy(o)
+                for o in self.objects.values()
+                if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or [])
+            ]
 
     def events_since(self, rv: int) -> list[Event]:
         with self.lock:

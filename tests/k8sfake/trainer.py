@@ -56,7 +56,8 @@ def build_pods(trainjob: dict, runtime: dict, node_selector: dict, tolerations: 
         container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
     for patch in spec.get("runtimePatches") or []:
         jobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
-            "replicatedJobs") or []
+            "replicatedJobs"
+        ) or []
         job = _named(jobs, JOB)
         pod = ((((job or {}).get("template") or {}).get("spec") or {}).get("template")) or {}
         for key in ("labels", "annotations"):
@@ -84,20 +85,48 @@ def build_pods(trainjob: dict, runtime: dict, node_selector: dict, tolerations: 
     for index in range(nodes):
         pod_container = copy.deepcopy(container)
         pod_container["env"] = [e for e in pod_container["env"] if not e["name"].startswith("PET_")] + [
-            {"name": "PET_NNODES", "value": str(nodes)}, {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
-            {"name": "PET_NODE_RANK", "value": str(index)}, {"name": "PET_MASTER_ADDR", "value": "127.0.0.1"},
-            {"name": "PET_MASTER_PORT", "value": str(port)}]
+            {"name": "PET_NNODES", "value": str(nodes)},
+            {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+            {"name": "PET_NODE_RANK", "value": str(index)},
+            {"name": "PET_MASTER_ADDR", "value": "127.0.0.1"},
+            {"name": "PET_MASTER_PORT", "value": str(port)},
+        ]
         if not pod_container["env"]:
             del pod_container["env"]
-        labels = {**(meta.get("labels") or {}), **(pod_meta.get("labels") or {}), TRAINJOB_LABEL: meta["name"],
-                  "jobset.sigs.k8s.io/jobset-name": meta["name"], "jobset.sigs.k8s.io/replicatedjob-name": JOB,
-                  "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": str(index)}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{meta['name']}-{JOB}-0-{index}-{_suffix()}", "namespace": meta["namespace"], "labels": labels,
-            "ownerReferences": [{"apiVersion": TRAINJOB_API, "kind": "TrainJob", "name": meta["name"],
-                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
-            "spec": {**copy.deepcopy(pod_spec), "containers": [
-                pod_container if c.get("name") == CONTAINER else copy.deepcopy(c) for c in pod_spec["containers"]]}}
+        labels = {
+            **(meta.get("labels") or {}),
+            **(pod_meta.get("labels") or {}),
+            TRAINJOB_LABEL: meta["name"],
+            "jobset.sigs.k8s.io/jobset-name": meta["name"],
+            "jobset.sigs.k8s.io/replicatedjob-name": JOB,
+            "jobset.sigs.k8s.io/job-index": "0",
+            "batch.kubernetes.io/job-completion-index": str(index),
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{meta['name']}-{JOB}-0-{index}-{_suffix()}",
+                "namespace": meta["namespace"],
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": TRAINJOB_API,
+                        "kind": "TrainJob",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                **copy.deepcopy(pod_spec),
+                "containers": [
+                    pod_container if c.get("name") == CONTAINER else copy.deepcopy(c) for c in pod_spec["containers"]
+                ],
+            },
+        }
         if pod_meta.get("annotations"):
             pod["metadata"]["annotations"] = dict(pod_meta["annotations"])
         pods.append(pod)
@@ -134,18 +163,27 @@ class Trainer:
                 self.started.pop(uid, None)
                 self._stop(pods)
                 if condition_status(job, "Suspended") != "True":
-                    store.mutate("TrainJob", ns, name, lambda j: set_condition(
-                        j, "Suspended", True, "Suspended", "TrainJob is suspended"))
+                    store.mutate(
+                        "TrainJob",
+                        ns,
+                        name,
+                        lambda j: set_condition(j, "Suspended", True, "Suspended", "TrainJob is suspended"),
+                    )
                 continue
             if condition_status(job, "Suspended") == "True":
-                store.mutate("TrainJob", ns, name, lambda j: set_condition(
-                    j, "Suspended", False, "Resumed", "TrainJob is resumed"))
+                store.mutate(
+                    "TrainJob",
+                    ns,
+                    name,
+                    lambda j: set_condition(j, "Suspended", False, "Resumed", "TrainJob is resumed"),
+                )
             self.started.setdefault(uid, time.monotonic())
             deadline = job["spec"].get("activeDeadlineSeconds")
             if deadline is not None and time.monotonic() - self.started[uid] > deadline:
                 self._stop(pods)
-                self._end(job, "Failed", "DeadlineExceeded",
-                          "TrainJob exceeded its active deadline", workloads.get(uid))
+                self._end(
+                    job, "Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline", workloads.get(uid)
+                )
                 continue
             if not pods:
                 self._launch(job, workload)
@@ -155,8 +193,13 @@ class Trainer:
                 pod = failed[0]
                 code = pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
                 self._stop(pods)
-                self._end(job, "Failed", "TrainJobFailed",
-                          f"pod {pod['metadata']['name']} failed with exit code {code}", workload)
+                self._end(
+                    job,
+                    "Failed",
+                    "TrainJobFailed",
+                    f"pod {pod['metadata']['name']} failed with exit code {code}",
+                    workload,
+                )
             elif all((p.get("status") or {}).get("phase") == "Succeeded" for p in pods):
                 self._end(job, "Complete", "TrainJobComplete", "TrainJob is completed", workload)
 
@@ -165,8 +208,14 @@ class Trainer:
         if runtime is None:
             return  # the real Trainer waits too (and reports it in its logs)
         node_selector, tolerations = {}, []
-        for flavor in sorted(set(((workload or {}).get("status", {}).get("admission") or {}).get(
-                "podSetAssignments", [{}])[0].get("flavors", {}).values())):
+        for flavor in sorted(
+            set(
+                ((workload or {}).get("status", {}).get("admission") or {})
+                .get("podSetAssignments", [{}])[0]
+                .get("flavors", {})
+                .values()
+            )
+        ):
             rf = self.store.find("ResourceFlavor", None, flavor) or {}
             node_selector.update((rf.get("spec") or {}).get("nodeLabels") or {})
             tolerations += (rf.get("spec") or {}).get("tolerations") or []
@@ -175,14 +224,17 @@ class Trainer:
 
     def _stop(self, pods: list[dict]) -> None:
         for pod in pods:
-            if "deletionTimestamp" not in pod["metadata"] and \
-                    (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if "deletionTimestamp" not in pod["metadata"] and (pod.get("status") or {}).get("phase") not in (
+                "Succeeded",
+                "Failed",
+            ):
                 self.kubelet.delete(pod, None)
 
     def _end(self, job: dict, type_: str, reason: str, message: str, workload: dict | None) -> None:
         meta = job["metadata"]
-        self.store.mutate("TrainJob", meta["namespace"], meta["name"],
-                          lambda j: set_condition(j, type_, True, reason, message))
+        self.store.mutate(
+            "TrainJob", meta["namespace"], meta["name"], lambda j: set_condition(j, type_, True, reason, message)
+        )
         self._finish_workload(workload, self.store.find("TrainJob", meta["namespace"], meta["name"]))
         self.started.pop(meta["uid"], None)
 
@@ -190,12 +242,19 @@ class Trainer:
         if workload is None or is_true(workload, "Finished"):
             return
         succeeded = is_true(job, "Complete")
-        self.store.mutate("Workload", workload["metadata"]["namespace"], workload["metadata"]["name"],
-                          lambda w: set_condition(w, "Finished", True, "Succeeded" if succeeded else "Failed",
-                                                  "Job finished successfully" if succeeded else
-                                                  "Job failed"))
+        self.store.mutate(
+            "Workload",
+            workload["metadata"]["namespace"],
+            workload["metadata"]["name"],
+            lambda w: set_condition(
+                w,
+                "Finished",
+                True,
+                "Succeeded" if succeeded else "Failed",
+                "Job finished successfully" if succeeded else "Job failed",
+            ),
+        )
 
 
 def condition_status(obj: dict, type_: str) -> str | None:
-    return next((c["status"] for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_),
-                None)
+    return next((c["status"] for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None)

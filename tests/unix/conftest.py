@@ -47,8 +47,12 @@ PACKAGE_DIRS = {"": "magics", "hub": "hub", "lab": "extensions/server"}
 
 def _stale_files(python: str) -> list[str]:
     """Source files whose copy in ``python``'s Danlu differs from this checkout (make unix-env reinstalls)."""
-    found = subprocess.run([python, "-c", "import danlu, os; print(os.path.dirname(danlu.__file__))"],
-                           capture_output=True, text=True, timeout=60)
+    found = subprocess.run(
+        [python, "-c", "import danlu, os; print(os.path.dirname(danlu.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if found.returncode != 0:
         return [f"(no danlu importable: {found.stderr.strip()[-300:]})"]
     installed = Path(found.stdout.strip())
@@ -76,8 +80,10 @@ def unusable() -> str | None:
         return f"{env.TEST_UNIX_PYTHON}={python}: other accounts cannot run it"
     stale = _stale_files(python)
     if stale:
-        return (f"{env.TEST_UNIX_PYTHON}={python} holds another version of Danlu than this checkout "
-                f"({', '.join(stale[:5])}{' …' if len(stale) > 5 else ''}): run make unix-env")
+        return (
+            f"{env.TEST_UNIX_PYTHON}={python} holds another version of Danlu than this checkout "
+            f"({', '.join(stale[:5])}{' …' if len(stale) > 5 else ''}): run make unix-env"
+        )
     return None
 
 
@@ -129,9 +135,22 @@ def users(unix_python) -> dict[str, Account]:
 
 
 def notebook(*sources: str) -> dict:
-    return {"cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "outputs": [], "execution_count": None,
-                       "source": source} for i, source in enumerate(sources)],
-            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "id": f"c{i}",
+                "metadata": {},
+                "outputs": [],
+                "execution_count": None,
+                "source": source,
+            }
+            for i, source in enumerate(sources)
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +158,13 @@ def wb(unix_python, users):
     # pytest's temp folders are root's alone; the accounts' processes must reach the state dir
     tmp = Path(tempfile.mkdtemp(prefix="danlu-unix-", dir="/tmp"))
     os.chmod(tmp, 0o711)
-    config = {**CONFIG, "users": {"unix_accounts": "on"}, "admin_users": [], "groups": {},
-              "jobs": {**CONFIG["jobs"], "retry_backoff_seconds": 1}}
+    config = {
+        **CONFIG,
+        "users": {"unix_accounts": "on"},
+        "admin_users": [],
+        "groups": {},
+        "jobs": {**CONFIG["jobs"], "retry_backoff_seconds": 1},
+    }
     wb = Workbench(tmp, config=config, profiles=PROFILES, python=unix_python)
     try:
         wb.start()
@@ -149,8 +173,7 @@ def wb(unix_python, users):
         yield wb
     finally:
         code = wb.stop()
-        leftovers = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in wb.processes()] \
-            if hasattr(wb, "info") else []
+        leftovers = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in wb.processes()] if hasattr(wb, "info") else []
         shutil.rmtree(tmp, ignore_errors=True)
     assert not leftovers, f"processes left after danlu up stopped: {leftovers}"
     assert code == 0, wb.log_tail()
@@ -171,11 +194,17 @@ class AliceJob:
 def alice_job(wb) -> AliceJob:
     """A job of alice's that has put SECRET in her home, its log and its output, and runs on (sleeping)."""
     token = wb.tokens[ALICE]
-    first = (f"import os, pathlib\nsecret = {SECRET!r}\n"
-             "pathlib.Path(os.path.expanduser('~/secret.txt')).write_text(secret)\n"
-             "print('uid', os.getuid(), secret)\n")
-    r = wb.api("POST", "/jobs", token=token, json={"notebook": notebook(first, "import time\ntime.sleep(3600)"),
-                                                   "name": "alices-secret", "retries": 0})
+    first = (
+        f"import os, pathlib\nsecret = {SECRET!r}\n"
+        "pathlib.Path(os.path.expanduser('~/secret.txt')).write_text(secret)\n"
+        "print('uid', os.getuid(), secret)\n"
+    )
+    r = wb.api(
+        "POST",
+        "/jobs",
+        token=token,
+        json={"notebook": notebook(first, "import time\ntime.sleep(3600)"), "name": "alices-secret", "retries": 0},
+    )
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     jobdir = wb.state / "jobs" / job_id
@@ -184,12 +213,16 @@ def alice_job(wb) -> AliceJob:
         job = wb.api("GET", f"/jobs/{job_id}", token=token).json()
         assert job["state"] in ("queued", "running"), job
         output = jobdir / "output.ipynb"
-        if output.exists() and SECRET in output.read_text(errors="replace") and \
-                f"uid {wb.users[ALICE].uid} {SECRET}" in (jobdir / "job.log").read_text(errors="replace"):
+        if (
+            output.exists()
+            and SECRET in output.read_text(errors="replace")
+            and f"uid {wb.users[ALICE].uid} {SECRET}" in (jobdir / "job.log").read_text(errors="replace")
+        ):
             return AliceJob(job_id, jobdir, job.get("mlflow_run_id"), SECRET)
         time.sleep(0.5)
-    raise AssertionError(f"alice's job did not write her secret:\n"
-                         f"{wb.api('GET', f'/jobs/{job_id}/logs', token=token).text[-3000:]}")
+    raise AssertionError(
+        f"alice's job did not write her secret:\n{wb.api('GET', f'/jobs/{job_id}/logs', token=token).text[-3000:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +256,11 @@ def result_of(log: str) -> dict:
     """What a probing job printed as ``RESULT {json}``."""
     lines = [line for line in log.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the job printed no RESULT line:\n{log[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 #: prepended to probing jobs: attempt(name, fn) records how each try ended, report() prints them
-PROBE = '''
+PROBE = """
 import json, os
 results = {}
 def attempt(name, fn):
@@ -240,7 +273,7 @@ def attempt(name, fn):
         results[name] = f"{type(e).__name__}: {e}"
 def report():
     print("RESULT " + json.dumps(results), flush=True)
-'''
+"""
 
 
 def refused(results: dict) -> dict:
@@ -266,8 +299,12 @@ def canary_changes(paths: list[Path]) -> dict[str, str]:
     changes = {}
     for path in paths:
         st = path.stat()
-        seen = {"uid": st.st_uid, "mode": oct(stat.S_IMODE(st.st_mode)), "links": st.st_nlink,
-                "content": path.read_text(errors="replace")}
+        seen = {
+            "uid": st.st_uid,
+            "mode": oct(stat.S_IMODE(st.st_mode)),
+            "links": st.st_nlink,
+            "content": path.read_text(errors="replace"),
+        }
         fresh = {"uid": 0, "mode": oct(0o600), "links": 1, "content": f"{path.name.replace('-', ' ', 1)}\n"}
         if seen != fresh:
             changes[path.name] = ", ".join(f"{k} {v!r:.70}" for k, v in seen.items() if v != fresh[k])
@@ -275,12 +312,12 @@ def canary_changes(paths: list[Path]) -> dict[str, str]:
 
 
 #: code for a job's kernel: SIGKILL the job runner it runs under, so the attempt ends as an infrastructure failure
-KILL_MY_RUNNER = '''
+KILL_MY_RUNNER = """
 import os, signal, psutil
 runner = next(p for p in psutil.Process().parents() if "danlu.runner" in " ".join(p.cmdline()))
 os.kill(runner.pid, signal.SIGKILL)
 os._exit(0)
-'''
+"""
 
 
 def wait_for(wb, job_id: str, path: Path, timeout: float = 180, ask: bool = True) -> None:

@@ -88,7 +88,10 @@ def test_alices_home_is_closed_to_bob(wb, bob_kernel):
 
 def test_bobs_job_cannot_read_or_change_alices_home_or_job(wb, alice_job):
     home, jobdir = str(wb.users[ALICE].home), str(alice_job.dir)
-    job = bob_job(wb, PROBE + f"""
+    job = bob_job(
+        wb,
+        PROBE
+        + f"""
 home, jobdir = {home!r}, {jobdir!r}
 attempt("read alice's home file", lambda: open(home + "/secret.txt").read())
 attempt("write into alice's home", lambda: open(home + "/from-bob", "x").close())
@@ -99,7 +102,8 @@ attempt("read alice's output.ipynb", lambda: open(jobdir + "/output.ipynb").read
 attempt("change alice's output.ipynb", lambda: open(jobdir + "/output.ipynb", "r+").close())
 attempt("write into alice's job folder", lambda: open(jobdir + "/from-bob", "x").close())
 report()
-""")
+""",
+    )
     assert job["state"] == "succeeded", job["log"][-3000:]
     assert refused(result_of(job["log"])) == {}
     assert alice_job.secret not in job["log"]
@@ -107,9 +111,18 @@ report()
 
 def test_the_api_shows_bob_nothing_of_alices_job(wb, alice_job):
     bob, alice = wb.tokens[BOB], wb.tokens[ALICE]
-    answers = {f"{method} {path}": wb.api(method, f"/jobs/{alice_job.id}{path}", token=bob)
-               for method, path in [("GET", ""), ("GET", "/logs"), ("GET", "/logs?tail=5"), ("GET", "/output"),
-                                    ("GET", "/output?format=html"), ("GET", "/input"), ("POST", "/cancel")]}
+    answers = {
+        f"{method} {path}": wb.api(method, f"/jobs/{alice_job.id}{path}", token=bob)
+        for method, path in [
+            ("GET", ""),
+            ("GET", "/logs"),
+            ("GET", "/logs?tail=5"),
+            ("GET", "/output"),
+            ("GET", "/output?format=html"),
+            ("GET", "/input"),
+            ("POST", "/cancel"),
+        ]
+    }
     assert {k: r.status_code for k, r in answers.items() if r.status_code != 404} == {}
     assert not [k for k, r in answers.items() if alice_job.secret in r.text]
     listed = wb.api("GET", "/jobs", token=bob).json()["jobs"]
@@ -145,16 +158,25 @@ def test_links_in_bobs_job_folder_are_never_followed(wb, alice_job):
     root_secret = f"root-secret-{os.urandom(8).hex()}"
     (root_only / "rank-1.ipynb").write_text(json.dumps(notebook(f"print({root_secret!r})")))
     secrets = {"/etc/shadow": _shadow_line(), "alice's notebooks": alice_job.secret, "root-only dir": root_secret}
-    source = LINKS.format(alice_output=str(alice_job.dir / "output.ipynb"),
-                          alice_input=str(alice_job.dir / "input.ipynb"), root_only=str(root_only))
+    source = LINKS.format(
+        alice_output=str(alice_job.dir / "output.ipynb"),
+        alice_input=str(alice_job.dir / "input.ipynb"),
+        root_only=str(root_only),
+    )
     job = bob_job(wb, source, wait=False, resources={"nproc": 2})
     token = wb.tokens[BOB]
     try:
         wait_for(wb, job["id"], wb.state / "jobs" / job["id"] / "links-ready", timeout=240)
         leaks, slow = {}, {}
-        for name, path in [("log", "/logs"), ("log tail", "/logs?tail=20"), ("output", "/output"),
-                           ("output as html", "/output?format=html"), ("input", "/input"),
-                           ("rank 1", "/output?rank=1"), ("job", "")]:
+        for name, path in [
+            ("log", "/logs"),
+            ("log tail", "/logs?tail=20"),
+            ("output", "/output"),
+            ("output as html", "/output?format=html"),
+            ("input", "/input"),
+            ("rank 1", "/output?rank=1"),
+            ("job", ""),
+        ]:
             started = time.monotonic()
             r = wb.api("GET", f"/jobs/{job['id']}{path}", token=token, timeout=30)
             if time.monotonic() - started > 10:
@@ -194,8 +216,10 @@ def test_a_fifo_in_bobs_job_folder_never_blocks_the_service(wb, alice_job):
     try:
         wait_for(wb, job["id"], jobdir / "fifos-ready", ask=False)
         with ThreadPoolExecutor(3) as pool:
-            asked = {name: pool.submit(wb.api, "GET", f"/jobs/{job['id']}{path}", token=bob, timeout=30)
-                     for name, path in [("output", "/output"), ("log", "/logs"), ("job", "")]}
+            asked = {
+                name: pool.submit(wb.api, "GET", f"/jobs/{job['id']}{path}", token=bob, timeout=30)
+                for name, path in [("output", "/output"), ("log", "/logs"), ("job", "")]
+            }
             time.sleep(1)
             try:
                 health = wb.api("GET", "/health", timeout=5).status_code
@@ -216,7 +240,8 @@ def test_a_fifo_in_bobs_job_folder_never_blocks_the_service(wb, alice_job):
         wb.api("POST", f"/jobs/{job['id']}/cancel", token=bob, timeout=60)
 
 
-WRITE_LINKS = """
+WRITE_LINKS = (
+    """
 import os, time
 def link(target, name):
     os.symlink(target, os.path.join(jd, name + ".new"))
@@ -227,10 +252,13 @@ if not os.path.exists({marker!r}):  # first attempt: leave links for the retry, 
     link({log!r}, "job.log")
     link({attempt!r}, "attempt.json")
     link({status!r}, "status.json")
-""" + textwrap.indent(KILL_MY_RUNNER, "    ") + """
+"""
+    + textwrap.indent(KILL_MY_RUNNER, "    ")
+    + """
 open(os.path.join(jd, "second-attempt-ready"), "w").close()
 time.sleep(600)
 """
+)
 
 
 def test_the_service_never_writes_through_bobs_links(wb):
@@ -273,7 +301,8 @@ def test_bob_cannot_rename_or_hard_link_his_way_out(wb, alice_job):
 
 
 # becoming someone else -----------------------------------------------------------------------------
-FORGE_SPEC = """
+FORGE_SPEC = (
+    """
 import json, os
 def forge(name, data):
     with open(os.path.join(jd, name + ".new"), "w") as f:
@@ -289,16 +318,22 @@ if not os.path.exists({marker!r}):
     forge("job.json", spec)
     forge("runner.json", {{"pid": 1, "started_at": 0}})
     forge("attempt.json", {{"number": 7, "devices": [0, 1]}})
-""" + textwrap.indent(KILL_MY_RUNNER, "    ") + """
+"""
+    + textwrap.indent(KILL_MY_RUNNER, "    ")
+    + """
 print("second attempt: uid", os.getuid(), flush=True)
 """
+)
 
 
 def _bystanders(wb, alice_job) -> dict[int, tuple[float, str]]:
     """Processes of root (the workbench) and of alice's job: start time and command line by pid."""
     procs = wb.processes() + [p for p in psutil.process_iter() if _environ(p).get(env.JOB_ID) == alice_job.id]
-    return {p.pid: (p.create_time(), " ".join(p.cmdline())[:100]) for p in procs
-            if p.uids().real in (0, wb.users[ALICE].uid)}
+    return {
+        p.pid: (p.create_time(), " ".join(p.cmdline())[:100])
+        for p in procs
+        if p.uids().real in (0, wb.users[ALICE].uid)
+    }
 
 
 def _ended(before: dict[int, tuple[float, str]]) -> list[str]:
@@ -316,15 +351,17 @@ def _ended(before: dict[int, tuple[float, str]]) -> list[str]:
 def test_a_retry_runs_as_bob_whatever_his_job_folder_says(wb, alice_job):
     before = _bystanders(wb, alice_job)
     alice, alice_home = wb.users[ALICE].name, str(wb.users[ALICE].home)
-    job = bob_job(wb, FORGE_SPEC.format(marker=str(_marker(wb, "forge-spec")), alice=alice, alice_home=alice_home),
-                  retries=1)
+    job = bob_job(
+        wb, FORGE_SPEC.format(marker=str(_marker(wb, "forge-spec")), alice=alice, alice_home=alice_home), retries=1
+    )
     assert job["state"] == "succeeded" and len(job["attempts"]) == 2, job
     assert f"second attempt: uid {wb.users[BOB].uid}\n" in job["log"], job["log"][-3000:]
     assert job["owner"] == BOB and [a["devices"] for a in job["attempts"]] == [[], []]
     assert _ended(before) == [], "a process of root or alice ended while bob's job forged its folder"
 
 
-FORGE_REPORTS = """
+FORGE_REPORTS = (
+    """
 import json, os
 def forge(name, data):
     with open(os.path.join(jd, name + ".new"), "w") as f:
@@ -335,15 +372,17 @@ if not os.path.exists({marker!r}):
     forge("status.json", {{"state": "succeeded", "reason": "", "exit_code": 0, "infrastructure": False,
                            "mlflow_run_id": {run!r}}})
     forge("run.json", {{"run_id": {run!r}, "experiment_id": "0"}})
-""" + textwrap.indent(KILL_MY_RUNNER, "    ") + """
+"""
+    + textwrap.indent(KILL_MY_RUNNER, "    ")
+    + """
 print("second attempt", flush=True)
 """
+)
 
 
 def test_forged_reports_do_not_become_the_jobs_record(wb, alice_job):
     assert alice_job.run_id, "alice's job has no MLflow run to point at"
-    job = bob_job(wb, FORGE_REPORTS.format(marker=str(_marker(wb, "forge-reports")), run=alice_job.run_id),
-                  retries=1)
+    job = bob_job(wb, FORGE_REPORTS.format(marker=str(_marker(wb, "forge-reports")), run=alice_job.run_id), retries=1)
     assert [a["state"] for a in job["attempts"]] == ["failed", "succeeded"], job
     assert job["attempts"][0]["failure"] == "infrastructure", job["attempts"][0]
     assert job["mlflow_run_id"] != alice_job.run_id
@@ -356,32 +395,47 @@ SHARED = ("share", "envs", "labextensions")
 
 def test_bobs_server_cannot_read_alices_home_or_the_workbench_state(wb, alice_job, bob_kernel):
     bob = wb.users[BOB]
-    named = [wb.state / n for n in ("admin-token", "jupyterhub_cookie_secret", "jupyterhub.sqlite", "danlu.sqlite",
-                                    "mlflow.db")]
+    named = [
+        wb.state / n
+        for n in ("admin-token", "jupyterhub_cookie_secret", "jupyterhub.sqlite", "danlu.sqlite", "mlflow.db")
+    ]
     every = []
     for folder, dirs, files in os.walk(wb.state):
-        dirs[:] = [d for d in dirs if not (Path(folder) == wb.state and d in SHARED)
-                   and not (Path(folder) == wb.state / "jobs" and (Path(folder) / d).stat().st_uid == bob.uid)]
+        dirs[:] = [
+            d
+            for d in dirs
+            if not (Path(folder) == wb.state and d in SHARED)
+            and not (Path(folder) == wb.state / "jobs" and (Path(folder) / d).stat().st_uid == bob.uid)
+        ]
         every += [str(Path(folder) / f) for f in files]
-    paths = [str(wb.users[ALICE].home / "secret.txt"), str(wb.state),
-             str(wb.state / "jobs"), *(str(p) for p in named if p.exists()), *every]
-    out = bob_kernel.execute(PROBE + f"""
+    paths = [
+        str(wb.users[ALICE].home / "secret.txt"),
+        str(wb.state),
+        str(wb.state / "jobs"),
+        *(str(p) for p in named if p.exists()),
+        *every,
+    ]
+    out = bob_kernel.execute(
+        PROBE
+        + f"""
 for path in {json.dumps(sorted(set(paths)))}:
     # O_NONBLOCK: a FIFO must not hang the probe; opening is what permissions decide
     attempt(path, (lambda p=path: os.listdir(p)) if os.path.isdir(path) else
             (lambda p=path: os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))))
 report()
-""")
+"""
+    )
     results = result_of(out["stdout"])
     assert set(results) >= {str(p) for p in named if p.exists()} and len(results) > 10, sorted(results)
     assert refused(results) == {}
 
 
 def test_no_process_bob_can_read_holds_a_secret_of_the_workbench(wb, bob_kernel):
-    secrets = {"admin token": wb.admin_token,
-               "cookie secret": (wb.state / "jupyterhub_cookie_secret").read_text().strip()}
-    names = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "CONFIGPROXY_AUTH_TOKEN", env.ADMIN_TOKEN,
-             env.MLFLOW_AUTH_SECRET)
+    secrets = {
+        "admin token": wb.admin_token,
+        "cookie secret": (wb.state / "jupyterhub_cookie_secret").read_text().strip(),
+    }
+    names = ("JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "CONFIGPROXY_AUTH_TOKEN", env.ADMIN_TOKEN, env.MLFLOW_AUTH_SECRET)
     for proc in wb.processes():
         if proc.uids().real == 0:
             for name, value in _environ(proc).items():
@@ -409,7 +463,9 @@ def test_bob_cannot_change_alices_mlflow_runs(wb, alice_job):
     (Reading it is allowed: mlflow.default_permission is READ by default.)"""
     run_id = wb.api("GET", f"/jobs/{alice_job.id}", token=wb.tokens[ALICE]).json()["mlflow_run_id"]
     assert run_id, "alice's job has no MLflow run"
-    job = bob_job(wb, f"""
+    job = bob_job(
+        wb,
+        f"""
 import json, os, requests
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -430,13 +486,19 @@ results["no credentials"] = requests.get(uri, params={{"run_id": run}}, timeout=
 results["alice's name"] = requests.get(uri, params={{"run_id": run}}, timeout=30,
                                        auth=("{ALICE}", os.environ["MLFLOW_TRACKING_PASSWORD"])).status_code
 print("RESULT " + json.dumps(results), flush=True)
-""")
+""",
+    )
     assert job["state"] == "succeeded", job["log"][-3000:]
     results = result_of(job["log"])
     assert results.pop("read") == "allowed"
-    assert results == {"set a tag": "PERMISSION_DENIED", "log a metric": "PERMISSION_DENIED",
-                       "end it": "PERMISSION_DENIED", "delete it": "PERMISSION_DENIED",
-                       "no credentials": 401, "alice's name": 401}
+    assert results == {
+        "set a tag": "PERMISSION_DENIED",
+        "log a metric": "PERMISSION_DENIED",
+        "end it": "PERMISSION_DENIED",
+        "delete it": "PERMISSION_DENIED",
+        "no credentials": 401,
+        "alice's name": 401,
+    }
     run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={run_id}", token=wb.tokens[ALICE]).json()["run"]
     assert run["info"]["lifecycle_stage"] == "active" and "bob" not in {t["key"] for t in run["data"]["tags"]}
 

@@ -122,8 +122,19 @@ def run(m: Model, pending: list[Workload], now: float, preempt: bool = True) -> 
         wl = groups[0].head(live)
         ask = asks.get(groups[0].ask) or ask_of(m, wl)
         serial += 1
-        heap.append((2 if ask.cohort and _borrows_now(m, ask) else 1, -wl.priority, wl.created, wl.id, serial, wl,
-                     groups, 0, ask))
+        heap.append(
+            (
+                2 if ask.cohort and _borrows_now(m, ask) else 1,
+                -wl.priority,
+                wl.created,
+                wl.id,
+                serial,
+                wl,
+                groups,
+                0,
+                ask,
+            )
+        )
     heapq.heapify(heap)
     admitted_now: set[str] = set()
     own: dict[str, object] = {}  # preemptors' reasons
@@ -220,12 +231,20 @@ def _short_like(m: Model, wl: Workload, failed: list[list]) -> str | None:
     mine = wl.request
     for other, short in failed:
         theirs = other.request
-        if (wl.priority > other.priority or mine.cpu < theirs.cpu or mine.memory < theirs.memory
-                or (mine.cpu and not theirs.cpu) or (mine.memory and not theirs.memory)):
+        if (
+            wl.priority > other.priority
+            or mine.cpu < theirs.cpu
+            or mine.memory < theirs.memory
+            or (mine.cpu and not theirs.cpu)
+            or (mine.memory and not theirs.memory)
+        ):
             continue
         if theirs.gpus:
-            if mine.gpus < theirs.gpus or not (mine.gpu_flavor == theirs.gpu_flavor or theirs.gpu_flavor is None
-                                               and mine.gpu_flavor in _flavor_set(m, other)):
+            if mine.gpus < theirs.gpus or not (
+                mine.gpu_flavor == theirs.gpu_flavor
+                or theirs.gpu_flavor is None
+                and mine.gpu_flavor in _flavor_set(m, other)
+            ):
                 continue
             if mine.gpu_flavor and short.startswith("gpu/"):
                 short = gpu_key(mine.gpu_flavor)
@@ -303,8 +322,9 @@ def _flavor_set(m: Model, wl: Workload) -> frozenset:
     return found
 
 
-def _wait_alike(m: Model, groups: list, start: int, ask: Ask, reason: object, now: float, reserved: dict,
-                reasons: dict, live: dict) -> None:
+def _wait_alike(
+    m: Model, groups: list, start: int, ask: Ask, reason: object, now: float, reserved: dict, reasons: dict, live: dict
+) -> None:
     """Lower priorities of an ask (its groups from ``start`` on) whose first group does not fit and may preempt
     nothing: they wait for the same reason, and when it is a shortage (not a held queue, not an impossible
     ask), the starving first workloads among them hold back what they need from their team's others, as if
@@ -319,8 +339,16 @@ def _wait_alike(m: Model, groups: list, start: int, ask: Ask, reason: object, no
                     _hold(ask, group.priority, reserved)
 
 
-def _consider(m: Model, wl: Workload, ask: Ask, now: float, preempt: bool, decision: Decision, reserved: dict,
-              admitted_now: set[str]) -> object:
+def _consider(
+    m: Model,
+    wl: Workload,
+    ask: Ask,
+    now: float,
+    preempt: bool,
+    decision: Decision,
+    reserved: dict,
+    admitted_now: set[str],
+) -> object:
     """Admit ``wl`` (None), or preempt for it, or say why it waits (words, or what ``reason`` words)."""
     team = ask.team
     if team is None or team.held:
@@ -349,7 +377,8 @@ def _consider(m: Model, wl: Workload, ask: Ask, now: float, preempt: bool, decis
         return None
     reason: object = [wl, why]  # worded once the pass is done (see cycle)
     if wl.id in m.nominated and wl.id in m._cached(
-            ("preemptors",), lambda: {v.stopping_for for v in m.admitted.values() if v.stopping}):
+        ("preemptors",), lambda: {v.stopping_for for v in m.admitted.values() if v.stopping}
+    ):
         reason = "waiting for the jobs it preempted to stop"
     elif preempt and ask.circle not in m._preempted_in:
         victims = preemption.victims(m, wl, held_back, admitted_now)
@@ -400,8 +429,14 @@ def _borrows_now(m: Model, ask: Ask) -> bool:
     """:meth:`_borrows` for a workload of ``ask``, whose team is in a cohort: :meth:`within_nominal` for
     each of its flavors, with CPU and memory looked at once."""
     used, nominal = m.used[ask.name], ask.team.nominal
-    if (ask.cpu and "cpu" in nominal and used["cpu"] + ask.cpu > nominal["cpu"] + 1e-9
-            or ask.memory and "memory" in nominal and used["memory"] + ask.memory > nominal["memory"] + 1e-9):
+    if (
+        ask.cpu
+        and "cpu" in nominal
+        and used["cpu"] + ask.cpu > nominal["cpu"] + 1e-9
+        or ask.memory
+        and "memory" in nominal
+        and used["memory"] + ask.memory > nominal["memory"] + 1e-9
+    ):
         return True
     if not ask.gpus:
         return False

@@ -46,15 +46,25 @@ class Rooms(dict):
         self.model, self.team, self.freed = model, team, freed
 
     def __missing__(self, resource: str) -> float:
-        room = self[resource] = self.model.limit(self.team, resource, self.freed) if self.freed else \
-            self.model._limit_now(self.team, resource)
+        room = self[resource] = (
+            self.model.limit(self.team, resource, self.freed)
+            if self.freed
+            else self.model._limit_now(self.team, resource)
+        )
         return room
 
 
 class Model:
     """Quota accounting and admission decisions for every team."""
-    def __init__(self, teams: list[Team], devices: dict[str, list[int]], cpu: float, memory: float = INF,
-                 starvation_seconds: float = 600.0):
+
+    def __init__(
+        self,
+        teams: list[Team],
+        devices: dict[str, list[int]],
+        cpu: float,
+        memory: float = INF,
+        starvation_seconds: float = 600.0,
+    ):
         self.teams = {t.name: t for t in teams}
         self.devices = {flavor: sorted(ids) for flavor, ids in devices.items()}
         self.capacity = {gpu_key(f): float(len(ids)) for f, ids in self.devices.items()}
@@ -78,7 +88,8 @@ class Model:
         self._running: dict[str, dict[str, Workload]] = defaultdict(dict)  # admitted jobs not stopping, by team
         # what those jobs hold, by team, priority and resource: a bound on what preemption could free
         self._running_use: dict[str, dict[int, dict[str, float]]] = defaultdict(
-            lambda: defaultdict(lambda: defaultdict(float)))
+            lambda: defaultdict(lambda: defaultdict(float))
+        )
         self.used: dict[str, dict[str, float]] = {name: defaultdict(float) for name in self.teams}
         self.total_used: dict[str, float] = defaultdict(float)
         # per cohort and quoted resource: the members' unused nominal quota (``_pool``) and what those with a
@@ -129,8 +140,9 @@ class Model:
             if team is not None and team.cohort and self._quoted(team, resource):
                 self._pool[team.cohort][resource] -= sign * amount
                 if resource in team.lending_limit:
-                    self._kept[team.cohort][resource] += (self._keeps(team, resource, used[resource])
-                                                          - self._keeps(team, resource, before))
+                    self._kept[team.cohort][resource] += self._keeps(team, resource, used[resource]) - self._keeps(
+                        team, resource, before
+                    )
 
     def _take(self, wl: Workload) -> None:
         self._account(wl, 1.0)
@@ -198,8 +210,7 @@ class Model:
             for name, amounts in freed.by_team.items():
                 amount = amounts.get(resource, 0.0)
                 member = self.teams.get(name)
-                if not amount or member is None or member.cohort != team.cohort or \
-                        not self._quoted(member, resource):
+                if not amount or member is None or member.cohort != team.cohort or not self._quoted(member, resource):
                     continue
                 room += amount
                 if name != team.name and resource in member.lending_limit:
@@ -301,8 +312,9 @@ class Model:
         key = ("flavor keys", team.name, request.gpu_flavor)
         found = self._static.get(key)
         if found is None:
-            found = self._static[key] = [(f, gpu_key(f)) for f in self._flavors(team, Request(gpus=1,
-                                                                                          gpu_flavor=request.gpu_flavor))]
+            found = self._static[key] = [
+                (f, gpu_key(f)) for f in self._flavors(team, Request(gpus=1, gpu_flavor=request.gpu_flavor))
+            ]
         return found
 
     def _cached(self, key: tuple, compute):
@@ -350,13 +362,19 @@ class Model:
             ceilings = {f: self.ceiling(team, gpu_key(f)) for f in flavors}
             if all(wl.request.gpus > c + 1e-9 for c in ceilings.values()):
                 most = max(ceilings.values())
-                return (f"asks for {wl.request.gpus} GPUs; team {team.name} may have at most {most:g} "
-                        f"(its quota and what it may borrow)")
-        for resource, amount, show in (("cpu", wl.request.cpu, lambda v: f"{v:g} CPUs"),
-                                       ("memory", wl.request.memory, gib)):
+                return (
+                    f"asks for {wl.request.gpus} GPUs; team {team.name} may have at most {most:g} "
+                    f"(its quota and what it may borrow)"
+                )
+        for resource, amount, show in (
+            ("cpu", wl.request.cpu, lambda v: f"{v:g} CPUs"),
+            ("memory", wl.request.memory, gib),
+        ):
             if amount and self._quoted(team, resource) and amount > self.ceiling(team, resource) + 1e-9:
-                return (f"asks for {show(amount)}; team {team.name} may have at most "
-                        f"{show(self.ceiling(team, resource))} (its quota and what it may borrow)")
+                return (
+                    f"asks for {show(amount)}; team {team.name} may have at most "
+                    f"{show(self.ceiling(team, resource))} (its quota and what it may borrow)"
+                )
         return None
 
     def ceiling(self, team: Team, resource: str) -> float:
@@ -370,15 +388,14 @@ class Model:
                 member = self.teams[name]
                 if name == team.name or not self._quoted(member, resource):
                     continue
-                lendable += min(member.nominal.get(resource, 0.0),
-                                member.lending_limit.get(resource, INF))
+                lendable += min(member.nominal.get(resource, 0.0), member.lending_limit.get(resource, INF))
             most = nominal + min(team.borrowing_limit.get(resource, INF), lendable)
         return min(most, self.capacity.get(resource, 0.0))
 
     # admission -----------------------------------------------------------------------
     def _admit(self, wl: Workload, flavor: str | None, now: float) -> Workload:
         wl.flavor = flavor
-        wl.devices = tuple(self.free_devices[flavor][:wl.request.gpus]) if flavor else ()
+        wl.devices = tuple(self.free_devices[flavor][: wl.request.gpus]) if flavor else ()
         wl.admitted_at = now
         self._take(wl)
         return wl
@@ -393,22 +410,13 @@ class Model:
         self._admit(wl, flavor, now)
         return True, ""
 
-
-
-
-
-
-
-
-
-
-
     def cycle(self, pending: list[Workload], now: float, preempt: bool = True) -> Decision:
         """One scheduling pass over every pending workload (:func:`.cycle.run`)."""
         return cycle.run(self, pending, now, preempt)
 
-    def estimate(self, pending: list[Workload], ends: dict[str, float], durations: dict[str, float],
-                 now: float, limit: int = 200) -> dict[str, float]:
+    def estimate(
+        self, pending: list[Workload], ends: dict[str, float], durations: dict[str, float], now: float, limit: int = 200
+    ) -> dict[str, float]:
         """When pending workloads may start, if running ones end at ``ends`` and each pending one runs
         ``durations[id]`` (both from limits and history); a replay on a copy of this model, without
         preemption, over at most ``limit`` workloads."""
@@ -434,15 +442,10 @@ class Model:
             team = self.teams[wl.team]
             needs = {"cpu": wl.request.cpu, "memory": wl.request.memory}
             # the first flavor the team could ever fit it in (its victims, if any, free that one)
-            flavors = [f for f in self._flavors(team, wl.request)
-                       if self.ceiling(team, gpu_key(f)) >= wl.request.gpus]
+            flavors = [f for f in self._flavors(team, wl.request) if self.ceiling(team, gpu_key(f)) >= wl.request.gpus]
             if wl.request.gpus and flavors:
                 needs[gpu_key(flavors[0])] = wl.request.gpus
             needs = self._static[key] = {r: a for r, a in needs.items() if a}
         return needs
 
     # visibility ------------------------------------------------------------------------
-
-
-
-

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 class Freed:
     """What stopping some admitted workloads would give back, by team and in total (a preemption being tried)."""
+
     __slots__ = ("by_team", "total", "_rooms")
 
     def __init__(self, workloads=()):
@@ -59,8 +60,9 @@ class Freed:
         return mine.get(resource, 0.0) if mine else 0.0
 
 
-def victims(m: Model, wl: Workload, reserved: dict[str, float] | None = None,
-            admitted_now: AbstractSet[str] = frozenset()) -> list[Workload]:
+def victims(
+    m: Model, wl: Workload, reserved: dict[str, float] | None = None, admitted_now: AbstractSet[str] = frozenset()
+) -> list[Workload]:
     """The fewest workloads to stop so that ``wl`` fits, per its team's policies; [] if none.
 
     Only the victims chosen here count as freed (not those stopping for another workload), what
@@ -68,8 +70,12 @@ def victims(m: Model, wl: Workload, reserved: dict[str, float] | None = None,
     so preemption never repeats for the same capacity."""
     if not reserved:  # what failed at one priority fails at a lower one too (fewer candidates)
         hopeless = m._cache.get(("hopeless", wl.ask))
-        if hopeless is not None and hopeless[0] == m._version and wl.priority <= hopeless[1] \
-                and hopeless[2] in (None, m._pass):
+        if (
+            hopeless is not None
+            and hopeless[0] == m._version
+            and wl.priority <= hopeless[1]
+            and hopeless[2] in (None, m._pass)
+        ):
             return []
     team = m.teams[wl.team]
     needed = _needed(m, wl, team)
@@ -92,7 +98,7 @@ def victims(m: Model, wl: Workload, reserved: dict[str, float] | None = None,
     # newest and least important first, a job of another team only while that team still borrows what the
     # preemptor reclaims, and the preemptor then within its nominal quota; failing that, only its own
     # team's, the preemptor allowed to borrow
-    order = (lambda v: (v.priority, -v.admitted_at, -v.created, v.id))
+    order = lambda v: (v.priority, -v.admitted_at, -v.created, v.id)
     mine = sorted((v for v in candidates if v.team == wl.team), key=order)
     theirs = sorted((v for v in candidates if v.team != wl.team), key=order)
     if theirs:
@@ -102,8 +108,9 @@ def victims(m: Model, wl: Workload, reserved: dict[str, float] | None = None,
     return _targets(m, wl, mine, reserved, needed, nominal_only=False) if mine else []
 
 
-def _targets(m: Model, wl: Workload, candidates: list[Workload], reserved: dict | None, needed: tuple | None,
-             nominal_only: bool) -> list[Workload]:
+def _targets(
+    m: Model, wl: Workload, candidates: list[Workload], reserved: dict | None, needed: tuple | None, nominal_only: bool
+) -> list[Workload]:
     """The first of ``candidates`` that, stopped, let ``wl`` fit (within its team's nominal quota when
     ``nominal_only``), less those that turned out unnecessary; [] if they never do. A job of another team
     counts only while that team still uses more than its nominal quota of a resource in ``needed``."""
@@ -135,26 +142,32 @@ def _fits(m: Model, wl: Workload, freed: Freed, reserved: dict | None, nominal_o
     used, nominal = m.used[wl.team], team.nominal
 
     def beyond(resource: str, amount: float) -> bool:  # beyond its nominal quota, with ``freed`` given back
-        return nominal_only and m._quoted(team, resource) and \
-            used[resource] - freed.of(wl.team, resource) + amount > nominal.get(resource, 0.0) + 1e-9
+        return (
+            nominal_only
+            and m._quoted(team, resource)
+            and used[resource] - freed.of(wl.team, resource) + amount > nominal.get(resource, 0.0) + 1e-9
+        )
 
     for resource, amount in (("cpu", request.cpu), ("memory", request.memory)):
-        if amount and (amount > m.available(team, resource, freed) - reserved.get(resource, 0.0) + 1e-9
-                       or beyond(resource, amount)):
+        if amount and (
+            amount > m.available(team, resource, freed) - reserved.get(resource, 0.0) + 1e-9 or beyond(resource, amount)
+        ):
             return False
     if not request.gpus:
         return True
-    return any(not beyond(key, request.gpus) and
-               request.gpus <= m.available(team, key, freed) - reserved.get(key, 0.0) + 1e-9
-               for _, key in m._flavor_keys(team, request))
+    return any(
+        not beyond(key, request.gpus) and request.gpus <= m.available(team, key, freed) - reserved.get(key, 0.0) + 1e-9
+        for _, key in m._flavor_keys(team, request)
+    )
 
 
 def _still_borrowing(m: Model, name: str, needed: tuple | None, freed: Freed) -> bool:
     """Whether team ``name`` uses more than its nominal quota of one of ``needed`` with ``freed`` given back."""
     used, nominal, given = m.used[name], m.teams[name].nominal, freed.by_team.get(name)
     for r in needed or ():
-        if (r.startswith("gpu/") or r in nominal) and \
-                used[r] - (given.get(r, 0.0) if given else 0.0) > nominal.get(r, 0.0) + 1e-9:
+        if (r.startswith("gpu/") or r in nominal) and used[r] - (given.get(r, 0.0) if given else 0.0) > nominal.get(
+            r, 0.0
+        ) + 1e-9:
             return True
     return False
 
@@ -233,14 +246,17 @@ def _may_fit(m: Model, wl: Workload, bound: dict[str, float], reserved: dict | N
     if not request.gpus:
         return True
     for _, key in m._flavor_keys(team, request):
-        if request.gpus <= min(rooms[key], capacity[key] - total[key]) - reserved.get(key, 0.0) \
-                + bound.get(key, 0.0) + 1e-9:
+        if (
+            request.gpus
+            <= min(rooms[key], capacity[key] - total[key]) - reserved.get(key, 0.0) + bound.get(key, 0.0) + 1e-9
+        ):
             return True
     return False
 
 
-def _candidates(m: Model, team: Team, priority: int, needed: tuple | None,
-                admitted_now: set[str]) -> tuple[list, Freed]:
+def _candidates(
+    m: Model, team: Team, priority: int, needed: tuple | None, admitted_now: set[str]
+) -> tuple[list, Freed]:
     """Who a workload of ``team`` and ``priority`` may preempt (its team's lower priorities, and when it
     reclaims ``needed`` resources, the jobs of cohort members that borrow them), and what they hold."""
     running = _running_by_team(m)
@@ -251,8 +267,11 @@ def _candidates(m: Model, team: Team, priority: int, needed: tuple | None,
         for name in m.cohorts[team.cohort]:
             if name == team.name or not running[name] or not _borrowing(m, m.teams[name], needed):
                 continue
-            candidates += [v for v in running[name].values() if v.id not in admitted_now and
-                           (team.reclaim == "any" or v.priority < priority)]
+            candidates += [
+                v
+                for v in running[name].values()
+                if v.id not in admitted_now and (team.reclaim == "any" or v.priority < priority)
+            ]
     return candidates, Freed(candidates)
 
 

@@ -56,23 +56,31 @@ def build_teams(settings: Settings, inventory: list[GPU], overrides: dict[str, d
     specs = team_specs(settings, overrides)
     if not specs:
         nominal = {gpu_key(f): float(len(ids)) for f, ids in flavors_of(inventory).items()}
-        return [Team(DEFAULT_QUEUE, nominal=nominal, flavors=tuple(flavors),
-                     held=bool(overrides.get(DEFAULT_QUEUE, {}).get("held")))]
+        return [
+            Team(
+                DEFAULT_QUEUE,
+                nominal=nominal,
+                flavors=tuple(flavors),
+                held=bool(overrides.get(DEFAULT_QUEUE, {}).get("held")),
+            )
+        ]
     teams = []
     for name, spec in specs.items():
         own = list(((spec.get("quota") or {}).get("gpus") or {}))
         preemption = spec.get("preemption") or {}
-        teams.append(Team(
-            name=name,
-            nominal=_amounts(spec.get("quota")),
-            borrowing_limit=_amounts(spec.get("borrowing_limit")),
-            lending_limit=_amounts(spec.get("lending_limit")),
-            cohort=spec.get("cohort"),
-            flavors=tuple(own + [f for f in flavors if f not in own]),
-            within_team=preemption.get("within_team", "lower_priority"),
-            reclaim=preemption.get("reclaim", "any"),
-            held=bool(overrides.get(name, {}).get("held")),
-        ))
+        teams.append(
+            Team(
+                name=name,
+                nominal=_amounts(spec.get("quota")),
+                borrowing_limit=_amounts(spec.get("borrowing_limit")),
+                lending_limit=_amounts(spec.get("lending_limit")),
+                cohort=spec.get("cohort"),
+                flavors=tuple(own + [f for f in flavors if f not in own]),
+                within_team=preemption.get("within_team", "lower_priority"),
+                reclaim=preemption.get("reclaim", "any"),
+                held=bool(overrides.get(name, {}).get("held")),
+            )
+        )
     return teams
 
 
@@ -81,18 +89,24 @@ def check(settings: Settings, inventory: list[GPU]) -> None:
     have = set(flavors_of(inventory))
     for name, spec in settings.teams.items():
         for section in ("quota", "borrowing_limit", "lending_limit"):
-            for flavor in ((spec.get(section) or {}).get("gpus") or {}):
+            for flavor in (spec.get(section) or {}).get("gpus") or {}:
                 if flavor not in have:
                     raise ConfigError(
                         f"{settings.where('teams', name, section, 'gpus', flavor)}: teams.{name}.{section}.gpus: "
                         f"no GPU of flavor '{flavor}' on this machine",
-                        fix=f"flavors here: {', '.join(sorted(have)) or 'none (declare them under gpus.declared)'}")
+                        fix=f"flavors here: {', '.join(sorted(have)) or 'none (declare them under gpus.declared)'}",
+                    )
 
 
 def build_model(settings: Settings, inventory: list[GPU], overrides: dict[str, dict] | None = None) -> Model:
     resources = settings.job_resources
-    return Model(build_teams(settings, inventory, overrides), flavors_of(inventory), cpu=resources["cpu"],
-                 memory=resources["memory"], starvation_seconds=settings.jobs.starvation_seconds)
+    return Model(
+        build_teams(settings, inventory, overrides),
+        flavors_of(inventory),
+        cpu=resources["cpu"],
+        memory=resources["memory"],
+        starvation_seconds=settings.jobs.starvation_seconds,
+    )
 
 
 def queue_for(settings: Settings, requested: str | None, groups: Iterable[str], *, admin: bool = False) -> str:
@@ -106,18 +120,24 @@ def queue_for(settings: Settings, requested: str | None, groups: Iterable[str], 
     mine = [t for t in teams if t in groups]
     if requested is not None:
         if requested not in teams:
-            raise ValidationError(f"unknown queue '{requested}'", field="queue",
-                                  fix=f"queues: {', '.join(teams)}")
+            raise ValidationError(f"unknown queue '{requested}'", field="queue", fix=f"queues: {', '.join(teams)}")
         if requested not in groups and not admin:
-            raise PolicyError(f"queue '{requested}' belongs to team {requested}; you are in "
-                              f"{', '.join(sorted(groups)) or 'no team'}", field="queue", reason="not_in_team",
-                              fix=f"submit to {', '.join(mine)}" if mine else "ask an admin to add you to a team")
+            raise PolicyError(
+                f"queue '{requested}' belongs to team {requested}; you are in {', '.join(sorted(groups)) or 'no team'}",
+                field="queue",
+                reason="not_in_team",
+                fix=f"submit to {', '.join(mine)}" if mine else "ask an admin to add you to a team",
+            )
         return requested
     if not mine:
         if admin:
             return teams[0]
-        raise PolicyError("you are in no team, so you have no queue", field="queue", reason="no_team",
-                          fix="ask an admin to add you to a team (a JupyterHub group listed under teams)")
+        raise PolicyError(
+            "you are in no team, so you have no queue",
+            field="queue",
+            reason="no_team",
+            fix="ask an admin to add you to a team (a JupyterHub group listed under teams)",
+        )
     return mine[0]
 
 
@@ -127,8 +147,9 @@ def priority_of(settings: Settings, name: str | None) -> tuple[str, int]:
         default = settings.default_priority_class
         return (default, classes[default]) if default else ("", 0)
     if name not in classes:
-        raise ValidationError(f"unknown priority class '{name}'", field="priority",
-                              fix=f"use one of: {', '.join(classes)}")
+        raise ValidationError(
+            f"unknown priority class '{name}'", field="priority", fix=f"use one of: {', '.join(classes)}"
+        )
     return name, classes[name]
 
 
@@ -137,5 +158,9 @@ def request_for(resources: dict, nproc: int, profile) -> Request:
     memory = resources.get("memory")
     if memory is None and getattr(profile, "memory", None):
         memory = profile.memory
-    return Request(gpus=int(resources.get("gpus", 0)), gpu_flavor=resources.get("gpu_type"),
-                   cpu=float(resources.get("cpu", nproc)), memory=parse_size(memory) if memory else 0.0)
+    return Request(
+        gpus=int(resources.get("gpus", 0)),
+        gpu_flavor=resources.get("gpu_type"),
+        cpu=float(resources.get("cpu", nproc)),
+        memory=parse_size(memory) if memory else 0.0,
+    )

@@ -55,8 +55,11 @@ def standing(m: Model, team: Team, resource: str) -> str:
     """Where the team stands on the resource, in words (remembered by the figures they show)."""
     used = m.used[team.name][resource]
     lend = m.lendable(team, resource) if team.cohort else None
-    free = m.capacity.get(resource, 0.0) - m.total_used[resource] \
-        if resource.startswith("gpu/") or resource == "cpu" else None
+    free = (
+        m.capacity.get(resource, 0.0) - m.total_used[resource]
+        if resource.startswith("gpu/") or resource == "cpu"
+        else None
+    )
     key = (team.name, resource, used, lend, free)
     words = m._worded.get(key)
     if words is None:

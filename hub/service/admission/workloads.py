@@ -122,8 +122,12 @@ class Waiting(MutableMapping):
     and compares like a dict; what is set later (the service adds the jobs it holds in back-off) is kept apart.
     """
 
-    def __init__(self, groups: dict[str, int] | None = None, reasons: dict[int, str] | None = None,
-                 own: dict[str, str] | None = None):
+    def __init__(
+        self,
+        groups: dict[str, int] | None = None,
+        reasons: dict[int, str] | None = None,
+        own: dict[str, str] | None = None,
+    ):
         self._groups = groups or {}  # id -> group, a copy the pass owns
         self._reasons = reasons or {}  # group -> reason, or its two parts
         self._own: dict[str, str | tuple[str, str]] = {}
@@ -155,8 +159,9 @@ class Waiting(MutableMapping):
 
     def _pairs(self) -> Iterator[tuple[str, str]]:
         """(id, reason) for every waiting workload, each group's reason joined once."""
-        words = {gid: reason if isinstance(reason, str) else reason[0] + reason[1]
-                 for gid, reason in self._reasons.items()}
+        words = {
+            gid: reason if isinstance(reason, str) else reason[0] + reason[1] for gid, reason in self._reasons.items()
+        }
         own = ((wid, reason if isinstance(reason, str) else reason[0] + reason[1]) for wid, reason in self._own.items())
         return chain(own, zip(self._groups.keys(), map(words.__getitem__, self._groups.values()), strict=True))
 

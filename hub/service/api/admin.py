@@ -70,21 +70,28 @@ class DrainHandler(APIHandler):
 class AuditHandler(APIHandler):
     async def get(self):
         who = self.principal()
-        self.write_json({"records": await self.manager.audit_records(
-            who, limit=self.int_arg("limit", 200, minimum=1, maximum=10_000), action=self.str_arg("action"),
-            target=self.str_arg("target"))})
+        self.write_json(
+            {
+                "records": await self.manager.audit.records(
+                    who,
+                    limit=self.int_arg("limit", 200, minimum=1, maximum=10_000),
+                    action=self.str_arg("action"),
+                    target=self.str_arg("target"),
+                )
+            }
+        )
 
     async def post(self):
         """The hub records logins here (its own token); no other action may be written from outside."""
         who = self.principal()
         body = self.json_body()
         validation.check_schema("AuditEvent", body)
-        self.write_json(await self.manager.record_login(who, body), 201)
+        self.write_json(await self.manager.audit.record_login(who, body), 201)
 
 
 class AuditVerifyHandler(APIHandler):
     async def get(self):
-        self.write_json(await self.manager.audit_verify(self.principal()))
+        self.write_json(await self.manager.audit.verify(self.principal()))
 
 
 class MetricsHandler(APIHandler):

@@ -55,9 +55,16 @@ class JobsHandler(APIHandler):
     async def get(self):
         who = self.principal()
         states = [s for s in (self.str_arg("state", "") or "").split(",") if s]
-        self.finish(await self.manager.page_json(
-            who, states=states, owner=self.str_arg("owner"), queue=self.str_arg("queue"),
-            limit=self.int_arg("limit", 200, minimum=1, maximum=1000), cursor=self.str_arg("cursor")))
+        self.finish(
+            await self.manager.page_json(
+                who,
+                states=states,
+                owner=self.str_arg("owner"),
+                queue=self.str_arg("queue"),
+                limit=self.int_arg("limit", 200, minimum=1, maximum=1000),
+                cursor=self.str_arg("cursor"),
+            )
+        )
 
     async def post(self):
         who = self.principal()
@@ -91,6 +98,7 @@ class CancelHandler(APIHandler):
 
 class NotebookHandler(APIHandler):
     """The executed notebook (``/output``, any rank) or the submitted one (``/input``), streamed."""
+
     login_redirect = True  # the job card's and the jobs page's links
 
     async def get(self, job_id, which):
@@ -132,8 +140,12 @@ class NotebookHandler(APIHandler):
 
     async def _whole(self, job, rank: int, data: bytes, size: int) -> bytes:
         if size > pages.MAX_HTML:
-            raise DanluError(f"the notebook is {size // 2**20} MiB, too large to show as HTML", status=413,
-                             reason="too_large", fix="download it as ipynb (leave out format=html)")
+            raise DanluError(
+                f"the notebook is {size // 2**20} MiB, too large to show as HTML",
+                status=413,
+                reason="too_large",
+                fix="download it as ipynb (leave out format=html)",
+            )
         parts = [data]
         offset = len(data)
         while offset < size:
@@ -151,6 +163,7 @@ class NotebookHandler(APIHandler):
 
 class LogsHandler(APIHandler):
     """The job log; ``follow`` streams until the job ends, as text or server-sent events."""
+
     login_redirect = True
     followers: dict[str, int] = {}
     _closed = False
@@ -188,8 +201,12 @@ class LogsHandler(APIHandler):
     def _join(self, user: str) -> None:
         counts = LogsHandler.followers
         if sum(counts.values()) >= MAX_FOLLOWERS or counts.get(user, 0) >= MAX_FOLLOWERS_PER_USER:
-            raise DanluError("too many logs are being followed", status=429, reason="too_many_followers",
-                             fix="close other log views, or read the log without follow")
+            raise DanluError(
+                "too many logs are being followed",
+                status=429,
+                reason="too_many_followers",
+                fix="close other log views, or read the log without follow",
+            )
         counts[user] = counts.get(user, 0) + 1
         self.manager.metrics.followers.inc()
 
@@ -263,6 +280,8 @@ class CompareHandler(APIHandler):
         who = self.principal()
         other = self.path_arg(other, "other", JOB_ID, "a job id (12 hex digits)")
         self.write_json(await self.manager.compare(who, self.job_arg(job_id), other))
+
+
 class UsageHandler(APIHandler):
     async def get(self):
         who = self.principal()

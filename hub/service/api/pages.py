@@ -24,8 +24,10 @@ from danlu.errors import DanluError
 from danlu.hub.service.api.web import APIHandler
 
 MAX_HTML = 32 * 1024 * 1024
-CSP = ("sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
-       "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+CSP = (
+    "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
+    "form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+)
 
 
 def notebook_html(data: bytes) -> str:
@@ -36,8 +38,12 @@ def notebook_html(data: bytes) -> str:
     try:
         node = nbformat.reads(data.decode("utf-8"), as_version=4)
     except Exception as e:  # noqa: BLE001 - the job's content: anything may be in it
-        raise DanluError(f"the notebook cannot be rendered: {str(e)[:200]}", status=409, reason="bad_notebook",
-                         fix="download it as ipynb (leave out format=html)") from None
+        raise DanluError(
+            f"the notebook cannot be rendered: {str(e)[:200]}",
+            status=409,
+            reason="bad_notebook",
+            fix="download it as ipynb (leave out format=html)",
+        ) from None
     exporter = HTMLExporter(template_name="lab", sanitize_html=True, embed_images=False)
     body, _ = exporter.from_notebook_node(node)
     return body
@@ -45,8 +51,12 @@ def notebook_html(data: bytes) -> str:
 
 async def render_notebook(handler: APIHandler, data: bytes) -> None:
     if len(data) > MAX_HTML:
-        raise DanluError(f"the notebook is {len(data) // 2**20} MiB, too large to show as HTML", status=413,
-                         reason="too_large", fix="download it as ipynb (leave out format=html)")
+        raise DanluError(
+            f"the notebook is {len(data) // 2**20} MiB, too large to show as HTML",
+            status=413,
+            reason="too_large",
+            fix="download it as ipynb (leave out format=html)",
+        )
     page = await asyncio.get_running_loop().run_in_executor(None, notebook_html, data)
     handler.set_header("Content-Type", "text/html; charset=utf-8")
     handler.set_header("Content-Security-Policy", CSP)
@@ -57,6 +67,7 @@ async def render_notebook(handler: APIHandler, data: bytes) -> None:
 
 class JobsPageHandler(APIHandler):
     """``/services/danlu/``: the caller's jobs as a plain HTML page (the hub's Services menu links here)."""
+
     login_redirect = True
 
     async def get(self):
@@ -69,13 +80,18 @@ class JobsPageHandler(APIHandler):
                 links.append(f'<a href="{html.escape(info["output_url"])}?format=html">output</a>')
             if info["mlflow_run_url"]:
                 links.append(f'<a href="{html.escape(info["mlflow_run_url"])}">MLflow run</a>')
-            rows.append(f"<tr><td><code>{html.escape(info['id'])}</code></td><td>{html.escape(info['name'])}</td>"
-                        f"<td>{html.escape(info['owner'])}</td><td>{html.escape(info['state'])}</td>"
-                        f"<td>{html.escape(info['reason'] or '')}</td><td>{info['created_at']}</td>"
-                        f"<td>{' · '.join(links)}</td></tr>")
+            rows.append(
+                f"<tr><td><code>{html.escape(info['id'])}</code></td><td>{html.escape(info['name'])}</td>"
+                f"<td>{html.escape(info['owner'])}</td><td>{html.escape(info['state'])}</td>"
+                f"<td>{html.escape(info['reason'] or '')}</td><td>{info['created_at']}</td>"
+                f"<td>{' · '.join(links)}</td></tr>"
+            )
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; "
-                                                   "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+        self.set_header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; "
+            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        )
         self.finish(
             "<!doctype html><html><head><meta charset='utf-8'><title>Danlu jobs</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;text-align:left}"
@@ -84,4 +100,5 @@ class JobsPageHandler(APIHandler):
             "<a href='/hub/home'>hub</a> · <a href='/services/mlflow/'>MLflow</a> · "
             "<a href='api/v1/openapi.json'>API</a></p>"
             "<table><tr><th>id</th><th>name</th><th>owner</th><th>state</th><th>reason</th><th>submitted</th>"
-            f"<th></th></tr>{''.join(rows) or '<tr><td colspan=7>no jobs yet</td></tr>'}</table></body></html>")
+            f"<th></th></tr>{''.join(rows) or '<tr><td colspan=7>no jobs yet</td></tr>'}</table></body></html>"
+        )

@@ -5,7 +5,7 @@
 its status, reason, field and fix; a method a route does not have is a 405
 that lists the allowed ones (an unknown route is a 404 whatever the method);
 anything unexpected is a logged 500 with no traceback in the response.
-Request bodies go through :func:`~danlu.hub.service.validation.parse_json` (size, depth,
+Request bodies go through :func:`~danlu.hub.service.jsonbody.parse_json` (size, depth,
 non-finite numbers, surrogates, NUL) and must be JSON objects; path and
 query parameters are read as sent (UTF-8, given once, no control character
 quietly turned into a space, as tornado's ``get_argument`` would) through
@@ -26,23 +26,30 @@ from tornado.log import app_log
 
 from danlu.errors import DanluError, Forbidden, UsageError, ValidationError
 from danlu.hub.hubauth import AsyncHubAuthenticated
-from danlu.hub.service import validation
+from danlu.hub.service import jsonbody, validation
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.manager import JobManager
 
-MAX_BODY = 64 * 1024 * 1024
+MAX_BODY = jsonbody.MAX_BODY
 MAX_QUERY = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 METHODS = ("get", "post", "put", "patch", "delete", "head", "options")
-_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               type(None): "null"}
+_JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 # the document's names of path parameters whose route group is named otherwise
 PATH_NAMES = {"job_id": "id"}
 
 
 class BaseHandler(web.RequestHandler):
     """JSON in, JSON out, errors as JSON; no authentication of its own."""
+
     max_body = MAX_BODY
 
     @property
@@ -56,8 +63,7 @@ class BaseHandler(web.RequestHandler):
         self.set_header("X-Content-Type-Options", "nosniff")
 
     def allowed_methods(self) -> list[str]:
-        return [m.upper() for m in METHODS
-                if getattr(type(self), m) is not getattr(web.RequestHandler, m)]
+        return [m.upper() for m in METHODS if getattr(type(self), m) is not getattr(web.RequestHandler, m)]
 
     # input ---------------------------------------------------------------------------------
     def decode_argument(self, value: bytes, name: str | None = None) -> str:
@@ -66,16 +72,24 @@ class BaseHandler(web.RequestHandler):
             return value.decode("utf-8")
         except UnicodeDecodeError:
             field = PATH_NAMES.get(name or "", name) or "path"
-            raise UsageError(f"{field}: {value[:40]!r} is not UTF-8 once percent-decoded", field=field,
-                             reason="bad_unicode", fix="percent-encode UTF-8 text (e.g. %C3%A9 for \u00e9)") from None
+            raise UsageError(
+                f"{field}: {value[:40]!r} is not UTF-8 once percent-decoded",
+                field=field,
+                reason="bad_unicode",
+                fix="percent-encode UTF-8 text (e.g. %C3%A9 for \u00e9)",
+            ) from None
 
     def json_body(self, *, anything: bool = False):
         """The request body: a JSON object (any JSON value with ``anything``, for a caller that refuses
-        the rest itself) within every bound of :func:`~danlu.hub.service.validation.parse_json`."""
-        body = validation.parse_json(self.request.body, max_bytes=self.max_body)
+        the rest itself) within every bound of :func:`~danlu.hub.service.jsonbody.parse_json`."""
+        body = jsonbody.parse_json(self.request.body, max_bytes=self.max_body)
         if not anything and not isinstance(body, dict):
-            raise ValidationError(f"the request body must be a JSON object, not {_JSON_TYPES[type(body)]}",
-                                  field="body", reason="not_an_object", fix="send a JSON object: {...}")
+            raise ValidationError(
+                f"the request body must be a JSON object, not {_JSON_TYPES[type(body)]}",
+                field="body",
+                reason="not_an_object",
+                fix="send a JSON object: {...}",
+            )
         return body
 
     def query_arg(self, name: str) -> str | None:
@@ -85,8 +99,12 @@ class BaseHandler(web.RequestHandler):
         if not values:
             return None
         if len(values) > 1:
-            raise UsageError(f"query parameter {name} is given {len(values)} times", field=name,
-                             reason="bad_query", fix=f"give {name} once")
+            raise UsageError(
+                f"query parameter {name} is given {len(values)} times",
+                field=name,
+                reason="bad_query",
+                fix=f"give {name} once",
+            )
         return self.decode_argument(values[0], name)
 
     def str_arg(self, name: str, default: str | None = None, *, choices=None, max_length: int = MAX_QUERY):
@@ -94,23 +112,33 @@ class BaseHandler(web.RequestHandler):
         if raw is None:
             return default
         if len(raw) > max_length or _CONTROL.search(raw):
-            raise UsageError(f"query parameter {name} must be at most {max_length} printable characters",
-                             field=name, reason="bad_query",
-                             fix=f"send {name} without NUL, tabs, newlines or other control characters")
+            raise UsageError(
+                f"query parameter {name} must be at most {max_length} printable characters",
+                field=name,
+                reason="bad_query",
+                fix=f"send {name} without NUL, tabs, newlines or other control characters",
+            )
         if choices is not None and raw not in choices:
-            raise UsageError(f"query parameter {name} must be one of {', '.join(choices)}, got {raw[:40]!r}",
-                             field=name, reason="bad_query", fix=f"e.g. {name}={choices[0]}")
+            raise UsageError(
+                f"query parameter {name} must be one of {', '.join(choices)}, got {raw[:40]!r}",
+                field=name,
+                reason="bad_query",
+                fix=f"e.g. {name}={choices[0]}",
+            )
         return raw
 
     def int_arg(self, name: str, default=None, minimum: int = 0, maximum: int = validation.MAX_SAFE_INT):
-        return validation.int_param(self.query_arg(name), name, default=default, minimum=minimum,
-                                    maximum=maximum)
+        return validation.int_param(self.query_arg(name), name, default=default, minimum=minimum, maximum=maximum)
 
     def bool_arg(self, name: str) -> bool:
         raw = self.str_arg(name, "false")
         if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise UsageError(f"query parameter {name} must be true or false, got {raw[:40]!r}", field=name,
-                             reason="bad_query", fix=f"{name}=true or {name}=false")
+            raise UsageError(
+                f"query parameter {name} must be true or false, got {raw[:40]!r}",
+                field=name,
+                reason="bad_query",
+                fix=f"{name}=true or {name}=false",
+            )
         return raw.lower() in ("1", "true", "yes", "on")
 
     def job_arg(self, value: str) -> str:
@@ -119,8 +147,12 @@ class BaseHandler(web.RequestHandler):
     @staticmethod
     def path_arg(value: str, name: str, pattern: re.Pattern, what: str) -> str:
         if not isinstance(value, str) or not pattern.match(value):
-            raise UsageError(f"{name}: {value[:40]!r} is not {what}", field=name, reason="bad_id",
-                             fix=f"it must match {pattern.pattern}")
+            raise UsageError(
+                f"{name}: {value[:40]!r} is not {what}",
+                field=name,
+                reason="bad_id",
+                fix=f"it must match {pattern.pattern}",
+            )
         return value
 
     # output --------------------------------------------------------------------------------
@@ -141,21 +173,34 @@ class BaseHandler(web.RequestHandler):
             self.set_status(404)
         elif status_code == 405:
             self.set_header("Allow", ", ".join(allowed))
-            body = {"status": 405, "reason": "method_not_allowed",
-                    "message": f"{self.request.method} is not allowed on {self.request.path[:200]}",
-                    "fix": f"use {', '.join(allowed)}"}
+            body = {
+                "status": 405,
+                "reason": "method_not_allowed",
+                "message": f"{self.request.method} is not allowed on {self.request.path[:200]}",
+                "fix": f"use {', '.join(allowed)}",
+            }
         elif isinstance(exc, web.HTTPError) and isinstance(exc.__cause__, httputil.HTTPInputError):
             # tornado parses form-encoded and multipart bodies before any handler runs
-            body = {"status": status_code, "reason": "malformed_body", "field": "body",
-                    "message": f"the request body cannot be read: {str(exc.__cause__)[:200]}",
-                    "fix": "send a JSON object with Content-Type: application/json"}
+            body = {
+                "status": status_code,
+                "reason": "malformed_body",
+                "field": "body",
+                "message": f"the request body cannot be read: {str(exc.__cause__)[:200]}",
+                "fix": "send a JSON object with Content-Type: application/json",
+            }
         elif isinstance(exc, web.HTTPError) and status_code < 500:
             phrase = exc.reason or httputil.responses.get(status_code, "error")
-            body = {"status": status_code, "reason": re.sub(r"[^a-z0-9]+", "_", phrase.lower()).strip("_") or "error",
-                    "message": exc.log_message or phrase}
+            body = {
+                "status": status_code,
+                "reason": re.sub(r"[^a-z0-9]+", "_", phrase.lower()).strip("_") or "error",
+                "message": exc.log_message or phrase,
+            }
         else:
-            body = {"status": status_code, "reason": "internal_error" if status_code >= 500 else "error",
-                    "message": "internal error: see the service log" if status_code >= 500 else self._reason}
+            body = {
+                "status": status_code,
+                "reason": "internal_error" if status_code >= 500 else "error",
+                "message": "internal error: see the service log" if status_code >= 500 else self._reason,
+            }
         self.clear_header("Content-Disposition")
         self.clear_header("Content-Security-Policy")
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -163,8 +208,14 @@ class BaseHandler(web.RequestHandler):
 
     def log_exception(self, typ, value, tb):
         if isinstance(value, DanluError) and value.status < 500:
-            app_log.info("%s %s -> %s %s: %s", self.request.method, self.request.path, value.status, value.reason,
-                         value.log_message)
+            app_log.info(
+                "%s %s -> %s %s: %s",
+                self.request.method,
+                self.request.path,
+                value.status,
+                value.reason,
+                value.log_message,
+            )
         elif isinstance(value, web.HTTPError) and value.status_code < 500:
             app_log.info("%s %s -> %s", self.request.method, self.request.path, value.status_code)
         else:
@@ -201,20 +252,36 @@ class APIHandler(AsyncHubAuthenticated, BaseHandler):
             raise web.Finish()
         if not model:
             if self.request.headers.get("Authorization"):
-                raise Forbidden("this token may not use the Danlu service", reason="token_rejected",
-                                fix="use a JupyterHub token of yours (JUPYTERHUB_API_TOKEN in your server)")
-            raise DanluError("authentication required", status=401, reason="unauthenticated",
-                             fix="send 'Authorization: token <JupyterHub token>' or log in at /hub/login")
-        return Principal(name=model["name"], kind=model.get("kind", "user"),
-                         scopes=frozenset(model.get("scopes", [])), groups=tuple(model.get("groups") or ()))
+                raise Forbidden(
+                    "this token may not use the Danlu service",
+                    reason="token_rejected",
+                    fix="use a JupyterHub token of yours (JUPYTERHUB_API_TOKEN in your server)",
+                )
+            raise DanluError(
+                "authentication required",
+                status=401,
+                reason="unauthenticated",
+                fix="send 'Authorization: token <JupyterHub token>' or log in at /hub/login",
+            )
+        return Principal(
+            name=model["name"],
+            kind=model.get("kind", "user"),
+            scopes=frozenset(model.get("scopes", [])),
+            groups=tuple(model.get("groups") or ()),
+        )
 
 
 class NotFoundHandler(BaseHandler):
     """Anything under the service's prefix that no route matches: a JSON 404, whatever the method."""
+
     @staticmethod
     def missing(request) -> DanluError:
-        return DanluError(f"no such endpoint: {request.method[:20]} {request.path[:200]}", status=404,
-                          reason="no_endpoint", fix="see /services/danlu/api/v1/openapi.json")
+        return DanluError(
+            f"no such endpoint: {request.method[:20]} {request.path[:200]}",
+            status=404,
+            reason="no_endpoint",
+            fix="see /services/danlu/api/v1/openapi.json",
+        )
 
     def prepare(self):
         raise self.missing(self.request)

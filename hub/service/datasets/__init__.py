@@ -1,2 +1,1 @@
-"""The dataset catalog: versions with digests, read and register groups, and the jobs that used them.
-"""
+"""The dataset catalog: versions with digests, read and register groups, and the jobs that used them."""

@@ -10,8 +10,8 @@ changes: the catalog does not copy the data (datasets can be far larger than the
 sized for); instead a job that uses a version re-verifies its digest when it starts and fails, naming
 the changed files, on a mismatch (:meth:`Catalog.resolve` for submission, ``danlu.digests.verify`` in
 the runner). Hashing runs on a thread, one registration at a time, and refuses a folder of more than
-:data:`MAX_FILES` files before reading any; a file that is a symbolic link out of the dataset's folder
-is refused the same way.
+:data:`~.scan.MAX_FILES` files before reading any; a file that is a symbolic link out of the dataset's folder
+is refused the same way (:mod:`.scan`).
 
 Groups: ``read_groups`` and ``register_groups`` (empty: everyone) are set by the first registration;
 admins may do anything. Someone outside ``read_groups`` gets a 404 for the dataset, never a 403, as
@@ -26,108 +26,67 @@ versions it used (``inputs``, :func:`uses_of_job`).
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
-import json
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
-from danlu.digests import TRAINING, DatasetDigest, LinkOut, TooManyFiles, open_regular, scan
+from danlu.digests import TRAINING
 from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.service import paths, validation
+from danlu.hub.service.datasets import scan
 from danlu.hub.service.formats import DATASET_REF
 from danlu.hub.service.store import audit
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Dataset, DatasetUse, DatasetVersion, Job, isoformat, utcnow
 
-#: the most files a dataset version may hold (each is hashed and listed in the manifest)
-MAX_FILES = 100_000
-#: the most tabular files whose schema a version records
-MAX_TABLES = 100
-#: a CSV file's header is read from its first bytes
-HEAD_BYTES = 64 * 1024
-#: CSV files larger than this get columns but no row count
-MAX_COUNT_BYTES = 256 * 1024 * 1024
 FIND_FIX = "see the datasets you may read with 'danlu datasets list' or GET /datasets"
 #: the most jobs a version's ``used_by`` lists (the newest uses first)
 MAX_USED_BY = 100
 
 
-# tabular files ------------------------------------------------------------------------------------------
-def csv_table(path: Path) -> dict:
-    """Columns (from the header in the first 64 KiB) and row count (records after the header) of a CSV file."""
-    with open_regular(path) as f:
-        head = f.read(HEAD_BYTES)
-    lines = head.decode("utf-8-sig", "replace").splitlines()
-    columns = next(csv.reader(lines[:1]), []) if lines else []
-    size = path.stat().st_size
-    if size > MAX_COUNT_BYTES:
-        return {"columns": columns, "rows": None,
-                "note": f"rows not counted: the file is over {MAX_COUNT_BYTES // 2**20} MiB"}
-    with open_regular(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as f:
-        records = sum(1 for row in csv.reader(f) if row)
-    return {"columns": columns, "rows": max(0, records - 1)}
-
-
-def parquet_table(path: Path) -> dict:
-    try:
-        import pyarrow.parquet as pq  # deferred: optional (pyarrow), and slow to import; only Parquet files need it
-    except ImportError:
-        return {"columns": None, "rows": None, "note": "schema not read: pyarrow is not installed"}
-    with open_regular(path) as f:  # only the footer is read (pyarrow parses it: see docs/security.md)
-        meta = pq.ParquetFile(f).metadata
-    return {"columns": list(meta.schema.to_arrow_schema().names), "rows": meta.num_rows}
-
-
-READERS = {".csv": ("csv", csv_table), ".parquet": ("parquet", parquet_table)}
-
-
-def tables_of(root: Path, manifest: list[list]) -> list[dict]:
-    """The schema of the first :data:`MAX_TABLES` tabular files of a version; a file that cannot be read says why."""
-    out = []
-    for rel, _size, _sha in manifest:
-        kind = READERS.get(os.path.splitext(rel)[1].lower())
-        if kind is None:
-            continue
-        if len(out) == MAX_TABLES:
-            break
-        path = root if root.is_file() else root / rel
-        try:
-            table = kind[1](path)
-        except Exception as e:  # a malformed file is the data's problem, not the registration's
-            table = {"columns": None, "rows": None, "note": f"schema not read: {str(e)[:200]}"}
-        out.append({"path": rel, "format": kind[0], **table})
-    return out
-
-
 # API models -----------------------------------------------------------------------------------------------
 def version_to_dict(v: DatasetVersion, *, manifest: bool = False) -> dict:
-    body = {"dataset": v.dataset, "version": v.version, "ref": f"{v.dataset}@{v.version}", "digest": v.digest,
-            "files": v.files, "bytes": v.bytes, "source": v.source, "path": v.path, "tables": list(v.tables or []),
-            "created_by": v.created_by, "created_at": isoformat(v.created_at)}
+    body = {
+        "dataset": v.dataset,
+        "version": v.version,
+        "ref": f"{v.dataset}@{v.version}",
+        "digest": v.digest,
+        "files": v.files,
+        "bytes": v.bytes,
+        "source": v.source,
+        "path": v.path,
+        "tables": list(v.tables or []),
+        "created_by": v.created_by,
+        "created_at": isoformat(v.created_at),
+    }
     if manifest:
         body["manifest"] = list(v.manifest or [])
     return body
 
 
 def dataset_to_dict(ds: Dataset, versions: list[DatasetVersion], *, every: bool = False) -> dict:
-    body = {"name": ds.name, "description": ds.description, "read_groups": list(ds.read_groups or []),
-            "register_groups": list(ds.register_groups or []), "created_by": ds.created_by,
-            "created_at": isoformat(ds.created_at), "latest": version_to_dict(versions[-1]) if versions else None}
+    body = {
+        "name": ds.name,
+        "description": ds.description,
+        "read_groups": list(ds.read_groups or []),
+        "register_groups": list(ds.register_groups or []),
+        "created_by": ds.created_by,
+        "created_at": isoformat(ds.created_at),
+        "latest": version_to_dict(versions[-1]) if versions else None,
+    }
     if every:
         body["versions"] = [version_to_dict(v) for v in versions]
     return body
 
 
 def _versions(s, names) -> list[DatasetVersion]:
-    q = (select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(DatasetVersion.dataset.in_(names))
-         .order_by(DatasetVersion.dataset, DatasetVersion.version))
+    q = (
+        select(DatasetVersion)
+        .options(defer(DatasetVersion.manifest))
+        .where(DatasetVersion.dataset.in_(names))
+        .order_by(DatasetVersion.dataset, DatasetVersion.version)
+    )
     return list(s.scalars(q))
 
 
@@ -139,21 +98,29 @@ def member(principal, groups: set[str], allowed) -> bool:
 def check_registrant(principal, groups: set[str], ds: Dataset) -> None:
     """Refuse someone who may not add a version to ``ds``: 409 if they may not see it, else 403."""
     if not member(principal, groups, ds.read_groups):
-        raise Conflict(f"a dataset named {ds.name} already exists", reason="name_taken", field="name",
-                       fix="choose another name")
+        raise Conflict(
+            f"a dataset named {ds.name} already exists", reason="name_taken", field="name", fix="choose another name"
+        )
     if not member(principal, groups, ds.register_groups):
-        raise Forbidden(f"only members of {', '.join(ds.register_groups)} may add versions to {ds.name}",
-                        reason="not_a_registrant", field="name",
-                        fix=f"ask a member of {', '.join(ds.register_groups)} or an admin to register it, "
-                            "or register the data under a new name")
+        raise Forbidden(
+            f"only members of {', '.join(ds.register_groups)} may add versions to {ds.name}",
+            reason="not_a_registrant",
+            field="name",
+            fix=f"ask a member of {', '.join(ds.register_groups)} or an admin to register it, "
+            "or register the data under a new name",
+        )
 
 
 def check_groups(body: dict, ds: Dataset) -> None:
     """Refuse groups that differ from the dataset's: only its first registration sets them."""
     for key in ("read_groups", "register_groups"):
         if key in body and sorted(set(body[key])) != sorted(set(getattr(ds, key) or [])):
-            raise ValidationError(f"{key}: the groups of {ds.name} were set when it was created", field=key,
-                                  reason="groups_fixed", fix=f"leave {key} out when adding a version")
+            raise ValidationError(
+                f"{key}: the groups of {ds.name} were set when it was created",
+                field=key,
+                reason="groups_fixed",
+                fix=f"leave {key} out when adding a version",
+            )
 
 
 class Catalog:
@@ -183,8 +150,11 @@ class Catalog:
         settings = self.settings
         validation.check_schema("DatasetRegistration", body)
         if not principal.is_user:
-            raise Forbidden("only users register datasets; this token belongs to a service", reason="not_a_user",
-                            fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)")
+            raise Forbidden(
+                "only users register datasets; this token belongs to a service",
+                reason="not_a_user",
+                fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)",
+            )
         name = body["name"]
         source = paths.check_dataset(body["path"], "path", settings.dataset_roots)
         groups = await self._groups(principal)
@@ -196,15 +166,26 @@ class Catalog:
         account = settings.account(principal.name)
         async with self._hashing:
             if account is None:  # one account for everything: this process reads, with a digest cache
+                cache = settings.state_dir / "dataset-digests.json"
                 real, found, manifest, tables = await asyncio.to_thread(
-                    _hash, body["path"], home, settings.dataset_roots, settings.state_dir / "dataset-digests.json")
+                    scan.digest_of, body["path"], home, settings.dataset_roots, cache
+                )
             else:  # as the user: the service never reads for them what they could not read themselves
                 real, found, manifest, tables = await asyncio.to_thread(
-                    _hash_as, account, body["path"], home, settings.dataset_roots)
-        status, row = await self.database.write(_record, principal, groups, body, source, str(real), found, manifest,
-                                                tables)
-        self.log.info("dataset %s@%s %s by %s (%s files, %s bytes)", name, row["version"],
-                      "registered" if status == 201 else "unchanged", principal.name, found.files, found.bytes)
+                    scan.hash_as, account, body["path"], home, settings.dataset_roots
+                )
+        status, row = await self.database.write(
+            _record, principal, groups, body, source, str(real), found, manifest, tables
+        )
+        self.log.info(
+            "dataset %s@%s %s by %s (%s files, %s bytes)",
+            name,
+            row["version"],
+            "registered" if status == 201 else "unchanged",
+            principal.name,
+            found.files,
+            found.bytes,
+        )
         return status, row
 
     # reading ------------------------------------------------------------------------------------
@@ -212,14 +193,25 @@ class Catalog:
         groups = await self._groups(principal)
 
         def query(s):
-            rows = [ds for ds in s.scalars(select(Dataset).order_by(Dataset.name))
-                    if member(principal, groups, ds.read_groups)]
+            rows = [
+                ds
+                for ds in s.scalars(select(Dataset).order_by(Dataset.name))
+                if member(principal, groups, ds.read_groups)
+            ]
             latest = {}
             if rows:
-                top = dict(s.execute(select(DatasetVersion.dataset, func.max(DatasetVersion.version))
-                                     .group_by(DatasetVersion.dataset)).all())
-                q = select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(
-                    DatasetVersion.dataset.in_([ds.name for ds in rows]))
+                top = dict(
+                    s.execute(
+                        select(DatasetVersion.dataset, func.max(DatasetVersion.version)).group_by(
+                            DatasetVersion.dataset
+                        )
+                    ).all()
+                )
+                q = (
+                    select(DatasetVersion)
+                    .options(defer(DatasetVersion.manifest))
+                    .where(DatasetVersion.dataset.in_([ds.name for ds in rows]))
+                )
                 latest = {v.dataset: v for v in s.scalars(q) if top.get(v.dataset) == v.version}
             return [dataset_to_dict(ds, [latest[ds.name]] if ds.name in latest else []) for ds in rows]
 
@@ -233,13 +225,22 @@ class Catalog:
     async def version(self, principal, name: str, version: int) -> dict:
         """One version with its manifest, and ``used_by``: the jobs that used it that the caller may see."""
         await self._readable(principal, name)
-        row = await self.database.read(lambda s: s.scalars(select(DatasetVersion).where(
-            DatasetVersion.dataset == name, DatasetVersion.version == version)).first())
+        row = await self.database.read(
+            lambda s: s.scalars(
+                select(DatasetVersion).where(DatasetVersion.dataset == name, DatasetVersion.version == version)
+            ).first()
+        )
         if row is None:
-            raise NotFound(f"dataset {name} has no version {version}", reason="no_such_version", field="version",
-                           fix=f"see its versions with 'danlu datasets show {name}'")
-        return {**version_to_dict(row, manifest=True),
-                "used_by": await self.database.read(users_of_version, principal, name, version)}
+            raise NotFound(
+                f"dataset {name} has no version {version}",
+                reason="no_such_version",
+                field="version",
+                fix=f"see its versions with 'danlu datasets show {name}'",
+            )
+        return {
+            **version_to_dict(row, manifest=True),
+            "used_by": await self.database.read(users_of_version, principal, name, version),
+        }
 
     async def readable_latest(self, principal, name: str, field: str) -> dict | None:
         """:meth:`resolve` of ``NAME@latest`` if the caller may read a dataset ``name``, else None."""
@@ -260,24 +261,41 @@ class Catalog:
             if ds is None or not member(principal, groups, ds.read_groups):
                 return None, None
             q = select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(DatasetVersion.dataset == name)
-            q = q.order_by(DatasetVersion.version.desc()) if version == "latest" else \
-                q.where(DatasetVersion.version == int(version))
+            q = (
+                q.order_by(DatasetVersion.version.desc())
+                if version == "latest"
+                else q.where(DatasetVersion.version == int(version))
+            )
             return ds, s.scalars(q.limit(1)).first()
 
         ds, row = await self.database.read(query)
         if ds is None:
             raise NotFound(f"{field}: dataset {name} not found", reason="no_such_dataset", field=field, fix=FIND_FIX)
         if row is None:
-            raise NotFound(f"{field}: dataset {name} has no version {version}", reason="no_such_version",
-                           field=field, fix=f"see its versions with 'danlu datasets show {name}'")
-        return {"name": f"{name}@{row.version}", "path": row.path, "dataset": name, "version": row.version,
-                "digest": row.digest}
+            raise NotFound(
+                f"{field}: dataset {name} has no version {version}",
+                reason="no_such_version",
+                field=field,
+                fix=f"see its versions with 'danlu datasets show {name}'",
+            )
+        return {
+            "name": f"{name}@{row.version}",
+            "path": row.path,
+            "dataset": name,
+            "version": row.version,
+            "digest": row.digest,
+        }
 
 
 # uses ---------------------------------------------------------------------------------------------------
 def use_to_dict(use: DatasetUse) -> dict:
-    return {"ref": f"{use.dataset}@{use.version}", "dataset": use.dataset, "version": use.version,
-            "digest": use.digest, "context": use.context}
+    return {
+        "ref": f"{use.dataset}@{use.version}",
+        "dataset": use.dataset,
+        "version": use.version,
+        "digest": use.digest,
+        "context": use.context,
+    }
 
 
 def record_uses(s, job_id: str, attempt: int | None, entries: list[dict]) -> None:
@@ -287,12 +305,26 @@ def record_uses(s, job_id: str, attempt: int | None, entries: list[dict]) -> Non
         if not entry.get("dataset") or not entry.get("version"):
             continue  # a path (a reproduction pins its digest too), not a catalog version
         context = entry.get("context") or TRAINING
-        known = s.scalars(select(DatasetUse.id).where(
-            DatasetUse.job_id == job_id, DatasetUse.dataset == entry["dataset"],
-            DatasetUse.version == entry["version"], DatasetUse.context == context)).first()
+        known = s.scalars(
+            select(DatasetUse.id).where(
+                DatasetUse.job_id == job_id,
+                DatasetUse.dataset == entry["dataset"],
+                DatasetUse.version == entry["version"],
+                DatasetUse.context == context,
+            )
+        ).first()
         if known is None:
-            s.add(DatasetUse(job_id=job_id, attempt=attempt, dataset=entry["dataset"], version=entry["version"],
-                             digest=entry["digest"], context=context, created_at=utcnow()))
+            s.add(
+                DatasetUse(
+                    job_id=job_id,
+                    attempt=attempt,
+                    dataset=entry["dataset"],
+                    version=entry["version"],
+                    digest=entry["digest"],
+                    context=context,
+                    created_at=utcnow(),
+                )
+            )
             s.flush()
 
 
@@ -318,11 +350,25 @@ def users_of_version(s, principal, dataset: str, version: int) -> list[dict]:
     visible = [o for o in owners if principal.can_read(o)]
     if not visible:
         return []
-    q = (select(DatasetUse, Job).join(Job, DatasetUse.job_id == Job.id).where(*here, Job.owner.in_(visible))
-         .order_by(DatasetUse.created_at.desc(), DatasetUse.id.desc()).limit(MAX_USED_BY))
-    return [{"job_id": job.id, "owner": job.owner, "state": job.state, "mlflow_run_id": _run_of(job),
-             "context": use.context, "attempt": use.attempt, "at": isoformat(use.created_at)}
-            for use, job in s.execute(q)]
+    q = (
+        select(DatasetUse, Job)
+        .join(Job, DatasetUse.job_id == Job.id)
+        .where(*here, Job.owner.in_(visible))
+        .order_by(DatasetUse.created_at.desc(), DatasetUse.id.desc())
+        .limit(MAX_USED_BY)
+    )
+    return [
+        {
+            "job_id": job.id,
+            "owner": job.owner,
+            "state": job.state,
+            "mlflow_run_id": _run_of(job),
+            "context": use.context,
+            "attempt": use.attempt,
+            "at": isoformat(use.created_at),
+        }
+        for use, job in s.execute(q)
+    ]
 
 
 def _run_of(job: Job) -> str | None:
@@ -332,82 +378,27 @@ def _run_of(job: Job) -> str | None:
 
 def manifest_of(s, dataset: str, version: int) -> list:
     """The manifest of a version (for a job's spec: the runner names the files that changed)."""
-    row = s.scalars(select(DatasetVersion).where(DatasetVersion.dataset == dataset,
-                                                 DatasetVersion.version == version)).first()
+    row = s.scalars(
+        select(DatasetVersion).where(DatasetVersion.dataset == dataset, DatasetVersion.version == version)
+    ).first()
     return list(row.manifest or []) if row is not None else []
 
 
-SCAN_TIMEOUT = 3600.0  # seconds a registration's scan may take as the user (a large dataset hashes for long)
-
-
-def _hash_as(account, value: str, home: Path, roots: dict):
-    """:func:`_hash` in a child process running as ``account`` (no digest cache: it is the service's)."""
-    request = json.dumps({"value": value, "home": str(home), "roots": {k: str(v) for k, v in roots.items()}})
-    try:
-        done = subprocess.run([sys.executable, "-m", "danlu.hub.service.datasets.catalog"], input=request.encode(),
-                              capture_output=True, timeout=SCAN_TIMEOUT, user=account.uid, group=account.gid,
-                              extra_groups=os.getgrouplist(account.name, account.gid), cwd="/", env={
-                                  "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)})
-    except subprocess.TimeoutExpired:
-        raise ValidationError(f"path: reading {value[:200]} took over {SCAN_TIMEOUT:g} s", field="path",
-                              reason="too_slow", fix="register a smaller dataset, or parts of it") from None
-    try:
-        answer = json.loads(done.stdout)
-    except ValueError:
-        raise RuntimeError(f"reading the dataset as {account.name} failed: {done.stderr[-500:]!r}") from None
-    if "error" in answer:
-        raise ValidationError(**answer["error"])
-    # the child runs as the user, who could tamper with it: what it says is only about the user's own data,
-    # and where that data is comes from the service's own resolution, not from the child
-    _, real = paths.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
-    found = DatasetDigest(**{**answer["found"], "path": str(real)})
-    return real, found, answer["manifest"], answer["tables"]
-
-
-def _child_main() -> int:
-    """``python -m danlu.hub.service.datasets.catalog``: :func:`_hash` of the request on stdin, as JSON on stdout."""
-    request = json.loads(sys.stdin.read(1 << 20))
-    try:
-        real, found, manifest, tables = _hash(request["value"], Path(request["home"]),
-                                              {k: Path(v) for k, v in request["roots"].items()}, None)
-    except ValidationError as e:
-        json.dump({"error": {"message": e.message, "field": e.field, "reason": e.reason, "fix": e.fix}}, sys.stdout)
-        return 0
-    json.dump({"real": str(real), "found": found.to_dict(), "manifest": manifest, "tables": tables}, sys.stdout)
-    return 0
-
-
-def _hash(value: str, home: Path, roots: dict, cache: Path | None):
-    """On a thread: the real path (confined to its root), its digest and manifest, its tables."""
-    _, real = paths.resolve_dataset(value, workdir=home, home=home, roots=roots, field="path")
-    try:
-        found, manifest = scan(real, cache_file=cache, max_files=MAX_FILES, confine=True)
-    except TooManyFiles:
-        raise ValidationError(f"path: {value[:200]} holds more than {MAX_FILES} files, the most a dataset may have",
-                              field="path", reason="too_many_files",
-                              fix="pack small files into archives or shards, or register parts of it as "
-                                  "separate datasets") from None
-    except LinkOut as e:
-        raise ValidationError(f"path: {e.args[0][:200]} in {value[:200]} is a symbolic link out of the dataset's "
-                              "folder", field="path", reason="escapes_root",
-                              fix="copy the data into the folder instead of linking to it") from None
-    except OSError as e:  # changed or unreadable while it was read
-        raise ValidationError(f"path: {value[:200]} cannot be read ({e.strerror or e})", field="path",
-                              reason="no_dataset", fix="check the permissions of the files, and register it again") \
-            from None
-    return real, found, manifest, tables_of(real, manifest)
-
-
-def _record(s, principal, groups: set[str], body: dict, source: str, real: str, found, manifest: list,
-            tables: list) -> tuple[int, dict]:
+def _record(
+    s, principal, groups: set[str], body: dict, source: str, real: str, found, manifest: list, tables: list
+) -> tuple[int, dict]:
     """In one transaction: the dataset (created by the first registration) and its version, if new."""
     name = body["name"]
     ds = s.get(Dataset, name)
     if ds is None:
-        ds = Dataset(name=name, description=body.get("description", ""),
-                     read_groups=sorted(set(body.get("read_groups", []))),
-                     register_groups=sorted(set(body.get("register_groups", []))),
-                     created_by=principal.name, created_at=utcnow())
+        ds = Dataset(
+            name=name,
+            description=body.get("description", ""),
+            read_groups=sorted(set(body.get("read_groups", []))),
+            register_groups=sorted(set(body.get("register_groups", []))),
+            created_by=principal.name,
+            created_at=utcnow(),
+        )
         s.add(ds)
         s.flush()
     else:  # it may have been created while this registration hashed
@@ -415,20 +406,34 @@ def _record(s, principal, groups: set[str], body: dict, source: str, real: str, 
         check_groups(body, ds)
         if "description" in body:
             ds.description = body["description"]
-    same = s.scalars(select(DatasetVersion).options(defer(DatasetVersion.manifest)).where(
-        DatasetVersion.dataset == name, DatasetVersion.digest == found.digest)).first()
+    same = s.scalars(
+        select(DatasetVersion)
+        .options(defer(DatasetVersion.manifest))
+        .where(DatasetVersion.dataset == name, DatasetVersion.digest == found.digest)
+    ).first()
     if same is not None:
         return 200, version_to_dict(same)
     last = s.scalar(select(func.max(DatasetVersion.version)).where(DatasetVersion.dataset == name)) or 0
-    row = DatasetVersion(dataset=name, version=last + 1, digest=found.digest, manifest=manifest, files=found.files,
-                         bytes=found.bytes, source=source, path=real, tables=tables, created_by=principal.name,
-                         created_at=utcnow())
+    row = DatasetVersion(
+        dataset=name,
+        version=last + 1,
+        digest=found.digest,
+        manifest=manifest,
+        files=found.files,
+        bytes=found.bytes,
+        source=source,
+        path=real,
+        tables=tables,
+        created_by=principal.name,
+        created_at=utcnow(),
+    )
     s.add(row)
     s.flush()
-    audit.append(s, principal.name, "register_dataset", f"{name}@{row.version}",
-                 after={"digest": found.digest, "files": found.files, "bytes": found.bytes, "source": source})
+    audit.append(
+        s,
+        principal.name,
+        "register_dataset",
+        f"{name}@{row.version}",
+        after={"digest": found.digest, "files": found.files, "bytes": found.bytes, "source": source},
+    )
     return 201, version_to_dict(row)
-
-
-if __name__ == "__main__":
-    raise SystemExit(_child_main())

@@ -24,8 +24,13 @@ def latest(job: Job) -> Attempt | None:
 def handed(job: Job | None) -> Attempt | None:
     """The current attempt of a queued job that a queueing backend holds (submitted, not yet admitted)."""
     attempt = latest(job) if job is not None else None
-    if (job is None or attempt is None or job.state != JobState.queued.value or attempt.finished_at is not None
-            or attempt.state != JobState.queued.value):
+    if (
+        job is None
+        or attempt is None
+        or job.state != JobState.queued.value
+        or attempt.finished_at is not None
+        or attempt.state != JobState.queued.value
+    ):
         return None
     return attempt
 
@@ -72,8 +77,12 @@ def admit(s, job_id: str, number: int | None) -> bool:
 def save_state(s, job_id: str, attempt: int, state: dict) -> None:
     job = s.get(Job, job_id)
     current = latest(job) if job is not None else None
-    if job is not None and current is not None and current.number == attempt and (job.state in ACTIVE_STATES
-                                                                                  or handed_over(job)):
+    if (
+        job is not None
+        and current is not None
+        and current.number == attempt
+        and (job.state in ACTIVE_STATES or handed_over(job))
+    ):
         job.backend_state = {**(job.backend_state or {}), **state}
 
 
@@ -110,6 +119,12 @@ def active(s, queued_too: bool = False) -> list[tuple]:
         if job.state == JobState.queued.value and not handed_over(job):
             continue
         attempt = latest(job)
-        out.append((job.id, dict(job.backend_state or {}), job.state == JobState.preempted.value,
-                    attempt.stop_reason if attempt is not None else ""))
+        out.append(
+            (
+                job.id,
+                dict(job.backend_state or {}),
+                job.state == JobState.preempted.value,
+                attempt.stop_reason if attempt is not None else "",
+            )
+        )
     return out

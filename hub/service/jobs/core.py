@@ -30,8 +30,14 @@ def ts(value) -> float:
 
 def workload_of(job: Job, attempt: Attempt | None = None) -> Workload:
     """A job as the admission model sees it (with the devices of ``attempt`` when it holds them)."""
-    wl = Workload(job.id, job.queue, job.priority, ts(job.created_at),
-                  Request(job.gpus, job.gpu_type, job.cpu, job.memory), job.owner)
+    wl = Workload(
+        job.id,
+        job.queue,
+        job.priority,
+        ts(job.created_at),
+        Request(job.gpus, job.gpu_type, job.cpu, job.memory),
+        job.owner,
+    )
     if attempt is not None:
         wl.flavor = attempt.flavor
         wl.devices = tuple(attempt.devices or ())

@@ -22,12 +22,17 @@ def _ranked():
     """Each experiment's runs counted, its latest start, and its latest job's tracking (whose report names the
     experiment's id), ranked within the experiment."""
     by_experiment = {"partition_by": Job.experiment}
-    ranked = select(
-        Job.experiment, Job.tracking,
-        func.count().over(**by_experiment).label("runs"),
-        func.max(Job.created_at).over(**by_experiment).label("latest"),
-        func.row_number().over(**by_experiment, order_by=(Job.created_at.desc(), Job.id.desc())).label("rank"),
-    ).where(Job.owner == bindparam("owner", type_=Job.owner.type), Job.mlflow_run_id.is_not(None)).subquery()
+    ranked = (
+        select(
+            Job.experiment,
+            Job.tracking,
+            func.count().over(**by_experiment).label("runs"),
+            func.max(Job.created_at).over(**by_experiment).label("latest"),
+            func.row_number().over(**by_experiment, order_by=(Job.created_at.desc(), Job.id.desc())).label("rank"),
+        )
+        .where(Job.owner == bindparam("owner", type_=Job.owner.type), Job.mlflow_run_id.is_not(None))
+        .subquery()
+    )
     return select(ranked.c.experiment, ranked.c.tracking, ranked.c.runs, ranked.c.latest).where(ranked.c.rank == 1)
 
 
@@ -43,7 +48,14 @@ def experiments_of(session: Session, owner: str) -> list[dict]:
     out = []
     for name, tracking, runs, latest in session.connection().execute(_LATEST, {"owner": owner}).all():
         experiment_id = tracking.get("experiment_id") if isinstance(tracking, dict) else None
-        out.append({"experiment_id": experiment_id if isinstance(experiment_id, str)
-                    and EXPERIMENT_ID.match(experiment_id) else None,
-                    "name": name, "runs": runs, "latest": latest.isoformat() + "Z" if latest else None})
+        out.append(
+            {
+                "experiment_id": experiment_id
+                if isinstance(experiment_id, str) and EXPERIMENT_ID.match(experiment_id)
+                else None,
+                "name": name,
+                "runs": runs,
+                "latest": latest.isoformat() + "Z" if latest else None,
+            }
+        )
     return sorted(out, key=lambda e: e["name"])

@@ -44,8 +44,11 @@ def _cell(cell: dict) -> dict:
     source = _source(cell)
     danlu = (cell.get("metadata") or {}).get("danlu") or {}
     cell_id = (danlu.get("cell_id") if isinstance(danlu, dict) else None) or cell.get("id") or ""
-    out = {"id": str(cell_id)[:255], "sha256": hashlib.sha256(source.encode()).hexdigest(),
-           "source": source[:MAX_SOURCE]}
+    out = {
+        "id": str(cell_id)[:255],
+        "sha256": hashlib.sha256(source.encode()).hexdigest(),
+        "source": source[:MAX_SOURCE],
+    }
     if len(source) > MAX_SOURCE:
         out["truncated"] = True
     return out
@@ -77,14 +80,23 @@ def _current_python() -> dict:
             pins.add(f"{name.lower().replace('_', '-')}=={dist.version}")
     version = platform.python_version()
     lock = "\n".join([f"python=={version}", *sorted(pins)])
-    return {"kind": "python", "digest": hashlib.sha256(lock.encode()).hexdigest(), "ref": sys.prefix,
-            "python": version, "packages": len(pins)}
+    return {
+        "kind": "python",
+        "digest": hashlib.sha256(lock.encode()).hexdigest(),
+        "ref": sys.prefix,
+        "python": version,
+        "packages": len(pins),
+    }
 
 
 def _requirements(path) -> dict:
 
-    return {"kind": "requirements", "digest": hashlib.sha256(path.read_bytes()).hexdigest(), "ref": str(path),
-            "python": platform.python_version()}
+    return {
+        "kind": "requirements",
+        "digest": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "ref": str(path),
+        "python": platform.python_version(),
+    }
 
 
 def _image(image: str) -> dict:
@@ -122,8 +134,17 @@ def dataset_entry(d: dict) -> dict:
     return out
 
 
-def build(*, profile: str, environment: dict, parameters: dict, nb: dict, source: dict, datasets: list[dict],
-          cell_sha256: str, reproduces: str | None = None) -> dict:
+def build(
+    *,
+    profile: str,
+    environment: dict,
+    parameters: dict,
+    nb: dict,
+    source: dict,
+    datasets: list[dict],
+    cell_sha256: str,
+    reproduces: str | None = None,
+) -> dict:
     """The provenance of a job being submitted (see the module docstring)."""
     cell, setup = cells_of(nb)
     dirty = source.get("git_dirty")
@@ -150,10 +171,19 @@ def provenance_of(job) -> dict:
     if record:
         return {**record, "recorded": True}
     source = job.source if isinstance(job.source, dict) else {}
-    return {"profile": job.profile, "environment": None, "parameters": job.parameters, "cell_sha256": job.cell_sha256,
-            "cell": None, "setup_cells": None, "notebook_path": source.get("notebook_path"),
-            "git": {"commit": source.get("git_commit"), "dirty": None}, "seed": None,
-            "datasets": [dataset_entry(d) for d in job.datasets or []], "recorded": False}
+    return {
+        "profile": job.profile,
+        "environment": None,
+        "parameters": job.parameters,
+        "cell_sha256": job.cell_sha256,
+        "cell": None,
+        "setup_cells": None,
+        "notebook_path": source.get("notebook_path"),
+        "git": {"commit": source.get("git_commit"), "dirty": None},
+        "seed": None,
+        "datasets": [dataset_entry(d) for d in job.datasets or []],
+        "recorded": False,
+    }
 
 
 def _is_int(value) -> bool:
@@ -165,8 +195,16 @@ def _manifest(rows) -> list | None:
         return None
     out = []
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and len(row[0]) <= 1024
-                and _is_int(row[1]) and row[1] >= 0 and isinstance(row[2], str) and len(row[2]) == 64):
+        if not (
+            isinstance(row, list)
+            and len(row) == 3
+            and isinstance(row[0], str)
+            and len(row[0]) <= 1024
+            and _is_int(row[1])
+            and row[1] >= 0
+            and isinstance(row[2], str)
+            and len(row[2]) == 64
+        ):
             return None
         out.append([row[0], row[1], row[2]])
     return out

@@ -10,22 +10,16 @@ audit record in the transaction of the change, then a pass runs.
 
 from __future__ import annotations
 
-from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
+from danlu.errors import Conflict, DanluError, NotFound, ValidationError
 from danlu.hub.service import validation
 from danlu.hub.service.admission import quotas
+from danlu.hub.service.auth import require_admin
 from danlu.hub.service.jobs.core import Core, overrides_of
 from danlu.hub.service.jobs.scheduler import Scheduler
 from danlu.hub.service.states import FINAL, JobState
 from danlu.hub.service.store import audit
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Flag, Job, QueueSetting, isoformat, utcnow
-
-ADMIN_FIX = "use an admin's token: the workbench's admin token, or one an admin makes at /hub/token"
-
-
-def require_admin(principal) -> None:
-    if not principal.admin:
-        raise Forbidden("this is an admin operation", reason="not_admin", fix=ADMIN_FIX)
 
 
 class Queues:
@@ -53,17 +47,27 @@ class Queues:
         for team in core.model.teams.values():
             usage = {r: v for r, v in core.model.used[team.name].items() if v}
             spec = specs.get(team.name, {})
-            out.append({
-                "name": team.name, "cohort": team.cohort, "held": team.held,
-                "quota": spec.get("quota") or gpu_amounts(team.nominal),
-                "borrowing_limit": spec.get("borrowing_limit") or {},
-                "lending_limit": spec.get("lending_limit") or {},
-                "usage": gpu_amounts(usage), "pending": pending.get(team.name, 0),
-                "running": sum(1 for w in core.model.admitted.values() if w.team == team.name and w.kind == "job"),
-                "servers": sum(1 for w in core.model.admitted.values() if w.team == team.name and w.kind == "server"),
-                "borrowing": {k[4:]: v - team.nominal.get(k, 0) for k, v in usage.items()
-                              if k.startswith("gpu/") and v > team.nominal.get(k, 0)},
-            })
+            out.append(
+                {
+                    "name": team.name,
+                    "cohort": team.cohort,
+                    "held": team.held,
+                    "quota": spec.get("quota") or gpu_amounts(team.nominal),
+                    "borrowing_limit": spec.get("borrowing_limit") or {},
+                    "lending_limit": spec.get("lending_limit") or {},
+                    "usage": gpu_amounts(usage),
+                    "pending": pending.get(team.name, 0),
+                    "running": sum(1 for w in core.model.admitted.values() if w.team == team.name and w.kind == "job"),
+                    "servers": sum(
+                        1 for w in core.model.admitted.values() if w.team == team.name and w.kind == "server"
+                    ),
+                    "borrowing": {
+                        k[4:]: v - team.nominal.get(k, 0)
+                        for k, v in usage.items()
+                        if k.startswith("gpu/") and v > team.nominal.get(k, 0)
+                    },
+                }
+            )
         return out
 
     async def _one(self, name: str) -> dict:
@@ -72,9 +76,12 @@ class Queues:
     def _danlu_admits(self, what: str) -> None:
         """Queue changes act on Danlu's own admission model; a backend that queues itself has its own."""
         if self.scheduler.owns_queues:
-            raise Conflict(f"{what} is Kueue's on this workbench (jobs run on Kubernetes)", reason="kueue_owns_queues",
-                           fix="edit the teams in danlu.yaml, then danlu render k8s and kubectl apply -f kueue.yaml "
-                               "(or edit the ClusterQueue: spec.stopPolicy Hold holds it)")
+            raise Conflict(
+                f"{what} is Kueue's on this workbench (jobs run on Kubernetes)",
+                reason="kueue_owns_queues",
+                fix="edit the teams in danlu.yaml, then danlu render k8s and kubectl apply -f kueue.yaml "
+                "(or edit the ClusterQueue: spec.stopPolicy Hold holds it)",
+            )
 
     async def change(self, principal, name: str, changes) -> dict:
         """Change a team's quota or limits live (validated against the schema of danlu.yaml's teams)."""
@@ -83,8 +90,9 @@ class Queues:
         self._team(name)
         core = self.core
         if not self.settings.teams:
-            raise Conflict("the default queue holds the whole machine; define teams in danlu.yaml to set quotas",
-                           reason="no_teams")
+            raise Conflict(
+                "the default queue holds the whole machine; define teams in danlu.yaml to set quotas", reason="no_teams"
+            )
         validation.check_team_change(changes, core.model.devices)
         async with core.lock:
             await self.database.write(_change, self.settings, self.inventory, principal.name, name, changes)
@@ -165,8 +173,12 @@ def _change(s, settings, inventory, actor: str, name: str, changes: dict) -> Non
     try:  # the model is built from it at every rebuild and restart: refuse what it cannot be built from
         quotas.build_model(settings, inventory, {**overrides, name: {**after, "held": row.held}})
     except (DanluError, ValueError, ArithmeticError) as e:
-        raise ValidationError(f"this change cannot be applied: {str(e)[:300]}", field=next(iter(changes), "body"),
-                              reason="invalid_quota", fix="give amounts this machine can hold") from None
+        raise ValidationError(
+            f"this change cannot be applied: {str(e)[:300]}",
+            field=next(iter(changes), "body"),
+            reason="invalid_quota",
+            fix="give amounts this machine can hold",
+        ) from None
     row.changes = after
     s.merge(row)
     audit.append(s, actor, "change_quota", name, before={k: current.get(k) for k in changes}, after=merged)
@@ -177,8 +189,9 @@ def _reset(s, settings, actor: str, name: str) -> None:
     before = dict(row.changes) if row else {}
     if row is not None:
         row.changes = {}
-    audit.append(s, actor, "reset_quota", name, before=before,
-                 after={k: (settings.teams.get(name) or {}).get(k) for k in before})
+    audit.append(
+        s, actor, "reset_quota", name, before=before, after={k: (settings.teams.get(name) or {}).get(k) for k in before}
+    )
 
 
 def _hold(s, actor: str, name: str, held: bool) -> None:
@@ -193,8 +206,9 @@ def _drain(s, actor: str, on: bool, before: bool) -> None:
     flag = s.get(Flag, "drain") or Flag(key="drain", value={})
     flag.value = {"on": on, "by": actor, "at": isoformat(utcnow())}
     s.merge(flag)
-    audit.append(s, actor, "drain" if on else "undrain", "workbench", before={"draining": before},
-                 after={"draining": on})
+    audit.append(
+        s, actor, "drain" if on else "undrain", "workbench", before={"draining": before}, after={"draining": on}
+    )
 
 
 def _reprioritize(s, actor: str, job_id: str, name: str, value: int) -> None:

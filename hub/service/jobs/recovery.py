@@ -37,8 +37,13 @@ def _end_processes(job_id: str, state: dict, grace: float) -> None:
     markers = [{env.JOB_ID: job_id}]
     if isinstance(state.get("runner_id"), str):
         markers.append({env.RUNNER_ID: state["runner_id"]})
-    proctree.kill_matching(_int(state.get("pid")), created if isinstance(created, (int, float)) else None, markers,
-                           grace=grace, uid=_int(state.get("uid")))
+    proctree.kill_matching(
+        _int(state.get("pid")),
+        created if isinstance(created, (int, float)) else None,
+        markers,
+        grace=grace,
+        uid=_int(state.get("uid")),
+    )
 
 
 def _interrupt(s, job_id: str) -> bool:
@@ -49,7 +54,8 @@ def _interrupt(s, job_id: str) -> bool:
     attempt = job.attempts[-1] if job.attempts else None
     report = attempt.report if attempt is not None and isinstance(attempt.report, dict) else {}
     ended = report.get("state") in ("succeeded", "cancelled") or (
-        report.get("state") == "failed" and not report.get("infrastructure"))
+        report.get("state") == "failed" and not report.get("infrastructure")
+    )
     now = utcnow()
     requeued = False
     if job.state == JobState.running.value and ended:

@@ -47,8 +47,11 @@ class Reproduction:
         """Submit ``job`` again as the caller's (they may see it: the manager checked); ``(201, {"id"})``."""
         row = await self.database.read(lambda s: s.get(JobInput, job.id))
         if row is None:
-            raise _gone(f"job {job.id} has no notebook on record, so it cannot be run again", "no_source",
-                        "submit the notebook again yourself")
+            raise _gone(
+                f"job {job.id} has no notebook on record, so it cannot be run again",
+                "no_source",
+                "submit the notebook again yourself",
+            )
         record = provenance_of(job)
         await self._check_profile(principal, job)
         body, pins = await self._body(principal, job, json.loads(row.notebook), record)
@@ -57,25 +60,35 @@ class Reproduction:
         except DanluError as e:
             field = e.field or ""
             if e.status < 500 and field.startswith("datasets["):  # a plain path that is gone or moved
-                raise _gone(f"job {job.id}'s input can no longer be had: {e.message}", "dataset_gone",
-                            "restore the data where the job read it, or submit the notebook with other data",
-                            field=field) from None
+                raise _gone(
+                    f"job {job.id}'s input can no longer be had: {e.message}",
+                    "dataset_gone",
+                    "restore the data where the job read it, or submit the notebook with other data",
+                    field=field,
+                ) from None
             raise
 
     async def _check_profile(self, principal, job: Job) -> None:
         try:
             profile = self.profiles.get(job.profile)
         except NotFound:
-            raise _gone(f"job {job.id} ran on profile '{job.profile}', which this workbench no longer has",
-                        "profile_gone", f"choose one of {', '.join(self.profiles.slugs)} and submit the notebook "
-                        "yourself, or ask an admin to restore the profile", field="profile") from None
+            raise _gone(
+                f"job {job.id} ran on profile '{job.profile}', which this workbench no longer has",
+                "profile_gone",
+                f"choose one of {', '.join(self.profiles.slugs)} and submit the notebook "
+                "yourself, or ask an admin to restore the profile",
+                field="profile",
+            ) from None
         groups = await self.groups.groups_of(principal.name, fallback=principal.groups)
         try:
             self.profiles.authorize(profile.slug, groups, admin=principal.admin, gpus=job.gpus)
         except PolicyError as e:
-            raise _gone(f"job {job.id} ran on profile '{job.profile}', which you may not use: {e.message}",
-                        "profile_not_allowed", e.fix or "ask an admin for access to the profile",
-                        field="profile") from None
+            raise _gone(
+                f"job {job.id} ran on profile '{job.profile}', which you may not use: {e.message}",
+                "profile_not_allowed",
+                e.fix or "ask an admin for access to the profile",
+                field="profile",
+            ) from None
 
     async def _body(self, principal, job: Job, nb: dict, record: dict) -> tuple[dict, dict]:
         datasets, pins = [], {}
@@ -86,21 +99,30 @@ class Reproduction:
                 try:
                     found = await self.datasets.resolve(principal, ref, f"datasets[{i}]")
                 except NotFound:
-                    raise _gone(f"job {job.id} read dataset version {ref}, which is gone or which you may not read",
-                                "dataset_version_gone", f"see the versions you may read with 'danlu datasets show "
-                                f"{d['dataset']}', and submit the notebook with one of them",
-                                field=f"datasets[{i}]") from None
+                    raise _gone(
+                        f"job {job.id} read dataset version {ref}, which is gone or which you may not read",
+                        "dataset_version_gone",
+                        f"see the versions you may read with 'danlu datasets show "
+                        f"{d['dataset']}', and submit the notebook with one of them",
+                        field=f"datasets[{i}]",
+                    ) from None
                 if found.get("digest") != d.get("digest"):
-                    raise _gone(f"dataset version {ref} no longer has the content job {job.id} read",
-                                "dataset_version_changed", "submit the notebook with the version you want",
-                                field=f"datasets[{i}]")
+                    raise _gone(
+                        f"dataset version {ref} no longer has the content job {job.id} read",
+                        "dataset_version_changed",
+                        "submit the notebook with the version you want",
+                        field=f"datasets[{i}]",
+                    )
                 datasets.append(ref)
                 continue
             datasets.append(d["name"])
             entry = recorded[i] if i < len(recorded) and isinstance(recorded[i], dict) else {}
             if entry.get("ref") == d["name"] and entry.get("digest"):
-                pins[i] = {"digest": entry["digest"], "manifest": list(entry.get("manifest") or []),
-                           "pinned_from": job.id}
+                pins[i] = {
+                    "digest": entry["digest"],
+                    "manifest": list(entry.get("manifest") or []),
+                    "pinned_from": job.id,
+                }
         resources = {"nproc": job.nproc, "gpus": job.gpus, "nodes": job.nnodes or 1}
         if job.gpu_type:
             resources["gpu_type"] = job.gpu_type
@@ -109,9 +131,16 @@ class Reproduction:
         if job.memory:
             resources["memory"] = int(job.memory)
         source = job.source if isinstance(job.source, dict) else {}
-        body = {"notebook": nb, "parameters": dict(job.parameters or {}), "resources": resources,
-                "profile": job.profile, "name": job.name, "retries": job.retries, "cwd": job.cwd or ".",
-                "source": {k: source[k] for k in SOURCE_KEYS if source.get(k) is not None}}
+        body = {
+            "notebook": nb,
+            "parameters": dict(job.parameters or {}),
+            "resources": resources,
+            "profile": job.profile,
+            "name": job.name,
+            "retries": job.retries,
+            "cwd": job.cwd or ".",
+            "source": {k: source[k] for k in SOURCE_KEYS if source.get(k) is not None},
+        }
         if datasets:
             body["datasets"] = datasets
         if job.timeout_seconds:
@@ -146,8 +175,13 @@ def _rows(a: dict, b: dict, keys=None) -> list[dict]:
 
 def _environment(record: dict) -> dict:
     env = record.get("environment") if isinstance(record.get("environment"), dict) else {}
-    return {"profile": record.get("profile"), "kind": env.get("kind"), "digest": env.get("digest"),
-            "ref": env.get("ref"), "python": env.get("python")}
+    return {
+        "profile": record.get("profile"),
+        "kind": env.get("kind"),
+        "digest": env.get("digest"),
+        "ref": env.get("ref"),
+        "python": env.get("python"),
+    }
 
 
 def _diff(a: str, b: str) -> str:
@@ -171,16 +205,24 @@ def _source(record_a: dict, record_b: dict, nb_a, nb_b) -> list[dict]:
     cell_a, setup_a = _cells(nb_a, record_a)
     cell_b, setup_b = _cells(nb_b, record_b)
     pairs = [("cell", cell_a, cell_b)]
-    pairs += [(f"setup cell {i + 1}", setup_a[i] if i < len(setup_a) else None,
-               setup_b[i] if i < len(setup_b) else None) for i in range(max(len(setup_a), len(setup_b)))]
+    pairs += [
+        (f"setup cell {i + 1}", setup_a[i] if i < len(setup_a) else None, setup_b[i] if i < len(setup_b) else None)
+        for i in range(max(len(setup_a), len(setup_b)))
+    ]
     out = []
     for what, x, y in pairs:
         sha_x, sha_y = (x or {}).get("sha256"), (y or {}).get("sha256")
         if what == "cell" and not (x and y):
             sha_x, sha_y = record_a.get("cell_sha256") or sha_x, record_b.get("cell_sha256") or sha_y
         if sha_x != sha_y:
-            out.append({"what": what, "a": sha_x, "b": sha_y,
-                        "diff": _diff((x or {}).get("source") or "", (y or {}).get("source") or "")})
+            out.append(
+                {
+                    "what": what,
+                    "a": sha_x,
+                    "b": sha_y,
+                    "diff": _diff((x or {}).get("source") or "", (y or {}).get("source") or ""),
+                }
+            )
     git_a = record_a.get("git") if isinstance(record_a.get("git"), dict) else {}
     git_b = record_b.get("git") if isinstance(record_b.get("git"), dict) else {}
     for key in ("commit", "dirty"):
@@ -210,8 +252,9 @@ def _metric_rows(a: dict, b: dict) -> list[dict]:
     return rows
 
 
-def compare(a: Job, b: Job, nb_a: dict | None, nb_b: dict | None, metrics_a: dict | None,
-            metrics_b: dict | None) -> dict:
+def compare(
+    a: Job, b: Job, nb_a: dict | None, nb_b: dict | None, metrics_a: dict | None, metrics_b: dict | None
+) -> dict:
     """What differs between jobs ``a`` and ``b`` (only the differences), and whether each part is identical."""
     pa, pb = provenance_of(a), provenance_of(b)
     parameters = _rows(pa.get("parameters") or {}, pb.get("parameters") or {})
@@ -220,13 +263,23 @@ def compare(a: Job, b: Job, nb_a: dict | None, nb_b: dict | None, metrics_a: dic
     environment = _rows(_environment(pa), _environment(pb), ["profile", "kind", "digest", "ref", "python"])
     source = _source(pa, pb, nb_a, nb_b)
     da, db = _datasets(pa), _datasets(pb)
-    datasets = [{"name": k, "a": da.get(k), "b": db.get(k)} for k in sorted(set(da) | set(db))
-                if da.get(k) != db.get(k)]
+    datasets = [
+        {"name": k, "a": da.get(k), "b": db.get(k)} for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)
+    ]
     metrics = "unknown" if metrics_a is None or metrics_b is None else _metric_rows(metrics_a, metrics_b)
     return {
-        "a": a.id, "b": b.id,
-        "parameters": parameters, "environment": environment, "source": source, "datasets": datasets,
+        "a": a.id,
+        "b": b.id,
+        "parameters": parameters,
+        "environment": environment,
+        "source": source,
+        "datasets": datasets,
         "metrics": metrics,
-        "identical": {"parameters": not parameters, "environment": not environment, "source": not source,
-                      "datasets": not datasets, "metrics": None if metrics == "unknown" else not metrics},
+        "identical": {
+            "parameters": not parameters,
+            "environment": not environment,
+            "source": not source,
+            "datasets": not datasets,
+            "metrics": None if metrics == "unknown" else not metrics,
+        },
     }

@@ -26,7 +26,7 @@ from pathlib import Path
 from danlu.digests import TRAINING
 from danlu.errors import DanluError, Forbidden, ValidationError
 from danlu.hub.backends.base import Backend
-from danlu.hub.service import validation
+from danlu.hub.service import jsonbody, validation
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.datasets.catalog import Catalog, manifest_of, record_uses
 from danlu.hub.service.formats import JOB_TOKEN
@@ -41,8 +41,17 @@ TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <
 
 
 class RunnerApi:
-    def __init__(self, supervisor: Supervisor, datasets: Catalog, *, database: Database, backend: Backend, settings,
-                 profiles, mlflow):
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        datasets: Catalog,
+        *,
+        database: Database,
+        backend: Backend,
+        settings,
+        profiles,
+        mlflow,
+    ):
         self.supervisor = supervisor
         self.datasets = datasets
         self.database = database
@@ -55,12 +64,14 @@ class RunnerApi:
         spec = await self.database.write(_spec, job_id, attempt, _hash(token))
         owner = spec["owner"]
         home = self.backend.user_home(owner) or str(self.settings.user_home(owner))
-        spec.update({
-            "kernel_name": self.profiles.get(spec["profile"]).kernel_name,
-            "cwd": str(Path(home) / spec["cwd_relative"]),
-            "env": {"HOME": home, "USER": owner},
-            "mlflow_env": self.mlflow.env_for(owner) if self.mlflow is not None else {},
-        })
+        spec.update(
+            {
+                "kernel_name": self.profiles.get(spec["profile"]).kernel_name,
+                "cwd": str(Path(home) / spec["cwd_relative"]),
+                "env": {"HOME": home, "USER": owner},
+                "mlflow_env": self.mlflow.env_for(owner) if self.mlflow is not None else {},
+            }
+        )
         return spec
 
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
@@ -72,7 +83,7 @@ class RunnerApi:
         nproc = await self.database.read(_nproc, job_id, attempt, _hash(token))
         if rank >= nproc:
             raise ValidationError(f"job {job_id} has ranks 0-{nproc - 1}", field="rank", reason="no_such_rank")
-        notebook = await asyncio.to_thread(validation.parse_json, body, max_bytes=validation.MAX_OUTPUT)
+        notebook = await asyncio.to_thread(jsonbody.parse_json, body, max_bytes=validation.MAX_OUTPUT)
         if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
             raise ValidationError("the output is not a notebook (a JSON object with a list of cells)", field="body")
         await asyncio.to_thread(outputs.keep, self.settings.state_dir, job_id, rank, body)
@@ -105,8 +116,15 @@ class RunnerApi:
         context = body.get("context", TRAINING)
         manifest = await self.database.read(manifest_of, entry["dataset"], entry["version"])
         await self.database.write(_use, job_id, attempt, _hash(token), {**entry, "context": context})
-        return {"ref": entry["name"], "dataset": entry["dataset"], "version": entry["version"],
-                "digest": entry["digest"], "path": entry["path"], "context": context, "manifest": manifest}
+        return {
+            "ref": entry["name"],
+            "dataset": entry["dataset"],
+            "version": entry["version"],
+            "digest": entry["digest"],
+            "path": entry["path"],
+            "context": context,
+            "manifest": manifest,
+        }
 
 
 def _hash(token: str) -> str:
@@ -118,8 +136,13 @@ def _hash(token: str) -> str:
 def _attempt(s, job_id: str, number: int, digest: str):
     job = s.get(Job, job_id)
     attempt = job.attempts[-1] if job is not None and job.attempts else None
-    if (attempt is None or not (job.state in ACTIVE_STATES or handed_over(job)) or attempt.number != number
-            or not attempt.token_hash or not hmac.compare_digest(attempt.token_hash, digest)):
+    if (
+        attempt is None
+        or not (job.state in ACTIVE_STATES or handed_over(job))
+        or attempt.number != number
+        or not attempt.token_hash
+        or not hmac.compare_digest(attempt.token_hash, digest)
+    ):
         raise Forbidden(REFUSED, reason="bad_job_token", fix=TOKEN_FIX)
     if handed_over(job):  # its runner runs: the backend's queue admitted it before the watcher saw that
         admit(s, job_id, number)
@@ -154,16 +177,31 @@ def _spec(s, job_id: str, number: int, digest: str) -> dict:
     job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
     tracking = job.tracking if isinstance(job.tracking, dict) else {}
     return {
-        "job_id": job.id, "attempt": attempt.number, "name": job.name, "owner": job.owner, "profile": job.profile,
-        "nproc": job.nproc, "nnodes": job.nnodes, "gpus": job.gpus // max(1, job.nnodes),  # per node
-        "devices": list(attempt.devices or []), "queue": job.queue,
-        "parameters": job.parameters, "notebook": json.loads(notebook.notebook), "cwd_relative": job.cwd,
-        "datasets": [{**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("dataset") else d
-                     for d in job.datasets or []], "experiment": job.experiment, "source": job.source,
+        "job_id": job.id,
+        "attempt": attempt.number,
+        "name": job.name,
+        "owner": job.owner,
+        "profile": job.profile,
+        "nproc": job.nproc,
+        "nnodes": job.nnodes,
+        "gpus": job.gpus // max(1, job.nnodes),  # per node
+        "devices": list(attempt.devices or []),
+        "queue": job.queue,
+        "parameters": job.parameters,
+        "notebook": json.loads(notebook.notebook),
+        "cwd_relative": job.cwd,
+        "datasets": [
+            {**d, "manifest": manifest_of(s, d["dataset"], d["version"])} if d.get("dataset") else d
+            for d in job.datasets or []
+        ],
+        "experiment": job.experiment,
+        "source": job.source,
         "cell_sha256": job.cell_sha256,
         "environment": (job.provenance or {}).get("environment") if isinstance(job.provenance, dict) else None,
-        "tracking": {"run_id": tracking.get("run_id") or job.mlflow_run_id,
-                     "experiment_id": tracking.get("experiment_id")},
+        "tracking": {
+            "run_id": tracking.get("run_id") or job.mlflow_run_id,
+            "experiment_id": tracking.get("experiment_id"),
+        },
     }
 
 
@@ -196,5 +234,10 @@ def _invalid(s, job_id: str, number: int, digest: str, problem: str) -> None:
     _job, attempt = _attempt(s, job_id, number, digest)
     report = attempt.report if isinstance(attempt.report, dict) else {}
     if not report.get("state"):
-        attempt.report = {"state": "failed", "reason": f"the job sent an invalid report ({problem[:300]})",
-                          "infrastructure": False, "exit_code": None, "notes": []}
+        attempt.report = {
+            "state": "failed",
+            "reason": f"the job sent an invalid report ({problem[:300]})",
+            "infrastructure": False,
+            "exit_code": None,
+            "notes": [],
+        }

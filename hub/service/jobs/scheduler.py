@@ -59,13 +59,26 @@ def token_hash(token: str) -> str:
 
 class Scheduler:
     """What every way of admitting jobs shares (see the module's docs); subclasses implement :meth:`schedule`."""
+
     #: whether the queues are another system's (Kueue's): then Danlu changes no quota, hold or priority itself
     owns_queues = False
     #: whether a job may span several nodes (only a cluster's queue gangs them)
     multi_node = False
 
-    def __init__(self, core: Core, supervisor: Supervisor, *, database: Database, backend: Backend, settings,
-                 profiles, inventory, ledger: Ledger, metrics: Metrics, log: logging.Logger):
+    def __init__(
+        self,
+        core: Core,
+        supervisor: Supervisor,
+        *,
+        database: Database,
+        backend: Backend,
+        settings,
+        profiles,
+        inventory,
+        ledger: Ledger,
+        metrics: Metrics,
+        log: logging.Logger,
+    ):
         self.core = core
         self.supervisor = supervisor
         self.database = database
@@ -126,16 +139,29 @@ class Scheduler:
     async def rebuild_locked(self) -> None:
         """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
         self.core.model, self.core.pending = await self.database.read(
-            _rebuild, self.settings, self.inventory, self.log, not self.owns_queues)
+            _rebuild, self.settings, self.inventory, self.log, not self.owns_queues
+        )
 
     def _start_of(self, job: Job, attempt: Attempt, token: str) -> dict:
         """What the supervisor needs to start an attempt (a Launch, less what only it knows)."""
-        return {"id": job.id, "attempt": attempt.number, "devices": list(attempt.devices or []), "nproc": job.nproc,
-                "nnodes": job.nnodes, "owner": job.owner, "kernel_name": _kernel_name(self.profiles, job.profile),
-                "token": token, "queue": job.queue, "priority_class": job.priority_class or "",
-                "profile": job.profile, "gpus": job.gpus, "gpu_type": job.gpu_type, "cpu": job.cpu,
-                "memory": job.memory,
-                "timeout_seconds": job.timeout_seconds or self.settings.jobs.max_runtime_seconds}
+        return {
+            "id": job.id,
+            "attempt": attempt.number,
+            "devices": list(attempt.devices or []),
+            "nproc": job.nproc,
+            "nnodes": job.nnodes,
+            "owner": job.owner,
+            "kernel_name": _kernel_name(self.profiles, job.profile),
+            "token": token,
+            "queue": job.queue,
+            "priority_class": job.priority_class or "",
+            "profile": job.profile,
+            "gpus": job.gpus,
+            "gpu_type": job.gpu_type,
+            "cpu": job.cpu,
+            "memory": job.memory,
+            "timeout_seconds": job.timeout_seconds or self.settings.jobs.max_runtime_seconds,
+        }
 
     # time limits -----------------------------------------------------------------------------
     async def check_timeouts(self) -> None:
@@ -158,8 +184,10 @@ class Scheduler:
             while not core.closing and await self.database.write(rollups.roll_up, utcnow()):
                 await asyncio.sleep(0)
             keep = self.settings.usage.sample_retention_days
-            while not core.closing and await self.database.write(
-                    rollups.expire_samples, utcnow(), keep) >= rollups.EXPIRE_BATCH:
+            while (
+                not core.closing
+                and await self.database.write(rollups.expire_samples, utcnow(), keep) >= rollups.EXPIRE_BATCH
+            ):
                 await asyncio.sleep(0)
         except Exception:
             self.log.exception("rolling usage up failed (the next try is in a minute)")
@@ -192,6 +220,7 @@ class Scheduler:
 
 class DanluScheduler(Scheduler):
     """Danlu's own admission: Kueue's semantics in the pure model, one pass at a time (see the module's docs)."""
+
     async def _pass_locked(self, now: float, backoff: dict) -> tuple[list[dict], list[tuple]]:
         """The model decides over the jobs not waiting out a retry; the decision is recorded in one transaction."""
         core = self.core
@@ -200,8 +229,9 @@ class DanluScheduler(Scheduler):
         decision = core.model.cycle(eligible, now)
         for jid, (when, why) in backoff.items():
             if jid in core.pending and ts(when) > now:
-                decision.waiting[jid] = f"{why} (at {isoformat(when)[11:19]} UTC)" if why else \
-                    f"retrying at {isoformat(when)}"
+                decision.waiting[jid] = (
+                    f"{why} (at {isoformat(when)[11:19]} UTC)" if why else f"retrying at {isoformat(when)}"
+                )
         tokens = {wl.id: secrets.token_urlsafe(32) for wl in decision.admitted}
         starts, stops = await self.database.write(self._record_pass, decision, tokens, now)
         for wl in decision.admitted:
@@ -213,8 +243,9 @@ class DanluScheduler(Scheduler):
 
     def explain(self, job) -> Explanation:
         plan = self.core.plan
-        return Explanation(plan.waiting.get(job.id, job.reason or WAITING), plan.positions.get(job.id),
-                           self.core.estimates.get(job.id))
+        return Explanation(
+            plan.waiting.get(job.id, job.reason or WAITING), plan.positions.get(job.id), self.core.estimates.get(job.id)
+        )
 
     async def _estimate(self, now: float) -> None:
         """Estimated start times of waiting jobs, from running jobs' history and limits."""
@@ -223,8 +254,9 @@ class DanluScheduler(Scheduler):
         if not waiting or len(waiting) > 500:
             core.estimates = {}
             return
-        ends, durations = await self.database.read(_durations, list(core.model.admitted), [w.id for w in waiting],
-                                                   now, self.settings.jobs.max_runtime_seconds)
+        ends, durations = await self.database.read(
+            _durations, list(core.model.admitted), [w.id for w in waiting], now, self.settings.jobs.max_runtime_seconds
+        )
         core.estimates = core.model.estimate(waiting, ends, durations, now)
 
     def _record_pass(self, s, decision: Decision, tokens: dict, now: float):
@@ -240,8 +272,13 @@ class DanluScheduler(Scheduler):
             job.not_before = None
             job.started_at = job.started_at or utcnow()
             job.backend_state = {}
-            attempt = Attempt(number=len(job.attempts) + 1, state="running", devices=list(wl.devices),
-                              flavor=wl.flavor, token_hash=token_hash(tokens[wl.id]))
+            attempt = Attempt(
+                number=len(job.attempts) + 1,
+                state="running",
+                devices=list(wl.devices),
+                flavor=wl.flavor,
+                token_hash=token_hash(tokens[wl.id]),
+            )
             job.attempts.append(attempt)
             metrics.admitted.labels(job.queue).inc()
             metrics.wait.labels(job.queue).observe(max(0.0, now - ts(job.queued_at or job.created_at)))
@@ -253,14 +290,21 @@ class DanluScheduler(Scheduler):
             job.state = transition(job.state, JobState.preempted).value
             job.reason = why
             metrics.preempted.labels(job.queue).inc()
-            audit.append(s, "danlu", "preempt", job.id, before={"state": "running"},
-                         after={"state": "preempted", "by": by.id, "reason": why})
+            audit.append(
+                s,
+                "danlu",
+                "preempt",
+                job.id,
+                before={"state": "running"},
+                after={"state": "preempted", "by": by.id, "reason": why},
+            )
             stops.append((job.id, dict(job.backend_state or {}), why))
         return starts, stops
 
 
 class QueueingScheduler(Scheduler):
     """Admission by the backend's own queue (Kueue): hand every eligible job over (see the module's docs)."""
+
     owns_queues = True
     multi_node = True
 
@@ -275,8 +319,9 @@ class QueueingScheduler(Scheduler):
         starts = await self.database.write(self._record_hand_over, ready, tokens)
         for jid in ready:
             core.pending.pop(jid, None)
-        core.plan = Decision(waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending
-                                      if jid in backoff})
+        core.plan = Decision(
+            waiting={jid: f"retrying at {isoformat(backoff[jid][0])}" for jid in core.pending if jid in backoff}
+        )
         return starts, []
 
     def explain(self, job) -> Explanation:
@@ -315,8 +360,12 @@ class QueueingScheduler(Scheduler):
             job = s.get(Job, job_id)
             if job is None or job.state != JobState.queued.value:
                 continue
-            attempt = Attempt(number=len(job.attempts) + 1, state=JobState.queued.value, devices=[],
-                              token_hash=token_hash(tokens[job_id]))
+            attempt = Attempt(
+                number=len(job.attempts) + 1,
+                state=JobState.queued.value,
+                devices=[],
+                token_hash=token_hash(tokens[job_id]),
+            )
             job.attempts.append(attempt)
             job.not_before = None
             job.backend_state = {"attempt": attempt.number}
@@ -327,8 +376,10 @@ class QueueingScheduler(Scheduler):
 
 # database work (runs on the database thread pool) ---------------------------------------------
 def _backoff(s) -> dict:
-    return {j.id: (j.not_before, j.reason) for j in s.scalars(
-        select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))}
+    return {
+        j.id: (j.not_before, j.reason)
+        for j in s.scalars(select(Job).where(Job.state == JobState.queued.value, Job.not_before.is_not(None)))
+    }
 
 
 def _kernel_name(profiles, slug: str) -> str | None:
@@ -352,12 +403,22 @@ def _rebuild(s, settings, inventory, log: logging.Logger, restore_jobs: bool):
                 log.error("job %s: %s", job.id, e)
     for row in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None))):
         if row.team in model.teams:
-            server = Workload(f"server:{row.holder}", row.team, 1 << 40, ts(row.started_at),
-                              Request(len(row.devices), row.flavor, 0.0, 0.0), row.owner, kind="server")
+            server = Workload(
+                f"server:{row.holder}",
+                row.team,
+                1 << 40,
+                ts(row.started_at),
+                Request(len(row.devices), row.flavor, 0.0, 0.0),
+                row.owner,
+                kind="server",
+            )
             server.flavor, server.devices = row.flavor, tuple(row.devices)
             model.restore(server)
-    pending = {job.id: workload_of(job) for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))
-               if not handed_over(job)}
+    pending = {
+        job.id: workload_of(job)
+        for job in s.scalars(select(Job).where(Job.state == JobState.queued.value))
+        if not handed_over(job)
+    }
     return model, pending
 
 
@@ -379,9 +440,13 @@ def _durations(s, running: list[str], waiting: list[str], now: float, max_runtim
         limit = float(job.timeout_seconds or max_runtime)
         key = (job.owner, job.name)
         if key not in history:
-            rows = s.execute(select(Attempt.started_at, Attempt.finished_at).join(Job).where(
-                Job.owner == job.owner, Job.name == job.name, Attempt.state == "succeeded")
-                .order_by(Attempt.finished_at.desc()).limit(20))
+            rows = s.execute(
+                select(Attempt.started_at, Attempt.finished_at)
+                .join(Job)
+                .where(Job.owner == job.owner, Job.name == job.name, Attempt.state == "succeeded")
+                .order_by(Attempt.finished_at.desc())
+                .limit(20)
+            )
             durations = [(f - b).total_seconds() for b, f in rows if f and b]
             history[key] = statistics.median(durations) if durations else None
         return min(limit, history[key]) if history[key] else limit

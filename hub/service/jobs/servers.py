@@ -43,20 +43,30 @@ class Servers:
         if settings.teams:
             mine = [t for t in settings.teams if t in set(groups)]
             if not mine:
-                raise PolicyError(f"{owner} is in no team, so has no GPU quota for a server", reason="no_team",
-                                  field="gpus", fix="ask an admin to add you to a team, or start without GPUs")
+                raise PolicyError(
+                    f"{owner} is in no team, so has no GPU quota for a server",
+                    reason="no_team",
+                    field="gpus",
+                    fix="ask an admin to add you to a team, or start without GPUs",
+                )
             team = mine[0]
         async with core.lock:
             await self._release_locked(holder)
-            server = Workload(f"server:{holder}", team, 1 << 40, time.time(), Request(gpus, None, 0.0, 0.0), owner,
-                              kind="server")
+            server = Workload(
+                f"server:{holder}", team, 1 << 40, time.time(), Request(gpus, None, 0.0, 0.0), owner, kind="server"
+            )
             ok, why = core.model.try_server(server)
             if not ok:
-                raise Conflict(f"no room for {gpus} GPUs for the server: {why.removeprefix('waiting for ')}",
-                               reason="gpus_busy", field="gpus", fix="pick fewer GPUs, or wait for jobs to finish")
+                raise Conflict(
+                    f"no room for {gpus} GPUs for the server: {why.removeprefix('waiting for ')}",
+                    reason="gpus_busy",
+                    field="gpus",
+                    fix="pick fewer GPUs, or wait for jobs to finish",
+                )
             try:
-                await self.database.write(_claim, self.ledger, holder, owner, team, profile, server.flavor,
-                                          list(server.devices))
+                await self.database.write(
+                    _claim, self.ledger, holder, owner, team, profile, server.flavor, list(server.devices)
+                )
             except Exception:
                 core.model.release(server.id)
                 raise
@@ -91,8 +101,16 @@ class Servers:
                 continue
             quiet = (dt.datetime.now(dt.timezone.utc) - seen).total_seconds() / 60
             if quiet >= minutes:
-                idle.append({"server": holder, "owner": owner, "team": team, "gpus": len(devices),
-                             "devices": devices, "idle_minutes": round(quiet, 1)})
+                idle.append(
+                    {
+                        "server": holder,
+                        "owner": owner,
+                        "team": team,
+                        "gpus": len(devices),
+                        "devices": devices,
+                        "idle_minutes": round(quiet, 1),
+                    }
+                )
         return idle
 
 
@@ -110,5 +128,7 @@ def _release(s, ledger, holder: str) -> None:
 
 
 def _holding(s) -> list[tuple]:
-    return [(r.holder, r.owner, r.team, list(r.devices))
-            for r in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None)))]
+    return [
+        (r.holder, r.owner, r.team, list(r.devices))
+        for r in s.scalars(select(ServerUsage).where(ServerUsage.ended_at.is_(None)))
+    ]

@@ -64,8 +64,21 @@ NOTEBOOK_CHECKS = 2
 
 
 class Submission:
-    def __init__(self, core: Core, scheduler: Scheduler, datasets: Catalog, *, database: Database, settings, profiles,
-                 groups, ledger: Ledger, backend: Backend, mlflow, log: logging.Logger):
+    def __init__(
+        self,
+        core: Core,
+        scheduler: Scheduler,
+        datasets: Catalog,
+        *,
+        database: Database,
+        settings,
+        profiles,
+        groups,
+        ledger: Ledger,
+        backend: Backend,
+        mlflow,
+        log: logging.Logger,
+    ):
         self.core = core
         self.backend = backend
         self.scheduler = scheduler
@@ -87,29 +100,45 @@ class Submission:
         real_home = os.path.realpath(home)
         real = os.path.realpath(workdir)
         if not (real == real_home or real.startswith(real_home.rstrip("/") + "/")):
-            raise ValidationError(f"cwd: folder '{cwd}' leads outside your home (through a symbolic link)",
-                                  field="cwd", reason="escapes_root", fix="use a folder inside your home")
+            raise ValidationError(
+                f"cwd: folder '{cwd}' leads outside your home (through a symbolic link)",
+                field="cwd",
+                reason="escapes_root",
+                fix="use a folder inside your home",
+            )
         if not os.path.isdir(real):
-            raise ValidationError(f"cwd: folder '{cwd}' does not exist in your home", field="cwd",
-                                  reason="no_folder", fix="create it, or give a folder relative to your home")
+            raise ValidationError(
+                f"cwd: folder '{cwd}' does not exist in your home",
+                field="cwd",
+                reason="no_folder",
+                fix="create it, or give a folder relative to your home",
+            )
         return workdir
 
-    async def submit(self, principal, body, *, reproduces: str | None = None,
-                     pins: dict[int, dict] | None = None) -> tuple[int, dict]:
+    async def submit(
+        self, principal, body, *, reproduces: str | None = None, pins: dict[int, dict] | None = None
+    ) -> tuple[int, dict]:
         """Accept a job; ``reproduces`` and ``pins`` (dataset index -> the digest a plain path must still have)
         come from :meth:`.reproduction.Reproduction.reproduce`, never from a request body."""
         if not isinstance(body, dict):
-            raise ValidationError("the request body must be a JSON object", field="body",
-                                  fix="send {\"notebook\": {...}} with Content-Type: application/json")
+            raise ValidationError(
+                "the request body must be a JSON object",
+                field="body",
+                fix='send {"notebook": {...}} with Content-Type: application/json',
+            )
         validation.check_schema("JobSubmission", body)
         if not principal.is_user:
-            raise Forbidden("only users submit jobs; this token belongs to a service", reason="not_a_user",
-                            fix="submit with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)")
+            raise Forbidden(
+                "only users submit jobs; this token belongs to a service",
+                reason="not_a_user",
+                fix="submit with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)",
+            )
         async with _background() as begin:
             return await self._submit(principal, body, begin, reproduces, pins)
 
-    async def _submit(self, principal, body: dict, begin, reproduces: str | None,
-                      pins: dict[int, dict] | None) -> tuple[int, dict]:
+    async def _submit(
+        self, principal, body: dict, begin, reproduces: str | None, pins: dict[int, dict] | None
+    ) -> tuple[int, dict]:
         core = self.core
         settings, jobs = self.settings, self.settings.jobs
         owner = principal.name
@@ -122,26 +151,40 @@ class Submission:
         resources = {"nproc": 1, "gpus": 0, "nodes": 1, **body.get("resources", {})}
         validation.check_nodes(resources, multi_node=self.scheduler.multi_node)
         if resources["nproc"] > jobs.max_nproc:
-            raise ValidationError(f"resources.nproc must be at most {jobs.max_nproc}, got {resources['nproc']}",
-                                  field="resources.nproc", reason="too_many_processes",
-                                  fix=f"ask for at most {jobs.max_nproc} processes (jobs.max_nproc)")
+            raise ValidationError(
+                f"resources.nproc must be at most {jobs.max_nproc}, got {resources['nproc']}",
+                field="resources.nproc",
+                reason="too_many_processes",
+                fix=f"ask for at most {jobs.max_nproc} processes (jobs.max_nproc)",
+            )
         if resources["gpus"] > self.ledger.total:
-            raise PolicyError(f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {self.ledger.total}",
-                              field="resources.gpus", reason="not_enough_gpus")
+            raise PolicyError(
+                f"resources.gpus: {resources['gpus']} GPUs asked, the workbench has {self.ledger.total}",
+                field="resources.gpus",
+                reason="not_enough_gpus",
+            )
         if resources.get("gpu_type") and resources["gpu_type"] not in core.model.devices:
-            raise ValidationError(f"resources.gpu_type: no GPUs of flavor '{resources['gpu_type']}' here",
-                                  field="resources.gpu_type", fix=f"flavors: {', '.join(core.model.devices) or 'none'}")
+            raise ValidationError(
+                f"resources.gpu_type: no GPUs of flavor '{resources['gpu_type']}' here",
+                field="resources.gpu_type",
+                fix=f"flavors: {', '.join(core.model.devices) or 'none'}",
+            )
         if "memory" in resources:
             resources["memory"] = validation.check_size(resources["memory"], "resources.memory")
         retries = body.get("retries", jobs.default_retries)
         if retries > jobs.max_retries:
-            raise ValidationError(f"retries must be at most {jobs.max_retries}", field="retries",
-                                  fix=f"ask for at most {jobs.max_retries} retries (jobs.max_retries)")
+            raise ValidationError(
+                f"retries must be at most {jobs.max_retries}",
+                field="retries",
+                fix=f"ask for at most {jobs.max_retries} retries (jobs.max_retries)",
+            )
         timeout = body.get("timeout_seconds")
         if timeout is not None and timeout > jobs.max_runtime_seconds:
-            raise ValidationError(f"timeout_seconds must be at most {jobs.max_runtime_seconds} (the workbench's "
-                                  "max runtime)", field="timeout_seconds",
-                                  fix="ask for less, or leave it out for the workbench's maximum")
+            raise ValidationError(
+                f"timeout_seconds must be at most {jobs.max_runtime_seconds} (the workbench's max runtime)",
+                field="timeout_seconds",
+                fix="ask for less, or leave it out for the workbench's maximum",
+            )
         cwd = paths.safe_relative_path(body.get("cwd", "."), "cwd")
         wanted = [_dataset_item(i, item) for i, item in enumerate(body.get("datasets", []))]
         refs = {i for i, (value, _, _) in enumerate(wanted) if DATASET_REF.match(value)}
@@ -153,12 +196,16 @@ class Submission:
             source["notebook_path"] = paths.safe_relative_path(source["notebook_path"], "source.notebook_path")
         stem = PurePosixPath(source.get("notebook_path") or "").stem
         experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
-        writable = (begin(self.mlflow.check_experiment(experiment, owner, principal.admin, self.groups.exists))
-                    if self.mlflow is not None else None)
+        writable = (
+            begin(self.mlflow.check_experiment(experiment, owner, principal.admin, self.groups.exists))
+            if self.mlflow is not None
+            else None
+        )
         account = settings.account(owner)  # refuses a user without a Unix account when they are on
         groups = await groups_of
-        profile = self.profiles.authorize(body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"],
-                                          gpu_field="resources.gpus")
+        profile = self.profiles.authorize(
+            body.get("profile"), groups, admin=principal.admin, gpus=resources["gpus"], gpu_field="resources.gpus"
+        )
         queue = quotas.queue_for(settings, body.get("queue"), groups, admin=principal.admin)
         priority_class, priority = quotas.priority_of(settings, body.get("priority"))
         request = quotas.request_for(resources, resources["nproc"] * resources["nodes"], profile)
@@ -175,8 +222,9 @@ class Submission:
             # a catalog version: its files are re-verified against its digest when the job starts
             entry = await self._catalog_entry(principal, value, field, workdir, i in refs)
             if entry is None:
-                name, path = paths.resolve_dataset(value, workdir=workdir, home=home,
-                                                        roots=settings.dataset_roots, field=field)
+                name, path = paths.resolve_dataset(
+                    value, workdir=workdir, home=home, roots=settings.dataset_roots, field=field
+                )
                 entry = {"name": name, "path": str(path), **(pins or {}).get(i, {})}
             datasets.append({**entry, "context": context})
         name = body.get("name") or (re.sub(r"[^A-Za-z0-9._-]", "-", stem).strip("-.")[:60] or "job")
@@ -185,26 +233,64 @@ class Submission:
         cell_id, sha = cell_sha256(nb)
         source.setdefault("cell_id", cell_id)
         # the job runs on its profile's kernel, whatever the notebook was saved with
-        node.metadata["kernelspec"] = {"name": profile.kernel_name, "display_name": profile.display_name,
-                                       "language": "python"}
+        node.metadata["kernelspec"] = {
+            "name": profile.kernel_name,
+            "display_name": profile.display_name,
+            "language": "python",
+        }
         node.metadata.setdefault("language_info", {"name": "python"})
         if body.get("dry_run"):
             return 200, await self._dry_run(node, params, profile, resources, probe)
 
         environment = await provenance.environment_of(profile, in_image=self.backend.runs_in_images)
-        record = provenance.build(profile=profile.slug, environment=environment, parameters=params, nb=node,
-                                  source=source, datasets=datasets, cell_sha256=sha, reproduces=reproduces)
-        job = Job(id=uuid.uuid4().hex[:12], owner=owner, name=name, state=JobState.queued.value, reason="",
-                  profile=profile.slug, queue=queue, priority=priority, priority_class=priority_class,
-                  nproc=resources["nproc"], nnodes=resources["nodes"], gpus=request.gpus, gpu_type=request.gpu_flavor,
-                  cpu=request.cpu,
-                  memory=request.memory, retries=retries, timeout_seconds=timeout, parameters=params,
-                  experiment=experiment, datasets=datasets, source=source, cwd=cwd, groups=list(groups),
-                  cell_sha256=sha, created_at=utcnow(), provenance=record, reproduces=reproduces)
+        record = provenance.build(
+            profile=profile.slug,
+            environment=environment,
+            parameters=params,
+            nb=node,
+            source=source,
+            datasets=datasets,
+            cell_sha256=sha,
+            reproduces=reproduces,
+        )
+        job = Job(
+            id=uuid.uuid4().hex[:12],
+            owner=owner,
+            name=name,
+            state=JobState.queued.value,
+            reason="",
+            profile=profile.slug,
+            queue=queue,
+            priority=priority,
+            priority_class=priority_class,
+            nproc=resources["nproc"],
+            nnodes=resources["nodes"],
+            gpus=request.gpus,
+            gpu_type=request.gpu_flavor,
+            cpu=request.cpu,
+            memory=request.memory,
+            retries=retries,
+            timeout_seconds=timeout,
+            parameters=params,
+            experiment=experiment,
+            datasets=datasets,
+            source=source,
+            cwd=cwd,
+            groups=list(groups),
+            cell_sha256=sha,
+            created_at=utcnow(),
+            provenance=record,
+            reproduces=reproduces,
+        )
         job.queued_at = job.created_at
         notebook = json.dumps(node)
-        after = {"queue": queue, "priority": priority_class, "profile": profile.slug, "resources": resources,
-                 "name": name}
+        after = {
+            "queue": queue,
+            "priority": priority_class,
+            "profile": profile.slug,
+            "resources": resources,
+            "name": name,
+        }
         if reproduces:
             after["reproduces"] = reproduces
         async with core.lock:
@@ -225,10 +311,13 @@ class Submission:
             return None
         entry = await self.datasets.readable_latest(principal, value, field)
         if entry is not None and os.path.lexists(workdir / value):
-            raise UsageError(f"{field}: '{value}' is both a dataset of the catalog and a file or folder in the job's "
-                             "folder", field=field, reason="ambiguous_dataset",
-                             fix=f"write ./{value} for the file or folder, or {value}@latest for the catalog's "
-                                 f"latest version ({entry['name']})")
+            raise UsageError(
+                f"{field}: '{value}' is both a dataset of the catalog and a file or folder in the job's folder",
+                field=field,
+                reason="ambiguous_dataset",
+                fix=f"write ./{value} for the file or folder, or {value}@latest for the catalog's "
+                f"latest version ({entry['name']})",
+            )
         return entry
 
     async def _dry_run(self, node, params: dict, profile, resources: dict, probe: Workload) -> dict:
@@ -240,8 +329,11 @@ class Submission:
         node.metadata.setdefault("papermill", {})
         for cell in node.cells:
             cell.metadata.setdefault("tags", [])
-        rendered = parameterize_notebook(node, params, report_mode=False, kernel_name=profile.kernel_name,
-                                         language="python") if params else node
+        rendered = (
+            parameterize_notebook(node, params, report_mode=False, kernel_name=profile.kernel_name, language="python")
+            if params
+            else node
+        )
         async with core.lock:
             sim = copy.deepcopy(core.model)
             decision = sim.cycle([copy.copy(w) for w in core.pending.values()] + [probe], time.time(), preempt=True)
@@ -250,9 +342,16 @@ class Submission:
             admitted, reason = False, DRAINING
         else:
             reason = "would start now" if admitted else decision.waiting.get(probe.id, "would wait")
-        return {"dry_run": True, "admitted": admitted, "reason": reason, "queue": probe.team,
-                "queue_position": decision.positions.get(probe.id), "profile": profile.slug, "resources": resources,
-                "notebook": dict(rendered)}
+        return {
+            "dry_run": True,
+            "admitted": admitted,
+            "reason": reason,
+            "queue": probe.team,
+            "queue_position": decision.positions.get(probe.id),
+            "profile": profile.slug,
+            "resources": resources,
+            "notebook": dict(rendered),
+        }
 
 
 @contextlib.asynccontextmanager

@@ -45,8 +45,19 @@ class Supervisor:
     #: set by the scheduler when it is made: it says whether an attempt runs yet, and runs the next pass
     scheduler: Scheduler
 
-    def __init__(self, core: Core, *, database: Database, backend: Backend, settings, ledger: Ledger,
-                 metrics: Metrics, mlflow, service_api: str, log: logging.Logger):
+    def __init__(
+        self,
+        core: Core,
+        *,
+        database: Database,
+        backend: Backend,
+        settings,
+        ledger: Ledger,
+        metrics: Metrics,
+        mlflow,
+        service_api: str,
+        log: logging.Logger,
+    ):
         self.core = core
         self.database = database
         self.backend = backend
@@ -69,8 +80,7 @@ class Supervisor:
         job_id = start["id"]
         task = self.core.spawn(self.start(start))
         self.starting[job_id] = task
-        task.add_done_callback(lambda t: self.starting.pop(job_id, None) if self.starting.get(job_id) is t
-                               else None)
+        task.add_done_callback(lambda t: self.starting.pop(job_id, None) if self.starting.get(job_id) is t else None)
 
     async def settled(self, job_id: str, state: dict, patience: float = 30.0) -> dict:
         """The attempt's state once its start is over (a stop may come while it starts); the database's."""
@@ -95,13 +105,26 @@ class Supervisor:
             account = self.settings.account(start["owner"])
             if self.mlflow is not None:
                 await self.mlflow.ensure_user(start["owner"])
-            launch = Launch(job_id=job_id, attempt=start["attempt"], owner=start["owner"],
-                            kernel_name=start["kernel_name"], nproc=start["nproc"], nnodes=start.get("nnodes", 1),
-                            devices=tuple(start["devices"]),
-                            run_as=account, api_url=self.service_api, token=start["token"],
-                            queue=start["queue"], priority_class=start["priority_class"], profile=start["profile"],
-                            gpus=start["gpus"], gpu_type=start["gpu_type"], cpu=start["cpu"],
-                            memory=start["memory"], timeout_seconds=start["timeout_seconds"])
+            launch = Launch(
+                job_id=job_id,
+                attempt=start["attempt"],
+                owner=start["owner"],
+                kernel_name=start["kernel_name"],
+                nproc=start["nproc"],
+                nnodes=start.get("nnodes", 1),
+                devices=tuple(start["devices"]),
+                run_as=account,
+                api_url=self.service_api,
+                token=start["token"],
+                queue=start["queue"],
+                priority_class=start["priority_class"],
+                profile=start["profile"],
+                gpus=start["gpus"],
+                gpu_type=start["gpu_type"],
+                cpu=start["cpu"],
+                memory=start["memory"],
+                timeout_seconds=start["timeout_seconds"],
+            )
 
             async def record(state: dict) -> None:
                 recorded.update(state, attempt=start["attempt"])
@@ -120,16 +143,18 @@ class Supervisor:
                     self.log.exception("ending the runner of job %s after its failed start failed", job_id)
             # an attempt a backend's own queue held is the job's running one from now on, so its end is recorded
             await self.database.write(attempts.admit, job_id, start["attempt"])
-            await self.finalize(job_id, Outcome("failed", f"could not start: {e}", infrastructure=True,
-                                                authoritative=True), start["attempt"])
+            await self.finalize(
+                job_id,
+                Outcome("failed", f"could not start: {e}", infrastructure=True, authoritative=True),
+                start["attempt"],
+            )
             return
         self.watch(job_id, state)
 
     def watch(self, job_id: str, state: dict) -> None:
         task = asyncio.ensure_future(self._watch(job_id, state))
         self.watchers[job_id] = task
-        task.add_done_callback(lambda _t: self.watchers.pop(job_id, None) if self.watchers.get(job_id) is _t
-                               else None)
+        task.add_done_callback(lambda _t: self.watchers.pop(job_id, None) if self.watchers.get(job_id) is _t else None)
 
     async def _watch(self, job_id: str, state: dict) -> None:
         backend = self.backend
@@ -147,8 +172,9 @@ class Supervisor:
             raise
         except Exception:
             self.log.exception("watching job %s failed", job_id)
-            await self.finalize(job_id, Outcome("failed", "the service lost track of it", infrastructure=True),
-                                state.get("attempt"))
+            await self.finalize(
+                job_id, Outcome("failed", "the service lost track of it", infrastructure=True), state.get("attempt")
+            )
 
     # stopping -------------------------------------------------------------------------------
     async def stop(self, job_id: str, state: dict, grace: float, why: str, reason: str = "") -> None:
@@ -179,6 +205,7 @@ class Supervisor:
     def reap_after_report(self, job_id: str, number: int, seconds: float = 30.0) -> None:
         """A runner's last act is its ``finished`` report; if attempt ``number`` still runs ``seconds`` later,
         it is ended (only that attempt: a later one of the same job is left alone)."""
+
         async def reap():
             await asyncio.sleep(seconds)
             state = await self.database.read(attempts.state_of, job_id, number)
@@ -215,8 +242,9 @@ class Supervisor:
     async def _finalize_once(self, job_id: str, outcome: Outcome, attempt: int | None) -> None:
         core = self.core
         async with core.lock:
-            done = await self.database.write(_finalize, job_id, outcome, self.stopping.get(job_id),
-                                             self.settings.jobs, self.ledger, attempt)
+            done = await self.database.write(
+                _finalize, job_id, outcome, self.stopping.get(job_id), self.settings.jobs, self.ledger, attempt
+            )
             if done is None:
                 return
             self.stopping.pop(job_id, None)
@@ -246,16 +274,19 @@ class Supervisor:
                 # handed over again (not counted)
                 await self.backend.cancel(job_id, state, 1.0, reason="interrupted")
                 await self.database.write(attempts.admit, job_id, state.get("attempt"))
-                await self.finalize(job_id, Outcome("failed", "the service stopped while submitting it",
-                                                    interrupted=True, authoritative=True))
+                await self.finalize(
+                    job_id,
+                    Outcome("failed", "the service stopped while submitting it", interrupted=True, authoritative=True),
+                )
                 continue
             if not state.get("launched") and not state.get("spec_fetched"):
                 # the service stopped between admitting it and handing it to a runner: that runner never
                 # ran it (and can no longer fetch its spec): end what exists and requeue, not counted
                 await self.database.write(attempts.abandon, job_id)
                 await self.backend.cancel(job_id, state, 1.0, reason="interrupted")
-                await self.finalize(job_id, Outcome("failed", "the service stopped while starting it",
-                                                    interrupted=True))
+                await self.finalize(
+                    job_id, Outcome("failed", "the service stopped while starting it", interrupted=True)
+                )
                 continue
             self.backend.load_state(job_id, state)
             self.log.info("re-attaching to job %s", job_id)
@@ -269,7 +300,6 @@ class Supervisor:
     async def close(self) -> None:
         for task in list(self.watchers.values()):
             task.cancel()
-
 
 
 # database work (runs on the database thread pool) ---------------------------------------------
@@ -303,12 +333,16 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: JobsConfig, ledg
     why = stopping[0] if stopping else (attempt.stop_reason if attempt is not None else "") or None
     stopped = bool(why) or job.state == JobState.preempted.value
     failures = sum(1 for a in job.attempts[:-1] if a.failure == "infrastructure")
-    nxt = next_state(job.state, _ending(attempt, outcome, stopping, stopped), stopping=why,
-                     preempt_reason=(outcome.reason if outcome.state == "preempted" and outcome.authoritative
-                                     else job.reason),
-                     retries=job.retries, failures_before=failures,
-                     limit_seconds=job.timeout_seconds or jobs.max_runtime_seconds,
-                     backoff_seconds=jobs.retry_backoff_seconds)
+    nxt = next_state(
+        job.state,
+        _ending(attempt, outcome, stopping, stopped),
+        stopping=why,
+        preempt_reason=(outcome.reason if outcome.state == "preempted" and outcome.authoritative else job.reason),
+        retries=job.retries,
+        failures_before=failures,
+        limit_seconds=job.timeout_seconds or jobs.max_runtime_seconds,
+        backoff_seconds=jobs.retry_backoff_seconds,
+    )
     now = utcnow()
     if attempt is not None:
         attempt.state, attempt.failure, attempt.reason = nxt.attempt_state, nxt.failure, nxt.attempt_reason
@@ -324,9 +358,19 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: JobsConfig, ledg
     job.failure = nxt.failure if nxt.state == JobState.failed else ""
     if nxt.retry_in is not None:
         job.not_before = now + dt.timedelta(seconds=nxt.retry_in)
-        audit.append(s, "danlu", "retry", job.id, before={"attempt": len(job.attempts)},
-                     after={"retry": nxt.retry_number, "of": job.retries, "after_seconds": nxt.retry_in,
-                            "reason": nxt.attempt_reason})
+        audit.append(
+            s,
+            "danlu",
+            "retry",
+            job.id,
+            before={"attempt": len(job.attempts)},
+            after={
+                "retry": nxt.retry_number,
+                "of": job.retries,
+                "after_seconds": nxt.retry_in,
+                "reason": nxt.attempt_reason,
+            },
+        )
     if nxt.state == JobState.queued:
         job.queued_at = now
     else:

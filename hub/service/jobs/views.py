@@ -55,19 +55,34 @@ def _tracking(job: Job) -> dict:
         health = "pending" if job.state in ("queued", "running", "preempted") else "none"
     else:
         health = "degraded" if dropped or notes else "ok"
-    return {"state": health, "run_id": run_id, "experiment_id": data.get("experiment_id"),
-            "points_sent": data.get("points_sent") or 0, "points_dropped": dropped, "notes": notes}
+    return {
+        "state": health,
+        "run_id": run_id,
+        "experiment_id": data.get("experiment_id"),
+        "points_sent": data.get("points_sent") or 0,
+        "points_dropped": dropped,
+        "notes": notes,
+    }
 
 
 def inputs_of(job: Job) -> list[dict]:
     """The catalog versions a job named when it was submitted (without those its code asked for later)."""
-    return [{"ref": d["name"], "dataset": d["dataset"], "version": d["version"], "digest": d["digest"],
-             "context": d.get("context") or "training"}
-            for d in job.datasets or [] if d.get("dataset") and d.get("version")]  # a pinned path has a digest too
+    return [
+        {
+            "ref": d["name"],
+            "dataset": d["dataset"],
+            "version": d["version"],
+            "digest": d["digest"],
+            "context": d.get("context") or "training",
+        }
+        for d in job.datasets or []
+        if d.get("dataset") and d.get("version")
+    ]  # a pinned path has a digest too
 
 
 class Views:
     """The API models of jobs: :meth:`to_dict` of a row, :meth:`encoded` of a listing's stored jobs."""
+
     def __init__(self, public_url: str, scheduler: Explains, backend, size: int = MAX_CACHED):
         self.public_url = public_url
         self.scheduler = scheduler
@@ -80,11 +95,20 @@ class Views:
         base = f"{self.public_url}/services/danlu/api/v1/jobs/{job.id}"
         tracking = _tracking(job)
         run_id, experiment_id = tracking["run_id"], tracking["experiment_id"]
-        attempts = [{
-            "number": a.number, "state": a.state, "reason": a.reason, "failure": a.failure or None,
-            "devices": list(a.devices or []), "gpu_type": a.flavor, "exit_code": a.exit_code,
-            "started_at": isoformat(a.started_at), "finished_at": isoformat(a.finished_at),
-        } for a in job.attempts]
+        attempts = [
+            {
+                "number": a.number,
+                "state": a.state,
+                "reason": a.reason,
+                "failure": a.failure or None,
+                "devices": list(a.devices or []),
+                "gpu_type": a.flavor,
+                "exit_code": a.exit_code,
+                "started_at": isoformat(a.started_at),
+                "finished_at": isoformat(a.finished_at),
+            }
+            for a in job.attempts
+        ]
         end = job.finished_at or (utcnow() if job.state in ("running", "preempted") else None)
         reason, position, estimate = job.reason, None, None
         state = job.backend_state if isinstance(job.backend_state, dict) else {}
@@ -94,27 +118,49 @@ class Views:
                 estimate = isoformat(dt.datetime.fromtimestamp(when, dt.timezone.utc).replace(tzinfo=None))
         running = job.attempts[-1] if job.attempts and job.state in ("running", "preempted") else None
         return {
-            "id": job.id, "name": job.name, "owner": job.owner, "state": job.state, "reason": reason,
-            "failure": job.failure or None, "profile": job.profile, "queue": job.queue,
-            "priority": job.priority_class or None, "priority_value": job.priority,
-            "resources": {"nproc": job.nproc, "nodes": job.nnodes, "gpus": job.gpus, "gpu_type": job.gpu_type,
-                          "cpu": job.cpu, "memory": job.memory},
-            "retries": job.retries, "timeout_seconds": job.timeout_seconds,
-            "parameters": job.parameters, "experiment": job.experiment,
-            "datasets": [d["name"] for d in job.datasets], "source": job.source,
+            "id": job.id,
+            "name": job.name,
+            "owner": job.owner,
+            "state": job.state,
+            "reason": reason,
+            "failure": job.failure or None,
+            "profile": job.profile,
+            "queue": job.queue,
+            "priority": job.priority_class or None,
+            "priority_value": job.priority,
+            "resources": {
+                "nproc": job.nproc,
+                "nodes": job.nnodes,
+                "gpus": job.gpus,
+                "gpu_type": job.gpu_type,
+                "cpu": job.cpu,
+                "memory": job.memory,
+            },
+            "retries": job.retries,
+            "timeout_seconds": job.timeout_seconds,
+            "parameters": job.parameters,
+            "experiment": job.experiment,
+            "datasets": [d["name"] for d in job.datasets],
+            "source": job.source,
             "inputs": inputs if inputs is not None else inputs_of(job),
             "devices": list(running.devices or []) if running else [],
             "attempts": attempts,
-            "created_at": isoformat(job.created_at), "started_at": isoformat(job.started_at),
-            "finished_at": isoformat(job.finished_at), "retry_at": isoformat(job.not_before),
+            "created_at": isoformat(job.created_at),
+            "started_at": isoformat(job.started_at),
+            "finished_at": isoformat(job.finished_at),
+            "retry_at": isoformat(job.not_before),
             "elapsed_seconds": round((end - job.started_at).total_seconds(), 3) if job.started_at and end else None,
             "queue_position": position,
             "estimated_start": estimate,
             "mlflow_run_id": run_id,
             "tracking": tracking,
-            "mlflow_run_url": (f"{self.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
-                               if run_id and experiment_id else None),
-            "output_url": f"{base}/output", "logs_url": f"{base}/logs",
+            "mlflow_run_url": (
+                f"{self.public_url}/services/mlflow/#/experiments/{experiment_id}/runs/{run_id}"
+                if run_id and experiment_id
+                else None
+            ),
+            "output_url": f"{base}/output",
+            "logs_url": f"{base}/logs",
             # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
             "tensorboard_dir": self.backend.tensorboard_dir(job.id),
             "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
@@ -125,13 +171,17 @@ class Views:
         """:meth:`to_dict` of a :class:`~danlu.hub.service.store.rows.Stored` job, with its dataset uses as its
         inputs."""
         n = len(VIEW_COLUMNS)
-        job = SimpleNamespace(**dict(zip(VIEW_COLUMNS, stored.job[:n], strict=True)),
-                              **{c: _decoded(t) for c, t in zip(JSON_COLUMNS, stored.job[n:], strict=True)})
+        job = SimpleNamespace(
+            **dict(zip(VIEW_COLUMNS, stored.job[:n], strict=True)),
+            **{c: _decoded(t) for c, t in zip(JSON_COLUMNS, stored.job[n:], strict=True)},
+        )
         job.attempts = [SimpleNamespace(**dict(zip(ATTEMPT_COLUMNS, a, strict=True))) for a in stored.attempts]
         for a in job.attempts:
             a.devices = _decoded(a.devices)
-        inputs = [{"ref": f"{d}@{v}", "dataset": d, "version": v, "digest": digest, "context": context}
-                  for d, v, digest, context in stored.uses]  # as catalog.use_to_dict says a use
+        inputs = [
+            {"ref": f"{d}@{v}", "dataset": d, "version": v, "digest": digest, "context": context}
+            for d, v, digest, context in stored.uses
+        ]  # as catalog.use_to_dict says a use
         return self.to_dict(job, inputs)
 
     def encoded(self, jobs: list[Stored]) -> list[str]:

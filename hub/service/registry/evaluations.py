@@ -64,11 +64,15 @@ def read_notebook(path: str) -> dict:
         with open(file, "rb") as f:
             raw = f.read(MAX_NOTEBOOK + 1)
     except OSError as e:
-        raise ConfigError(f"models.evaluations: the evaluation notebook {path} cannot be read ({e.strerror or e})",
-                          fix="an admin fixes the path in danlu.yaml (models.evaluations.<name>.notebook)") from None
+        raise ConfigError(
+            f"models.evaluations: the evaluation notebook {path} cannot be read ({e.strerror or e})",
+            fix="an admin fixes the path in danlu.yaml (models.evaluations.<name>.notebook)",
+        ) from None
     if len(raw) > MAX_NOTEBOOK:
-        raise ConfigError(f"models.evaluations: {path} is over {MAX_NOTEBOOK // 2**20} MiB",
-                          fix="keep the evaluation notebook small: load data inside it")
+        raise ConfigError(
+            f"models.evaluations: {path} is over {MAX_NOTEBOOK // 2**20} MiB",
+            fix="keep the evaluation notebook small: load data inside it",
+        )
     try:
         nb = json.loads(raw)
     except ValueError as e:
@@ -80,9 +84,12 @@ def read_notebook(path: str) -> dict:
 
 def job_body(name: str, version: int, notebook: dict, spec: dict, owner: str) -> dict:
     """The submission of the evaluation job: the notebook, the version as parameters, the profile."""
-    body = {"notebook": notebook, "name": f"evaluate-{name}-v{version}"[:100],
-            "parameters": {"model_uri": f"models:/{name}/{version}", "model_name": name, "model_version": version},
-            "experiment": f"{owner}/evaluations"}
+    body = {
+        "notebook": notebook,
+        "name": f"evaluate-{name}-v{version}"[:100],
+        "parameters": {"model_uri": f"models:/{name}/{version}", "model_name": name, "model_version": version},
+        "experiment": f"{owner}/evaluations",
+    }
     if spec.get("profile"):
         body["profile"] = spec["profile"]
     return body

@@ -32,22 +32,26 @@ from danlu.hub.service import validation
 from danlu.hub.service.formats import MODEL, RESERVED_ALIAS, RUN_ID
 from danlu.hub.service.jobs.submission import Submission
 from danlu.hub.service.mlflow_client import MlflowAccess, MlflowRegistry, latest_metrics
-from danlu.hub.service.registry import evaluations
+from danlu.hub.service.registry import evaluations, records
 from danlu.hub.service.registry.records import mlflow_tags, model_to_dict, views_of
-from danlu.hub.service.store import audit
 from danlu.hub.service.store.database import Database
-from danlu.hub.service.store.orm import Job, ModelDecision, ModelRecord, ModelVersionRecord, utcnow
+from danlu.hub.service.store.orm import Job, ModelRecord, ModelVersionRecord, utcnow
 
 FIND_FIX = "see the registered models with 'danlu models list' or GET /models"
 RUN_FIX = "register a run of yours: its id is the job's mlflow_run_id ('danlu jobs show') or in MLflow's UI"
-#: the evaluation states an approval waits for, and the reason of the refusal in each
-GATE_REFUSAL = {"queued": "evaluation_pending", "running": "evaluation_pending", "failed": "evaluation_failed",
-                "error": "evaluation_error"}
 
 
 class ModelRegistry:
-    def __init__(self, submission: Submission, *, database: Database, settings, groups, mlflow: MlflowAccess | None,
-                 log: logging.Logger):
+    def __init__(
+        self,
+        submission: Submission,
+        *,
+        database: Database,
+        settings,
+        groups,
+        mlflow: MlflowAccess | None,
+        log: logging.Logger,
+    ):
         self.submission = submission
         self.database = database
         self.settings = settings
@@ -61,8 +65,12 @@ class ModelRegistry:
     # who may do what ----------------------------------------------------------------------------
     def _api(self) -> MlflowRegistry:
         if self.mlflow is None:
-            raise DanluError("this workbench has no MLflow server, and models live in MLflow's registry", status=503,
-                             reason="no_mlflow", fix="an admin starts Danlu with MLflow (danlu up does by default)")
+            raise DanluError(
+                "this workbench has no MLflow server, and models live in MLflow's registry",
+                status=503,
+                reason="no_mlflow",
+                fix="an admin starts Danlu with MLflow (danlu up does by default)",
+            )
         return self.mlflow
 
     async def _groups(self, principal) -> set[str]:
@@ -75,25 +83,33 @@ class ModelRegistry:
         if principal.admin or (await self._groups(principal)) & set(approvers):
             return
         who = f"members of {', '.join(approvers)} and admins" if approvers else "admins"
-        raise Forbidden(f"only {who} may approve or reject model versions and move their aliases",
-                        reason="not_an_approver", fix=f"ask one of the {who} (danlu.yaml models.approvers)")
+        raise Forbidden(
+            f"only {who} may approve or reject model versions and move their aliases",
+            reason="not_an_approver",
+            fix=f"ask one of the {who} (danlu.yaml models.approvers)",
+        )
 
     async def _owner_of(self, run_id: str, run: dict) -> tuple[str | None, str | None]:
         """``(owner, job id)`` of a run: the job that made it, else its ``danlu.user`` tag."""
         job = await self.database.read(
-            lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first())
+            lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first()
+        )
         if job is not None:
             return job.owner, job.id
-        run_tags = {t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or []
-                    if isinstance(t, dict)}
+        run_tags = {
+            t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or [] if isinstance(t, dict)
+        }
         return run_tags.get(tags.USER), run_tags.get(tags.JOB_ID)
 
     # registering --------------------------------------------------------------------------------
     async def register(self, principal, body) -> tuple[int, dict]:
         validation.check_schema("ModelRegistration", body)
         if not principal.is_user:
-            raise Forbidden("only users register models; this token belongs to a service", reason="not_a_user",
-                            fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)")
+            raise Forbidden(
+                "only users register models; this token belongs to a service",
+                reason="not_a_user",
+                fix="register with a user's token (JUPYTERHUB_API_TOKEN in their server)",
+            )
         name, run_id = body["name"], body["run_id"]
         check_registration(body)
         api = self._api()
@@ -107,23 +123,41 @@ class ModelRegistry:
         async with self._registering:
             if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
                 if not await api.create_registered_model(name, body.get("description", "")):
-                    raise Conflict(f"MLflow has a registered model named {name} that Danlu did not create",
-                                   reason="name_taken", field="name",
-                                   fix="choose another name; versions go only into models Danlu created, whose "
-                                       "aliases and tags no user can write around the approvals (an admin may "
-                                       "rename or delete the MLflow model)")
-                await self.database.write(_insert_model, name, body.get("description", ""), principal.name)
-            row = ModelVersionRecord(name=name, run_id=run_id, job_id=job_id, source=source, model_id=model_id,
-                                     registered_by=principal.name, registered_at=utcnow(), approval="pending",
-                                     evaluation="queued" if spec else "not_required",
-                                     thresholds=dict(spec["thresholds"]) if spec else {}, metrics={}, failures=[],
-                                     synced=True)
-            row.version = await api.create_version(name, source, run_id, model_id, mlflow_tags(row, None),
-                                                   body.get("description", ""))
-            await self.database.write(_insert_version, row)
+                    raise Conflict(
+                        f"MLflow has a registered model named {name} that Danlu did not create",
+                        reason="name_taken",
+                        field="name",
+                        fix="choose another name; versions go only into models Danlu created, whose "
+                        "aliases and tags no user can write around the approvals (an admin may "
+                        "rename or delete the MLflow model)",
+                    )
+                await self.database.write(records.insert_model, name, body.get("description", ""), principal.name)
+            row = ModelVersionRecord(
+                name=name,
+                run_id=run_id,
+                job_id=job_id,
+                source=source,
+                model_id=model_id,
+                registered_by=principal.name,
+                registered_at=utcnow(),
+                approval="pending",
+                evaluation="queued" if spec else "not_required",
+                thresholds=dict(spec["thresholds"]) if spec else {},
+                metrics={},
+                failures=[],
+                synced=True,
+            )
+            row.version = await api.create_version(
+                name, source, run_id, model_id, mlflow_tags(row, None), body.get("description", "")
+            )
+            await self.database.write(records.insert_version, row)
         if not await api.grant_read(principal.name, name):
-            self.log.warning("could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
-                             "job cannot load it", principal.name, name)
+            self.log.warning(
+                "could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
+                "job cannot load it",
+                principal.name,
+                name,
+            )
         self.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
         if spec:
             await self._evaluate(principal, row, spec, notebook)
@@ -140,28 +174,42 @@ class ModelRegistry:
                 return f"models:/{logged[0]['model_id']}", logged[0]["model_id"]
             if logged:
                 names = ", ".join(sorted(str(m.get("name")) for m in logged)[:10])
-                raise ValidationError(f"run {run_id} logged {len(logged)} models ({names})", field="artifact_path",
-                                      reason="which_model", fix="give artifact_path: the name of the one to register")
-            raise ValidationError(f"run {run_id} logged no model", field="artifact_path", reason="no_model",
-                                  fix="log one in the job (mlflow.<flavor>.log_model(model, name='model')), or give "
-                                      "artifact_path: the folder of its artifacts that holds the model")
+                raise ValidationError(
+                    f"run {run_id} logged {len(logged)} models ({names})",
+                    field="artifact_path",
+                    reason="which_model",
+                    fix="give artifact_path: the name of the one to register",
+                )
+            raise ValidationError(
+                f"run {run_id} logged no model",
+                field="artifact_path",
+                reason="no_model",
+                fix="log one in the job (mlflow.<flavor>.log_model(model, name='model')), or give "
+                "artifact_path: the folder of its artifacts that holds the model",
+            )
         named = [m for m in logged if m.get("name") == artifact_path]
         if named:
             return f"models:/{named[0]['model_id']}", named[0]["model_id"]
         if await api.has_artifact(run_id, artifact_path):
             return f"runs:/{run_id}/{artifact_path}", None
-        raise ValidationError(f"run {run_id} has no logged model or artifact named {artifact_path}",
-                              field="artifact_path", reason="no_model",
-                              fix="give the name of a logged model or an artifact folder of the run (see its "
-                                  "Artifacts tab in MLflow)")
+        raise ValidationError(
+            f"run {run_id} has no logged model or artifact named {artifact_path}",
+            field="artifact_path",
+            reason="no_model",
+            fix="give the name of a logged model or an artifact folder of the run (see its Artifacts tab in MLflow)",
+        )
 
     async def _evaluation_notebook(self, spec: dict) -> dict:
         try:
             return await asyncio.to_thread(evaluations.read_notebook, spec["notebook"])
         except DanluError as e:
             self.log.error("model evaluation notebook: %s", e)
-            raise DanluError(f"this model's evaluation cannot run: {e}", status=503,
-                             reason="evaluation_unavailable", fix=e.fix or "ask an admin") from None
+            raise DanluError(
+                f"this model's evaluation cannot run: {e}",
+                status=503,
+                reason="evaluation_unavailable",
+                fix=e.fix or "ask an admin",
+            ) from None
 
     async def _evaluate(self, principal, row: ModelVersionRecord, spec: dict, notebook: dict) -> None:
         """Submit the evaluation job as the registrant; a refusal ends the gate in ``error``, naming it."""
@@ -169,9 +217,11 @@ class ModelRegistry:
         try:
             _, job = await self.submission.submit(principal, body)
         except DanluError as e:
-            await self.database.write(_settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None)
+            await self.database.write(
+                records.settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None
+            )
         else:
-            await self.database.write(_set_evaluation_job, row.id, job["id"])
+            await self.database.write(records.set_evaluation_job, row.id, job["id"])
         await self._sync()
 
     # reading ------------------------------------------------------------------------------------
@@ -195,8 +245,13 @@ class ModelRegistry:
             m = s.get(ModelRecord, name)
             if m is None:
                 return None
-            rows = list(s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.name == name)
-                                  .order_by(ModelVersionRecord.version)))
+            rows = list(
+                s.scalars(
+                    select(ModelVersionRecord)
+                    .where(ModelVersionRecord.name == name)
+                    .order_by(ModelVersionRecord.version)
+                )
+            )
             return model_to_dict(m, views_of(s, rows), every=True)
 
         body = await self.database.read(query)
@@ -209,7 +264,7 @@ class ModelRegistry:
         await self.settle(name, version)
 
         def query(s):
-            row = _row(s, name, version)
+            row = records.version_row(s, name, version)
             return views_of(s, [row])[0] if row is not None else None
 
         body = await self.database.read(query)
@@ -220,22 +275,28 @@ class ModelRegistry:
     async def _missing(self, name: str, version: int) -> NotFound:
         if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
             return NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
-        return NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version",
-                        fix=f"see its versions with 'danlu models show {name}'")
+        return NotFound(
+            f"model {name} has no version {version}",
+            reason="no_such_version",
+            field="version",
+            fix=f"see its versions with 'danlu models show {name}'",
+        )
 
     # deciding -----------------------------------------------------------------------------------
     async def decide(self, principal, name: str, version: int, body) -> dict:
         validation.check_schema("ModelDecisionRequest", body)
         await self.settle(name, version)
-        row = await self.database.read(_row, name, version)
+        row = await self.database.read(records.version_row, name, version)
         if row is None:
             raise await self._missing(name, version)
         await self._require_approver(principal)
         if row.registered_by == principal.name and not self.settings.models.self_approval:
-            raise Forbidden(f"you registered {name} version {version}: someone else must decide on it",
-                            reason="self_approval",
-                            fix="ask another approver (danlu.yaml models.self_approval is false)")
-        await self.database.write(_decide, name, version, principal.name, body["decision"], body["comment"])
+            raise Forbidden(
+                f"you registered {name} version {version}: someone else must decide on it",
+                reason="self_approval",
+                fix="ask another approver (danlu.yaml models.self_approval is false)",
+            )
+        await self.database.write(records.decide, name, version, principal.name, body["decision"], body["comment"])
         self.log.info("model %s version %s: %s by %s", name, version, body["decision"], principal.name)
         await self._sync()
         return await self.version_view(principal, name, version)
@@ -244,18 +305,21 @@ class ModelRegistry:
         validation.check_schema("ModelAliasRequest", body)
         check_alias(alias)
         version = body["version"]
-        row = await self.database.read(_row, name, version)
+        row = await self.database.read(records.version_row, name, version)
         if row is None:
             raise await self._missing(name, version)
         await self._require_approver(principal)
         if row.approval != "approved":
-            raise Conflict(f"{name} version {version} is {row.approval}: aliases move only to approved versions",
-                           reason="not_approved", field="version",
-                           fix=f"approve it first ('danlu models approve {name} {version} --comment ...')")
+            raise Conflict(
+                f"{name} version {version} is {row.approval}: aliases move only to approved versions",
+                reason="not_approved",
+                field="version",
+                fix=f"approve it first ('danlu models approve {name} {version} --comment ...')",
+            )
         api = self._api()
         async with self._aliasing:
             await api.set_alias(name, alias, version)
-            before = await self.database.write(_alias, name, alias, version, principal.name)
+            before = await self.database.write(records.alias, name, alias, version, principal.name)
         return {"name": name, "alias": alias, "version": version, "previous": before}
 
     async def delete_alias(self, principal, name: str, alias: str) -> dict:
@@ -263,28 +327,39 @@ class ModelRegistry:
         if model is None:
             raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
         if alias not in (model.aliases or {}):
-            raise NotFound(f"model {name} has no alias {alias}", reason="no_such_alias", field="alias",
-                           fix=f"see its aliases with 'danlu models show {name}'")
+            raise NotFound(
+                f"model {name} has no alias {alias}",
+                reason="no_such_alias",
+                field="alias",
+                fix=f"see its aliases with 'danlu models show {name}'",
+            )
         await self._require_approver(principal)
         api = self._api()
         async with self._aliasing:
             await api.delete_alias(name, alias)
-            before = await self.database.write(_alias, name, alias, None, principal.name)
+            before = await self.database.write(records.alias, name, alias, None, principal.name)
         return {"name": name, "alias": alias, "version": None, "previous": before}
 
     # the evaluation gate and MLflow's copy --------------------------------------------------------
     async def settle(self, name: str | None = None, version: int | None = None) -> None:
         """Bring waiting evaluation gates up to date with their jobs (idempotent; MLflow away: next time)."""
+
         def waiting(s):
-            q = select(ModelVersionRecord.id, ModelVersionRecord.evaluation_job, ModelVersionRecord.thresholds,
-                       ModelVersionRecord.evaluation).where(
-                ModelVersionRecord.evaluation.in_(evaluations.WAITING), ModelVersionRecord.evaluation_job.is_not(None))
+            q = select(
+                ModelVersionRecord.id,
+                ModelVersionRecord.evaluation_job,
+                ModelVersionRecord.thresholds,
+                ModelVersionRecord.evaluation,
+            ).where(
+                ModelVersionRecord.evaluation.in_(evaluations.WAITING), ModelVersionRecord.evaluation_job.is_not(None)
+            )
             if name is not None:
                 q = q.where(ModelVersionRecord.name == name)
             if version is not None:
                 q = q.where(ModelVersionRecord.version == version)
-            return [(row_id, s.get(Job, job_id), thresholds, state)
-                    for row_id, job_id, thresholds, state in s.execute(q)]
+            return [
+                (row_id, s.get(Job, job_id), thresholds, state) for row_id, job_id, thresholds, state in s.execute(q)
+            ]
 
         async with self._settling:
             changed = False
@@ -292,7 +367,7 @@ class ModelRegistry:
                 verdict = await self._verdict(job, thresholds)
                 if verdict is None or verdict[0] == state:
                     continue
-                await self.database.write(_settle, row_id, *verdict, job.id if job is not None else None)
+                await self.database.write(records.settle, row_id, *verdict, job.id if job is not None else None)
                 changed = True
             if changed:
                 await self._sync()
@@ -322,19 +397,18 @@ class ModelRegistry:
         """Write the MLflow tags of versions whose row changed since (MLflow away: at the next change or start)."""
         if self.mlflow is None:
             return
-        for row, decided_by in await self.database.read(_unsynced):
+        for row, decided_by in await self.database.read(records.unsynced):
             try:
                 await self.mlflow.set_version_tags(row.name, row.version, mlflow_tags(row, decided_by))
             except DanluError as e:
-                self.log.warning("MLflow tags of model %s version %s not written yet: %s", row.name,
-                                      row.version, e)
+                self.log.warning("MLflow tags of model %s version %s not written yet: %s", row.name, row.version, e)
                 return
-            await self.database.write(_mark_synced, row.id, row.approval, row.evaluation)
+            await self.database.write(records.mark_synced, row.id, row.approval, row.evaluation)
 
     async def recover(self) -> None:
         """At start-up: gates whose evaluation was never submitted end in ``error``; the rest are settled."""
         try:
-            await self.database.write(_orphaned)
+            await self.database.write(records.orphaned)
             await self.settle()
             await self._sync()
         except DanluError as e:
@@ -345,115 +419,27 @@ def check_registration(body: dict) -> None:
     """What the document's patterns cannot say: no trailing newline, no ``.``/``..`` or empty path segment."""
     for key, pattern in (("name", MODEL), ("run_id", RUN_ID)):
         if not pattern.match(body[key]):
-            raise ValidationError(f"{key}: {body[key][:40]!r} is not valid", field=key, reason="invalid_field",
-                                  fix=f"it must match {pattern.pattern}")
+            raise ValidationError(
+                f"{key}: {body[key][:40]!r} is not valid",
+                field=key,
+                reason="invalid_field",
+                fix=f"it must match {pattern.pattern}",
+            )
     path = body.get("artifact_path")
     if path is not None and (path.endswith("\n") or any(part in ("", ".", "..") for part in path.split("/"))):
-        raise ValidationError(f"artifact_path: {path[:80]!r} is not a path inside the run's artifacts",
-                              field="artifact_path", reason="escapes_root",
-                              fix="give a relative path like 'model' or 'checkpoints/best', without '.' or '..'")
+        raise ValidationError(
+            f"artifact_path: {path[:80]!r} is not a path inside the run's artifacts",
+            field="artifact_path",
+            reason="escapes_root",
+            fix="give a relative path like 'model' or 'checkpoints/best', without '.' or '..'",
+        )
 
 
 def check_alias(alias: str) -> None:
     if RESERVED_ALIAS.match(alias):
-        raise ValidationError(f"alias: {alias[:40]} is MLflow's own (latest and v<N> name versions)", field="alias",
-                              reason="reserved_alias", fix="choose another alias, e.g. champion or staging")
-
-
-# in the database's transactions ------------------------------------------------------------------------
-def _row(s, name: str, version: int) -> ModelVersionRecord | None:
-    return s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.name == name,
-                                                      ModelVersionRecord.version == version)).first()
-
-
-def _insert_model(s, name: str, description: str, who: str) -> None:
-    if s.get(ModelRecord, name) is None:
-        s.add(ModelRecord(name=name, description=description, aliases={}, created_by=who, created_at=utcnow()))
-        audit.append(s, who, "create_model", name, after={"description": description[:1000]})
-
-
-def _insert_version(s, row: ModelVersionRecord) -> None:
-    s.add(row)
-    s.flush()
-    audit.append(s, row.registered_by, "register_model", f"{row.name}@{row.version}",
-                 after={"run_id": row.run_id, "job_id": row.job_id, "source": row.source,
-                        "evaluation": row.evaluation})
-
-
-def _set_evaluation_job(s, row_id: int, job_id: str) -> None:
-    row = s.get(ModelVersionRecord, row_id)
-    row.evaluation_job, row.synced = job_id, False
-
-
-def _settle(s, row_id: int, state: str, metrics: dict, failures: list, job_id: str | None) -> None:
-    row = s.get(ModelVersionRecord, row_id)
-    if row is None or row.evaluation not in evaluations.WAITING or row.evaluation == state:
-        return  # another settle was first
-    before = row.evaluation
-    row.evaluation, row.metrics, row.failures, row.synced = state, metrics, failures, False
-    if state not in evaluations.WAITING:
-        audit.append(s, "danlu", "evaluate_model", f"{row.name}@{row.version}", before={"evaluation": before},
-                     after={"evaluation": state, "job_id": job_id or row.evaluation_job, "failures": failures[:20],
-                            "metrics": {k: metrics[k] for k in sorted(row.thresholds or {}) if k in metrics}})
-
-
-def _orphaned(s) -> None:
-    q = select(ModelVersionRecord).where(ModelVersionRecord.evaluation.in_(evaluations.WAITING),
-                                         ModelVersionRecord.evaluation_job.is_(None))
-    for row in s.scalars(q):
-        _settle(s, row.id, "error", {}, ["the service stopped before it submitted the evaluation job"], None)
-
-
-def _decide(s, name: str, version: int, who: str, decision: str, comment: str) -> None:
-    row = _row(s, name, version)
-    if row is None:  # looked up before this transaction; versions are never deleted, so this is a bug's 404
-        raise NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version")
-    if row.approval != "pending":
-        raise Conflict(f"{name} version {version} was already {row.approval}", reason="already_decided",
-                       fix="register a new version to decide again")
-    if decision == "approve" and row.evaluation in GATE_REFUSAL:
-        state = row.evaluation
-        why = f": {'; '.join(row.failures[:5])}" if row.failures else ""
-        raise Conflict(f"{name} version {version} cannot be approved: its evaluation is {state}{why}",
-                       reason=GATE_REFUSAL[state], fix="wait for the evaluation job to end" if state in
-                       evaluations.WAITING else "reject it, and register a version that passes the evaluation")
-    new = "approved" if decision == "approve" else "rejected"
-    record = audit.append(s, who, f"{decision}_model", f"{name}@{version}", before={"approval": row.approval},
-                          after={"approval": new, "comment": comment})
-    row.approval, row.synced = new, False
-    s.add(ModelDecision(name=name, version=version, actor=who, decision=decision, comment=comment, at=record.at,
-                        audit_seq=record.seq))
-
-
-def _alias(s, name: str, alias: str, version: int | None, who: str) -> int | None:
-    """Record an alias moved to ``version`` (None: deleted); answer the version it named before."""
-    model = s.get(ModelRecord, name)
-    aliases = dict(model.aliases or {})
-    before = aliases.get(alias)
-    if version is None:
-        aliases.pop(alias, None)
-        audit.append(s, who, "delete_model_alias", f"{name}@{before}", before={"alias": alias, "version": before},
-                     after={})
-    else:
-        aliases[alias] = version
-        audit.append(s, who, "set_model_alias", f"{name}@{version}", before={"alias": alias, "version": before},
-                     after={"alias": alias, "version": version})
-    model.aliases = aliases
-    return before
-
-
-def _unsynced(s) -> list[tuple[ModelVersionRecord, str | None]]:
-    rows = list(s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.synced.is_(False)).limit(100)))
-    out = []
-    for row in rows:
-        approved = s.scalars(select(ModelDecision.actor).where(
-            ModelDecision.name == row.name, ModelDecision.version == row.version,
-            ModelDecision.decision == "approve")).first()
-        out.append((row, approved))
-    return out
-
-
-def _mark_synced(s, row_id: int, approval: str, evaluation: str) -> None:
-    row = s.get(ModelVersionRecord, row_id)
-    if row is not None and (row.approval, row.evaluation) == (approval, evaluation):
-        row.synced = True
+        raise ValidationError(
+            f"alias: {alias[:40]} is MLflow's own (latest and v<N> name versions)",
+            field="alias",
+            reason="reserved_alias",
+            fix="choose another alias, e.g. champion or staging",
+        )

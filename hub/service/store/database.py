@@ -32,6 +32,7 @@ def make_engine(url: str) -> Engine:
         kwargs["pool_pre_ping"] = True
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):
+
         @event.listens_for(engine, "connect")
         def _pragmas(conn, _record):  # pragma: no cover - exercised by every sqlite test
             cur = conn.cursor()
@@ -39,6 +40,7 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
+
     return engine
 
 
@@ -61,6 +63,7 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(session, *args)`` in one transaction on the writer thread."""
+
         def work():
             with self.sessions() as s, s.begin():
                 return fn(s, *args)
@@ -69,6 +72,7 @@ class Database:
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(session, *args)``, which only reads, on a reader thread."""
+
         def work():
             with self.sessions() as s:
                 return fn(s, *args)

@@ -29,13 +29,25 @@ class Ledger:
         return list(session.scalars(select(Allocation).order_by(Allocation.device)))
 
     def held_by(self, session: Session, kind: str, holder: str) -> list[int]:
-        return list(session.scalars(select(Allocation.device).where(
-            Allocation.holder_kind == kind, Allocation.holder_id == holder).order_by(Allocation.device)))
+        return list(
+            session.scalars(
+                select(Allocation.device)
+                .where(Allocation.holder_kind == kind, Allocation.holder_id == holder)
+                .order_by(Allocation.device)
+            )
+        )
 
     def claim(self, session: Session, device: int, kind: str, holder: str, owner: str, flavor: str | None) -> None:
         """Record that a device (chosen by the admission model) is held; a second claim fails on the key."""
-        session.add(Allocation(device=device, holder_kind=kind, holder_id=holder, owner=owner,
-                               flavor=flavor or self.by_index[device].flavor))
+        session.add(
+            Allocation(
+                device=device,
+                holder_kind=kind,
+                holder_id=holder,
+                owner=owner,
+                flavor=flavor or self.by_index[device].flavor,
+            )
+        )
         session.flush()
 
     def release(self, session: Session, kind: str, holder: str) -> list[int]:

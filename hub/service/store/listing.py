@@ -49,9 +49,14 @@ def encode_page(views: list[str], cursor: str | None) -> str:
 
 def decode_cursor(cursor: str) -> Key:
     """The key a cursor stands for; UsageError (400, field ``cursor``) for anything this service did not make."""
+
     def bad(why: str) -> UsageError:
-        return UsageError(f"cursor {cursor[:40]!r} is not a cursor of GET /jobs ({why})", field="cursor",
-                          reason="bad_cursor", fix=_FIX)
+        return UsageError(
+            f"cursor {cursor[:40]!r} is not a cursor of GET /jobs ({why})",
+            field="cursor",
+            reason="bad_cursor",
+            fix=_FIX,
+        )
 
     if len(cursor) > MAX_CURSOR:
         raise bad(f"longer than {MAX_CURSOR} characters")
@@ -75,8 +80,16 @@ def decode_cursor(cursor: str) -> Key:
     return when, job_id
 
 
-def rows(session: Session, columns: tuple = (), *, owner: str | None, states: list[str], queue: str | None,
-         limit: int, after: Key | None) -> tuple[list[tuple[Key, tuple]], Key | None]:
+def rows(
+    session: Session,
+    columns: tuple = (),
+    *,
+    owner: str | None,
+    states: list[str],
+    queue: str | None,
+    limit: int,
+    after: Key | None,
+) -> tuple[list[tuple[Key, tuple]], Key | None]:
     """Up to ``limit`` jobs below ``after`` (None: from the newest), each as its key and its ``columns`` (a
     tuple kept by the caller, such as :data:`~.rows.STORED_COLUMNS`), and the key the next
     page starts below (None: this was the last page)."""
@@ -110,8 +123,11 @@ def _range(columns: tuple, owner: bool, state: bool, queue: bool, after: bool) -
     hit = _ranges.get(key)
     if hit is not None and hit[0] is columns:
         return hit[1]
-    q = (select(Job.created_at, Job.id, *columns).order_by(Job.created_at.desc(), Job.id.desc())
-         .limit(bindparam("limit", type_=Integer())))
+    q = (
+        select(Job.created_at, Job.id, *columns)
+        .order_by(Job.created_at.desc(), Job.id.desc())
+        .limit(bindparam("limit", type_=Integer()))
+    )
     if owner:
         q = q.where(Job.owner == bindparam("owner", type_=Job.owner.type))
     if state:
@@ -119,21 +135,25 @@ def _range(columns: tuple, owner: bool, state: bool, queue: bool, after: bool) -
     if queue:
         q = q.where(Job.queue == bindparam("queue", type_=Job.queue.type))
     if after:
-        q = q.where(tuple_(Job.created_at, Job.id) < tuple_(bindparam("after_at", type_=Job.created_at.type),
-                                                            bindparam("after_id", type_=Job.id.type)))
+        q = q.where(
+            tuple_(Job.created_at, Job.id)
+            < tuple_(bindparam("after_at", type_=Job.created_at.type), bindparam("after_id", type_=Job.id.type))
+        )
     _ranges[key] = (columns, q)  # the columns kept, so their id stays theirs
     return q
 
 
-def keys(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
-         after: Key | None) -> tuple[list[Key], Key | None]:
+def keys(
+    session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int, after: Key | None
+) -> tuple[list[Key], Key | None]:
     """:func:`rows` with no columns: the keys of a page, and the key the next page starts below."""
     found, last = rows(session, (), owner=owner, states=states, queue=queue, limit=limit, after=after)
     return [key for key, _ in found], last
 
 
-def page(session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int,
-         after: Key | None) -> tuple[list[Job], Key | None]:
+def page(
+    session: Session, *, owner: str | None, states: list[str], queue: str | None, limit: int, after: Key | None
+) -> tuple[list[Job], Key | None]:
     """:func:`keys`' jobs as ``Job`` objects, and the key the next page starts below."""
     found, last = keys(session, owner=owner, states=states, queue=queue, limit=limit, after=after)
     if not found:

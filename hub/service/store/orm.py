@@ -49,11 +49,13 @@ class Job(Base):
     has a user's own jobs in a state (every user's listing is filtered by owner)."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_listing", "created_at", "id"),
-                      Index("ix_jobs_owner_listing", "owner", "created_at", "id"),
-                      Index("ix_jobs_owner_state_listing", "owner", "state", "created_at", "id"),
-                      Index("ix_jobs_state_listing", "state", "created_at", "id"),
-                      Index("ix_jobs_queue_listing", "queue", "created_at", "id"))
+    __table_args__ = (
+        Index("ix_jobs_listing", "created_at", "id"),
+        Index("ix_jobs_owner_listing", "owner", "created_at", "id"),
+        Index("ix_jobs_owner_state_listing", "owner", "state", "created_at", "id"),
+        Index("ix_jobs_state_listing", "state", "created_at", "id"),
+        Index("ix_jobs_queue_listing", "queue", "created_at", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner: Mapped[str] = mapped_column(String(255))
@@ -97,7 +99,8 @@ class Job(Base):
     reproduces: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
     attempts: Mapped[list["Attempt"]] = relationship(
-        back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan", lazy="selectin")
+        back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan", lazy="selectin"
+    )
 
 
 class Attempt(Base):
@@ -109,11 +112,14 @@ class Attempt(Base):
     """
 
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("job_id", "number"),
-                      Index("ix_attempts_started_at", "started_at"),
-                      Index("ix_attempts_finished_at", "finished_at", "started_at"),
-                      Index("ix_attempts_retries", "started_at", sqlite_where=text("number > 1"),
-                            postgresql_where=text("number > 1")))
+    __table_args__ = (
+        UniqueConstraint("job_id", "number"),
+        Index("ix_attempts_started_at", "started_at"),
+        Index("ix_attempts_finished_at", "finished_at", "started_at"),
+        Index(
+            "ix_attempts_retries", "started_at", sqlite_where=text("number > 1"), postgresql_where=text("number > 1")
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -139,6 +145,7 @@ class Attempt(Base):
 
 class JobInput(Base):
     """The notebook a job runs, as submitted: kept by the service, never read back from the job's folder."""
+
     __tablename__ = "job_inputs"
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
@@ -164,6 +171,7 @@ class Allocation(Base):
 
 class QueueSetting(Base):
     """An admin's live change to a team's queue (quota, limits, hold), over danlu.yaml."""
+
     __tablename__ = "queue_settings"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -173,6 +181,7 @@ class QueueSetting(Base):
 
 class Flag(Base):
     """Workbench-wide switches (``drain``)."""
+
     __tablename__ = "flags"
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -181,6 +190,7 @@ class Flag(Base):
 
 class AuditRecord(Base):
     """One audited action; ``hash`` chains every record to the one before it."""
+
     __tablename__ = "audit"
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -196,9 +206,12 @@ class AuditRecord(Base):
 
 class ServerUsage(Base):
     """GPUs a notebook server held, from start to stop (for usage reports)."""
+
     __tablename__ = "server_usage"
-    __table_args__ = (Index("ix_server_usage_started_at", "started_at"),
-                      Index("ix_server_usage_ended_at", "ended_at", "started_at"))
+    __table_args__ = (
+        Index("ix_server_usage_started_at", "started_at"),
+        Index("ix_server_usage_ended_at", "ended_at", "started_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     holder: Mapped[str] = mapped_column(String(255), index=True)
@@ -213,6 +226,7 @@ class ServerUsage(Base):
 
 class GpuSample(Base):
     """Measured utilization of a device (NVML), sampled while the service runs."""
+
     __tablename__ = "gpu_samples"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -232,8 +246,10 @@ class UsageRollup(Base):
     """
 
     __tablename__ = "usage_rollups"
-    __table_args__ = (UniqueConstraint("span", "bucket", "kind", "owner", "team", "profile", "flavor"),
-                      Index("ix_usage_rollups_owner", "owner", "span", "bucket"))
+    __table_args__ = (
+        UniqueConstraint("span", "bucket", "kind", "owner", "team", "profile", "flavor"),
+        Index("ix_usage_rollups_owner", "owner", "span", "bucket"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     span: Mapped[str] = mapped_column(String(8))  # "hour" | "day"
@@ -252,6 +268,7 @@ class UsageRollup(Base):
 
 class Dataset(Base):
     """A named dataset of the catalog and who may read it and add versions to it (empty: everyone)."""
+
     __tablename__ = "datasets"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -295,8 +312,10 @@ class DatasetUse(Base):
     """
 
     __tablename__ = "dataset_uses"
-    __table_args__ = (UniqueConstraint("job_id", "dataset", "version", "context"),
-                      Index("ix_dataset_uses_version", "dataset", "version"))
+    __table_args__ = (
+        UniqueConstraint("job_id", "dataset", "version", "context"),
+        Index("ix_dataset_uses_version", "dataset", "version"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -355,6 +374,7 @@ class ModelVersionRecord(Base):
 
 class ModelDecision(Base):
     """An approver's decision on a model version; ``audit_seq`` is its record in the audit chain."""
+
     __tablename__ = "model_decisions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -365,4 +385,3 @@ class ModelDecision(Base):
     comment: Mapped[str] = mapped_column(Text)
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     audit_seq: Mapped[int] = mapped_column(Integer)
-

@@ -17,13 +17,47 @@ from sqlalchemy import Text, bindparam, cast, select
 from danlu.hub.service.store.orm import Attempt, DatasetUse, Job
 
 #: what a job's view shows of its row (:func:`job_to_dict`), and the JSON columns among it, read as text
-VIEW_COLUMNS = ("id", "name", "owner", "state", "reason", "failure", "profile", "queue", "priority_class",
-                "priority", "nproc", "nnodes", "gpus", "gpu_type", "cpu", "memory", "retries", "timeout_seconds",
-                "experiment", "created_at", "started_at", "finished_at", "not_before", "mlflow_run_id", "reproduces")
+VIEW_COLUMNS = (
+    "id",
+    "name",
+    "owner",
+    "state",
+    "reason",
+    "failure",
+    "profile",
+    "queue",
+    "priority_class",
+    "priority",
+    "nproc",
+    "nnodes",
+    "gpus",
+    "gpu_type",
+    "cpu",
+    "memory",
+    "retries",
+    "timeout_seconds",
+    "experiment",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "not_before",
+    "mlflow_run_id",
+    "reproduces",
+)
 JSON_COLUMNS = ("parameters", "datasets", "source", "tracking", "backend_state")
-ATTEMPT_COLUMNS = ("number", "state", "reason", "failure", "devices", "flavor", "exit_code", "started_at",
-                   "finished_at")
+ATTEMPT_COLUMNS = (
+    "number",
+    "state",
+    "reason",
+    "failure",
+    "devices",
+    "flavor",
+    "exit_code",
+    "started_at",
+    "finished_at",
+)
 USE_COLUMNS = ("dataset", "version", "digest", "context")
+
 
 def cell_sha256(nb: dict) -> tuple[str, str]:
     """(cell id, sha256 of its source) of the job's cell: tagged ``danlu-cell``, else the last code cell."""
@@ -57,11 +91,19 @@ class Stored(NamedTuple):
 #: the database holds (decoded only when a view is built; never provenance or groups, tens of KiB no view shows)
 STORED_COLUMNS = (*(getattr(Job, c) for c in VIEW_COLUMNS), *(cast(getattr(Job, c), Text) for c in JSON_COLUMNS))
 # built once: SQLAlchemy then finds their compiled forms by the statements themselves
-_ATTEMPTS = (select(Attempt.job_id, *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c)
-                                      for c in ATTEMPT_COLUMNS))
-             .where(Attempt.job_id.in_(bindparam("ids", expanding=True))).order_by(Attempt.job_id, Attempt.number))
-_USES = (select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
-         .where(DatasetUse.job_id.in_(bindparam("ids", expanding=True))).order_by(DatasetUse.id))
+_ATTEMPTS = (
+    select(
+        Attempt.job_id,
+        *(cast(Attempt.devices, Text) if c == "devices" else getattr(Attempt, c) for c in ATTEMPT_COLUMNS),
+    )
+    .where(Attempt.job_id.in_(bindparam("ids", expanding=True)))
+    .order_by(Attempt.job_id, Attempt.number)
+)
+_USES = (
+    select(DatasetUse.job_id, *(getattr(DatasetUse, c) for c in USE_COLUMNS))
+    .where(DatasetUse.job_id.in_(bindparam("ids", expanding=True)))
+    .order_by(DatasetUse.id)
+)
 
 
 def stored(s, rows: list[tuple]) -> list[Stored]:

@@ -31,12 +31,13 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import sessionmaker
 
 from danlu.errors import ConfigError, DanluError
+from danlu.hub.service.jsonbody import parse_json
 from danlu.hub.service.states import JobState
 from danlu.hub.service.store.database import make_sessionmaker
 from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import Base, Job, JobInput, utcnow
 from danlu.hub.service.store.rows import cell_sha256
-from danlu.hub.service.validation import check_notebook, parse_json
+from danlu.hub.service.validation import check_notebook
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: the schema of Danlu 0.1.0, which created its tables without recording a revision
@@ -104,8 +105,10 @@ def _refuse_unknown(revision: str, url: str) -> None:
     if revision not in {script.revision for script in ScriptDirectory(str(MIGRATIONS)).walk_revisions()}:
         raise ConfigError(
             f"the jobs database {_where(url)} is at schema revision {revision}, which this Danlu does not know "
-            f"(it knows {BASE_REVISION} to {head()}): a newer Danlu upgraded it", reason="db_schema",
-            fix="upgrade Danlu to the release that wrote it, or restore the backup taken before that upgrade")
+            f"(it knows {BASE_REVISION} to {head()}): a newer Danlu upgraded it",
+            reason="db_schema",
+            fix="upgrade Danlu to the release that wrote it, or restore the backup taken before that upgrade",
+        )
 
 
 def upgrade(url: str, *, backup_dir: Path | None, log: logging.Logger = logger) -> dict:
@@ -128,10 +131,13 @@ def upgrade(url: str, *, backup_dir: Path | None, log: logging.Logger = logger) 
             if inspect(engine).has_table("job_inputs"):
                 raise ConfigError(
                     f"the jobs database {_where(url)} was made by a development build of Danlu (it has job_inputs "
-                    "but no schema revision), so it cannot be upgraded safely", reason="db_schema",
-                    fix="restore the backup that Danlu 0.1.0 left, or move the database away to start empty")
-            log.warning("the jobs database %s has no schema revision: Danlu 0.1.0 made it (%s)", _where(url),
-                        BASE_REVISION)
+                    "but no schema revision), so it cannot be upgraded safely",
+                    reason="db_schema",
+                    fix="restore the backup that Danlu 0.1.0 left, or move the database away to start empty",
+                )
+            log.warning(
+                "the jobs database %s has no schema revision: Danlu 0.1.0 made it (%s)", _where(url), BASE_REVISION
+            )
             current = BASE_REVISION
         _refuse_unknown(current, url)
         if current == expected:
@@ -152,8 +158,12 @@ def _backup(url: str, backup_dir: Path | None, revision: str, log: logging.Logge
     """Copy a SQLite database with sqlite3's backup API (consistent while in WAL mode); never overwrite one."""
     database = make_url(url).database
     if not url.startswith("sqlite"):
-        log.warning("back up the jobs database %s now (pg_dump) if you have not: the upgrade from schema %s "
-                    "changes it, and Danlu cannot copy a PostgreSQL database for you", _where(url), revision)
+        log.warning(
+            "back up the jobs database %s now (pg_dump) if you have not: the upgrade from schema %s "
+            "changes it, and Danlu cannot copy a PostgreSQL database for you",
+            _where(url),
+            revision,
+        )
         return None
     if backup_dir is None or not database or database == ":memory:":
         return None
@@ -174,8 +184,9 @@ def _backup(url: str, backup_dir: Path | None, revision: str, log: logging.Logge
     finally:
         copy.close()
         source.close()
-    log.info("backed up the jobs database %s to %s (schema %s: copy it back to undo the upgrade)", database,
-             target, revision)
+    log.info(
+        "backed up the jobs database %s to %s (schema %s: copy it back to undo the upgrade)", database, target, revision
+    )
     return target
 
 
@@ -209,8 +220,10 @@ def check(url: str) -> None:
     if current is not None:
         _refuse_unknown(current, url)
     raise ConfigError(
-        f"the jobs database {_where(url)} is at schema revision {current or 'none'}, and this Danlu needs "
-        f"{expected}", reason="db_schema", fix="start it with danlu up, which upgrades it")
+        f"the jobs database {_where(url)} is at schema revision {current or 'none'}, and this Danlu needs {expected}",
+        reason="db_schema",
+        fix="start it with danlu up, which upgrades it",
+    )
 
 
 def downgrade(url: str, revision: str) -> None:
@@ -301,8 +314,14 @@ def import_legacy_inputs(sessions: sessionmaker, jobs_dir: Path, log: logging.Lo
     service starts; running it again handles nothing twice.
     """
     with sessions() as s:
-        ids = list(s.scalars(select(Job.id).outerjoin(JobInput, JobInput.job_id == Job.id)
-                             .where(Job.state.in_(UNFINISHED), JobInput.job_id.is_(None)).order_by(Job.created_at)))
+        ids = list(
+            s.scalars(
+                select(Job.id)
+                .outerjoin(JobInput, JobInput.job_id == Job.id)
+                .where(Job.state.in_(UNFINISHED), JobInput.job_id.is_(None))
+                .order_by(Job.created_at)
+            )
+        )
     for job_id in ids:
         try:
             (notebook, nb), problem = read_legacy_input(jobs_dir, job_id), ""
@@ -320,8 +339,12 @@ def import_legacy_inputs(sessions: sessionmaker, jobs_dir: Path, log: logging.Lo
             job.reason = f"the upgrade of Danlu could not carry its notebook over: {problem}; submit the job again"
             for attempt in job.attempts:
                 if attempt.finished_at is None:
-                    attempt.state, attempt.reason, attempt.failure, attempt.finished_at = \
-                        job.state, job.reason, job.failure, now
+                    attempt.state, attempt.reason, attempt.failure, attempt.finished_at = (
+                        job.state,
+                        job.reason,
+                        job.failure,
+                        now,
+                    )
             Ledger([]).release(s, "job", job_id)
             log.warning("job %s failed: %s", job_id, job.reason)
     return ids

@@ -32,8 +32,12 @@ from danlu.hub.service.store.orm import Attempt, GpuSample, Job, UsageRollup, is
 from danlu.hub.service.usage import rollups
 from danlu.hub.service.usage.rollups import HOUR, ceil_day, ceil_hour, floor_day, floor_hour
 
-_COLUMN = {"user": UsageRollup.owner, "team": UsageRollup.team, "queue": UsageRollup.team,
-           "profile": UsageRollup.profile}
+_COLUMN = {
+    "user": UsageRollup.owner,
+    "team": UsageRollup.team,
+    "queue": UsageRollup.team,
+    "profile": UsageRollup.profile,
+}
 #: job ids per query when checking retries
 _CHUNK = 500
 
@@ -59,8 +63,9 @@ class _Totals:
         for key, count in other.counts.items():
             self.counts[key] += count
 
-    def add(self, key: str, kind: str, flavor: str, seconds: float, util_sum: float, util_n: int,
-            count: int = 0) -> None:
+    def add(
+        self, key: str, kind: str, flavor: str, seconds: float, util_sum: float, util_n: int, count: int = 0
+    ) -> None:
         if seconds:
             self.seconds[key][flavor] += seconds
         util = self.util[key]
@@ -93,51 +98,79 @@ class Cache:
                 self._entries.popitem(last=False)
 
 
-def _rolled(session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt.datetime,
-            owner: str | None) -> None:
+def _rolled(
+    session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt.datetime, owner: str | None
+) -> None:
     """Add the rollups of ``[start, end)`` (whole hours): sums, the first hour's active holders, and what
     began after it."""
     column = _COLUMN[by]
     first_day, last_day = ceil_day(start), floor_day(end)
-    parts = [("hour", start, end)] if first_day >= last_day else \
-        [("hour", start, first_day), ("day", first_day, last_day), ("hour", last_day, end)]
+    parts = (
+        [("hour", start, end)]
+        if first_day >= last_day
+        else [("hour", start, first_day), ("day", first_day, last_day), ("hour", last_day, end)]
+    )
     for span, a, b in parts:
         if a >= b:
             continue
-        q = (select(UsageRollup.kind, column, UsageRollup.flavor, func.sum(UsageRollup.gpu_seconds),
-                    func.sum(UsageRollup.util_sum), func.sum(UsageRollup.util_n), func.sum(UsageRollup.started))
-             .where(UsageRollup.span == span, UsageRollup.bucket >= a, UsageRollup.bucket < b)
-             .group_by(UsageRollup.kind, column, UsageRollup.flavor))
+        q = (
+            select(
+                UsageRollup.kind,
+                column,
+                UsageRollup.flavor,
+                func.sum(UsageRollup.gpu_seconds),
+                func.sum(UsageRollup.util_sum),
+                func.sum(UsageRollup.util_n),
+                func.sum(UsageRollup.started),
+            )
+            .where(UsageRollup.span == span, UsageRollup.bucket >= a, UsageRollup.bucket < b)
+            .group_by(UsageRollup.kind, column, UsageRollup.flavor)
+        )
         if owner is not None:
             q = q.where(UsageRollup.owner == owner)
         for kind, key, flavor, seconds, util_sum, util_n, started in session.execute(q):
             totals.add(key, kind, flavor, seconds or 0.0, util_sum or 0.0, int(util_n or 0), int(started or 0))
     # the first hour: who was active in it, instead of who began in it (counted above)
-    q = (select(UsageRollup.kind, column, func.sum(UsageRollup.active), func.sum(UsageRollup.started))
-         .where(UsageRollup.span == "hour", UsageRollup.bucket == start).group_by(UsageRollup.kind, column))
+    q = (
+        select(UsageRollup.kind, column, func.sum(UsageRollup.active), func.sum(UsageRollup.started))
+        .where(UsageRollup.span == "hour", UsageRollup.bucket == start)
+        .group_by(UsageRollup.kind, column)
+    )
     if owner is not None:
         q = q.where(UsageRollup.owner == owner)
     for kind, key, active, started in session.execute(q):
         totals.counts[(key, kind)] += int(active or 0) - int(started or 0)
 
 
-def _retried(session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt.datetime,
-             owner: str | None) -> None:
+def _retried(
+    session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt.datetime, owner: str | None
+) -> None:
     """Count the jobs that first began before ``start + 1h``, were not active in that first hour, and had a
     retry begin in ``[start + 1h, end)``: neither the first hour's active jobs nor the first attempts after it."""
     after = start + HOUR
     # a job submitted after the first hour began cannot have begun before it: only jobs older than the range's
     # first hour whose retries began in the range are looked at (those the range's start cuts through)
-    q = (select(Attempt.job_id, Job.owner, Job.queue, Job.profile).join(Job, Job.id == Attempt.job_id)
-         .where(Attempt.number > literal_column("1"),  # a literal: what the partial index ix_attempts_retries says
-                Attempt.started_at >= after, Attempt.started_at < end, Job.created_at < after).distinct())
+    q = (
+        select(Attempt.job_id, Job.owner, Job.queue, Job.profile)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(
+            Attempt.number > literal_column("1"),  # a literal: what the partial index ix_attempts_retries says
+            Attempt.started_at >= after,
+            Attempt.started_at < end,
+            Job.created_at < after,
+        )
+        .distinct()
+    )
     if owner is not None:
         q = q.where(Job.owner == owner)
     candidates = {job_id: _pick(by, who, queue, profile) for job_id, who, queue, profile in session.execute(q)}
     ids = sorted(candidates)
     for i in range(0, len(ids), _CHUNK):
-        attempts = session.execute(select(Attempt.job_id, Attempt.number, Attempt.started_at, Attempt.finished_at)
-                                   .where(Attempt.job_id.in_(ids[i:i + _CHUNK])))
+        attempts = session.execute(
+            select(Attempt.job_id, Attempt.number, Attempt.started_at, Attempt.finished_at).where(
+                Attempt.job_id.in_(ids[i : i + _CHUNK])
+            )
+        )
         first: dict[str, dt.datetime] = {}
         in_first_hour: set[str] = set()
         for job_id, number, begin, finish in attempts:
@@ -145,18 +178,26 @@ def _retried(session: Session, totals: _Totals, by: str, start: dt.datetime, end
                 first[job_id] = begin
             if begin < after and (finish is None or finish > start or begin >= start):
                 in_first_hour.add(job_id)
-        for job_id in ids[i:i + _CHUNK]:
+        for job_id in ids[i : i + _CHUNK]:
             if job_id in first and first[job_id] < after and job_id not in in_first_hour:
                 totals.counts[(candidates[job_id], "job")] += 1
 
 
-def _raw(session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt.datetime, now: dt.datetime,
-         owner: str | None, *, count: str) -> None:
+def _raw(
+    session: Session,
+    totals: _Totals,
+    by: str,
+    start: dt.datetime,
+    end: dt.datetime,
+    now: dt.datetime,
+    owner: str | None,
+    *,
+    count: str,
+) -> None:
     """Add ``[start, end)`` from the raw rows; ``count``: ``"active"`` (every holder in the window, once)
     or ``"started"`` (only those that began in it)."""
     holders: dict[tuple[str, str], set] = defaultdict(set)
-    for (_bucket, kind, who, team, profile, flavor), cell in rollups.collect(session, start, end, now,
-                                                                              owner).items():
+    for (_bucket, kind, who, team, profile, flavor), cell in rollups.collect(session, start, end, now, owner).items():
         key = _pick(by, who, team, profile)
         totals.add(key, kind, flavor, cell.gpu_seconds, cell.util_sum, cell.util_n)
         holders[(key, kind)] |= cell.active if count == "active" else cell.started
@@ -164,8 +205,16 @@ def _raw(session: Session, totals: _Totals, by: str, start: dt.datetime, end: dt
         totals.counts[(key, kind)] += len(found)
 
 
-def report(session: Session, settings, start: dt.datetime, end: dt.datetime, by: str = "user",
-           owner: str | None = None, now: dt.datetime | None = None, cache: Cache | None = None) -> dict:
+def report(
+    session: Session,
+    settings,
+    start: dt.datetime,
+    end: dt.datetime,
+    by: str = "user",
+    owner: str | None = None,
+    now: dt.datetime | None = None,
+    cache: Cache | None = None,
+) -> dict:
     now = now or utcnow()
     rates = settings.usage.gpu_hour_cost
     totals = _Totals()
@@ -191,17 +240,27 @@ def report(session: Session, settings, start: dt.datetime, end: dt.datetime, by:
     for key in set(totals.seconds) | set(totals.util) | {k for k, _ in totals.counts}:
         flavors = totals.seconds.get(key, {})
         util_sum, util_n = totals.util.get(key, (0.0, 0))
-        rows.append({by: key,
-                     "gpu_hours": round(sum(flavors.values()) / 3600, 4),
-                     "cost": round(sum(s / 3600 * rates.get(f, 0.0) for f, s in flavors.items()), 4),
-                     "jobs": totals.counts.get((key, "job"), 0), "servers": totals.counts.get((key, "server"), 0),
-                     "measured_utilization": round(util_sum / util_n, 1) if util_n else None})
+        rows.append(
+            {
+                by: key,
+                "gpu_hours": round(sum(flavors.values()) / 3600, 4),
+                "cost": round(sum(s / 3600 * rates.get(f, 0.0) for f, s in flavors.items()), 4),
+                "jobs": totals.counts.get((key, "job"), 0),
+                "servers": totals.counts.get((key, "server"), 0),
+                "measured_utilization": round(util_sum / util_n, 1) if util_n else None,
+            }
+        )
     rows.sort(key=lambda r: (-r["gpu_hours"], r[by]))
     return {
-        "from": isoformat(start), "to": isoformat(end), "by": by, "currency": settings.usage.currency,
+        "from": isoformat(start),
+        "to": isoformat(end),
+        "by": by,
+        "currency": settings.usage.currency,
         "rows": rows,
-        "total": {"gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4),
-                  "cost": round(sum(r["cost"] for r in rows), 4)},
+        "total": {
+            "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4),
+            "cost": round(sum(r["cost"] for r in rows), 4),
+        },
     }
 
 

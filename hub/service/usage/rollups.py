@@ -100,9 +100,11 @@ class Cell:
 
 def _window(column_begin, column_end, a: dt.datetime, b: dt.datetime):
     """The three index ranges whose union is every row active in ``[a, b)``."""
-    return ((column_begin >= a, column_begin < b),
-            (column_begin < a, column_end > a),
-            (column_begin < a, column_end.is_(None)))
+    return (
+        (column_begin >= a, column_begin < b),
+        (column_begin < a, column_end > a),
+        (column_begin < a, column_end.is_(None)),
+    )
 
 
 def holdings(session: Session, a: dt.datetime, b: dt.datetime, owner: str | None = None) -> list[Holding]:
@@ -112,20 +114,44 @@ def holdings(session: Session, a: dt.datetime, b: dt.datetime, owner: str | None
     instead of the window's few rows."""
     found = []
     for where in _window(Attempt.started_at, Attempt.finished_at, a, b):
-        q = (select(Attempt.job_id, Attempt.number, Attempt.flavor, Attempt.devices, Attempt.started_at,
-                    Attempt.finished_at, Job.owner, Job.queue, Job.profile)
-             .join(Job, Job.id == Attempt.job_id).where(*where))
-        found += [Holding("job", job_id, who, queue, profile, flavor or "", tuple(devices or ()), begin, finish,
-                          number == 1)
-                  for job_id, number, flavor, devices, begin, finish, who, queue, profile in session.execute(q)
-                  if owner is None or who == owner]
+        q = (
+            select(
+                Attempt.job_id,
+                Attempt.number,
+                Attempt.flavor,
+                Attempt.devices,
+                Attempt.started_at,
+                Attempt.finished_at,
+                Job.owner,
+                Job.queue,
+                Job.profile,
+            )
+            .join(Job, Job.id == Attempt.job_id)
+            .where(*where)
+        )
+        found += [
+            Holding("job", job_id, who, queue, profile, flavor or "", tuple(devices or ()), begin, finish, number == 1)
+            for job_id, number, flavor, devices, begin, finish, who, queue, profile in session.execute(q)
+            if owner is None or who == owner
+        ]
     for where in _window(ServerUsage.started_at, ServerUsage.ended_at, a, b):
-        q = select(ServerUsage.id, ServerUsage.owner, ServerUsage.team, ServerUsage.profile, ServerUsage.flavor,
-                   ServerUsage.devices, ServerUsage.started_at, ServerUsage.ended_at).where(*where)
-        found += [Holding("server", str(row_id), who, team, profile or "", flavor or "", tuple(devices or ()),
-                          begin, end, True)
-                  for row_id, who, team, profile, flavor, devices, begin, end in session.execute(q)
-                  if owner is None or who == owner]
+        q = select(
+            ServerUsage.id,
+            ServerUsage.owner,
+            ServerUsage.team,
+            ServerUsage.profile,
+            ServerUsage.flavor,
+            ServerUsage.devices,
+            ServerUsage.started_at,
+            ServerUsage.ended_at,
+        ).where(*where)
+        found += [
+            Holding(
+                "server", str(row_id), who, team, profile or "", flavor or "", tuple(devices or ()), begin, end, True
+            )
+            for row_id, who, team, profile, flavor, devices, begin, end in session.execute(q)
+            if owner is None or who == owner
+        ]
     return found
 
 
@@ -135,8 +161,7 @@ class _Samples:
     def __init__(self, session: Session, a: dt.datetime, b: dt.datetime, devices: set[int]):
         per: dict[int, list] = defaultdict(list)
         if devices:  # by time only: filtering devices in SQL lets SQLite read each device's samples whole
-            q = select(GpuSample.device, GpuSample.at, GpuSample.utilization).where(GpuSample.at >= a,
-                                                                                  GpuSample.at < b)
+            q = select(GpuSample.device, GpuSample.at, GpuSample.utilization).where(GpuSample.at >= a, GpuSample.at < b)
             for device, at, value in session.execute(q):
                 if device in devices:
                     per[device].append((at, value))
@@ -157,8 +182,9 @@ class _Samples:
         return self.sums[device][j] - self.sums[device][i], j - i
 
 
-def collect(session: Session, a: dt.datetime, b: dt.datetime, now: dt.datetime,
-            owner: str | None = None) -> dict[Key, Cell]:
+def collect(
+    session: Session, a: dt.datetime, b: dt.datetime, now: dt.datetime, owner: str | None = None
+) -> dict[Key, Cell]:
     """The cells of ``[a, b)``, per hour (a cell's bucket is its hour; a window that starts or ends inside
     an hour counts only its part of it). A holding that has not ended holds until ``now``."""
     found = sorted(holdings(session, a, b, owner), key=lambda h: (h.begin, h.kind, h.holder))
@@ -198,8 +224,10 @@ def watermark(session: Session) -> dt.datetime | None:
 
 
 def _earliest(session: Session) -> dt.datetime | None:
-    times = [session.scalar(select(func.min(column))) for column in
-             (Attempt.started_at, ServerUsage.started_at, GpuSample.at)]
+    times = [
+        session.scalar(select(func.min(column)))
+        for column in (Attempt.started_at, ServerUsage.started_at, GpuSample.at)
+    ]
     times = [t for t in times if t is not None]
     return min(times) if times else None
 
@@ -217,10 +245,23 @@ def roll_up(session: Session, now: dt.datetime, hours: int = PASS_HOURS) -> bool
     end = max(through, min(target, through + hours * HOUR))
     moved = end > through
     if moved:
-        rows = [{"span": "hour", "bucket": bucket, "kind": kind, "owner": who, "team": team, "profile": profile,
-                 "flavor": flavor, "gpu_seconds": cell.gpu_seconds, "util_sum": cell.util_sum,
-                 "util_n": cell.util_n, "active": len(cell.active), "started": len(cell.started)}
-                for (bucket, kind, who, team, profile, flavor), cell in collect(session, through, end, now).items()]
+        rows = [
+            {
+                "span": "hour",
+                "bucket": bucket,
+                "kind": kind,
+                "owner": who,
+                "team": team,
+                "profile": profile,
+                "flavor": flavor,
+                "gpu_seconds": cell.gpu_seconds,
+                "util_sum": cell.util_sum,
+                "util_n": cell.util_n,
+                "active": len(cell.active),
+                "started": len(cell.started),
+            }
+            for (bucket, kind, who, team, profile, flavor), cell in collect(session, through, end, now).items()
+        ]
         if rows:
             session.execute(insert(UsageRollup), rows)
         day = floor_day(through) + DAY
@@ -234,14 +275,34 @@ def roll_up(session: Session, now: dt.datetime, hours: int = PASS_HOURS) -> bool
 
 def _roll_up_day(session: Session, day: dt.datetime) -> None:
     keys = (UsageRollup.kind, UsageRollup.owner, UsageRollup.team, UsageRollup.profile, UsageRollup.flavor)
-    q = (select(*keys, func.sum(UsageRollup.gpu_seconds), func.sum(UsageRollup.util_sum),
-                func.sum(UsageRollup.util_n), func.sum(UsageRollup.started))
-         .where(UsageRollup.span == "hour", UsageRollup.bucket >= day, UsageRollup.bucket < day + DAY)
-         .group_by(*keys))
-    rows = [{"span": "day", "bucket": day, "kind": kind, "owner": who, "team": team, "profile": profile,
-             "flavor": flavor, "gpu_seconds": seconds, "util_sum": util_sum, "util_n": util_n, "active": None,
-             "started": started}
-            for kind, who, team, profile, flavor, seconds, util_sum, util_n, started in session.execute(q)]
+    q = (
+        select(
+            *keys,
+            func.sum(UsageRollup.gpu_seconds),
+            func.sum(UsageRollup.util_sum),
+            func.sum(UsageRollup.util_n),
+            func.sum(UsageRollup.started),
+        )
+        .where(UsageRollup.span == "hour", UsageRollup.bucket >= day, UsageRollup.bucket < day + DAY)
+        .group_by(*keys)
+    )
+    rows = [
+        {
+            "span": "day",
+            "bucket": day,
+            "kind": kind,
+            "owner": who,
+            "team": team,
+            "profile": profile,
+            "flavor": flavor,
+            "gpu_seconds": seconds,
+            "util_sum": util_sum,
+            "util_n": util_n,
+            "active": None,
+            "started": started,
+        }
+        for kind, who, team, profile, flavor, seconds, util_sum, util_n, started in session.execute(q)
+    ]
     if rows:
         session.execute(insert(UsageRollup), rows)
 

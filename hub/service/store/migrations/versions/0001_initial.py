@@ -141,6 +141,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("gpu_samples", "server_usage", "audit", "flags", "queue_settings", "allocations", "attempts",
-                  "jobs"):
+    for table in ("gpu_samples", "server_usage", "audit", "flags", "queue_settings", "allocations", "attempts", "jobs"):
         op.drop_table(table)  # its indexes go with it

@@ -35,8 +35,13 @@ def upgrade() -> None:
     op.create_index("ix_jobs_owner_state_listing", "jobs", ["owner", "state", "created_at", "id"])
     op.create_index("ix_attempts_started_at", "attempts", ["started_at"])
     op.create_index("ix_attempts_finished_at", "attempts", ["finished_at", "started_at"])
-    op.create_index("ix_attempts_retries", "attempts", ["started_at"], sqlite_where=sa.text("number > 1"),
-                    postgresql_where=sa.text("number > 1"))
+    op.create_index(
+        "ix_attempts_retries",
+        "attempts",
+        ["started_at"],
+        sqlite_where=sa.text("number > 1"),
+        postgresql_where=sa.text("number > 1"),
+    )
     op.create_index("ix_server_usage_started_at", "server_usage", ["started_at"])
     op.create_index("ix_server_usage_ended_at", "server_usage", ["ended_at", "started_at"])
     op.create_table(

@@ -1,0 +1,73 @@
+"""The ``kubernetes:`` section of danlu.yaml: how Danlu runs on a cluster (``danlu render k8s``, the jobs
+service's Kubernetes backend), with its ``mlflow:`` sub-section. See docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+from traitlets import Unicode
+
+from danlu.hub.options import DIGEST, DNS_LABEL, Section
+from danlu.hub.traits import Size, Text
+
+
+class KubernetesMlflowConfig(Section):
+    """MLflow and its PostgreSQL on the cluster (danlu render k8s)."""
+
+    image = Text(
+        None,
+        allow_none=True,
+        pattern=DIGEST,
+        help="The MLflow server image, pinned by digest (default the hub image, which has MLflow and danlu).",
+    ).tag(config=True)
+    postgres_image = Text(
+        None,
+        allow_none=True,
+        pattern=DIGEST,
+        help="The PostgreSQL image for MLflow's and Danlu's databases, pinned by digest (default a "
+        "placeholder that no registry serves).",
+    ).tag(config=True)
+    storage_class = Unicode(
+        None,
+        allow_none=True,
+        help="The StorageClass of the database and artifact volumes (default the cluster's default).",
+    ).tag(config=True)
+    database_size = Size("10Gi", help="The size of the database volume.").tag(config=True)
+    artifacts_size = Size("50Gi", help="The size of the artifacts volume (none with artifacts_destination).").tag(
+        config=True
+    )
+    artifacts_destination = Text(
+        None,
+        allow_none=True,
+        pattern=r"^(s3|gs|wasbs)://",
+        help="An object store for artifacts instead of a volume (s3://bucket/prefix, gs://...).",
+    ).tag(config=True)
+
+
+class KubernetesConfig(Section):
+    """How Danlu runs on a Kubernetes cluster (danlu render k8s; jobs.backend kubernetes). See docs/kubernetes.md."""
+
+    sections = {"mlflow": KubernetesMlflowConfig}
+    mlflow: KubernetesMlflowConfig
+
+    namespace = Text(
+        "danlu", pattern=DNS_LABEL, help="The one namespace of the hub, user pods, jobs and LocalQueues."
+    ).tag(config=True)
+    hub_image = Text(
+        None,
+        allow_none=True,
+        pattern=DIGEST,
+        help="The hub image (the chart's hub image plus danlu), pinned by digest (default a placeholder "
+        "that no registry serves).",
+    ).tag(config=True)
+    runtime = Text(
+        "danlu-torch", pattern=DNS_LABEL, help="The ClusterTrainingRuntime jobs run on (rendered by danlu render k8s)."
+    ).tag(config=True)
+    home_storage_class = Unicode(
+        None,
+        allow_none=True,
+        help="The StorageClass of user homes (default the cluster's default). Jobs mount "
+        "their owner's home, so it must be ReadWriteMany (NFS, CephFS, a cloud file "
+        "store) for a job to run on another node than its notebook.",
+    ).tag(config=True)
+    home_size = Size("10Gi", help="The size of each user's home volume.").tag(config=True)
+    shm_size = Size("8Gi", help="The size of the memory-backed /dev/shm of notebook and job pods.").tag(config=True)
