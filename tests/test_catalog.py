@@ -23,6 +23,7 @@ from danlu import cli, cliclient
 from danlu.digests import DatasetChanged, changes, digest, scan, verify
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
 from danlu.hub.service.datasets import catalog
+from danlu.hub.service.datasets import scan as reading
 from danlu.runner.base import describe_error
 
 from .fakes import FakeBackend, SlowBackend, admin, final, make_manager, make_settings, notebook, serving, until, user
@@ -213,7 +214,7 @@ async def test_csv_and_parquet_files_get_columns_and_row_counts(tmp_path, monkey
 @in_loop
 async def test_a_folder_over_the_file_bound_is_refused_before_it_is_hashed(tmp_path, monkeypatch):
     write(home(tmp_path) / "many", {f"f{i}.txt": str(i) for i in range(4)})
-    monkeypatch.setattr(catalog, "MAX_FILES", 3)
+    monkeypatch.setattr(reading, "MAX_FILES", 3)
     hashed = []
     monkeypatch.setattr("danlu.digests._file_sha256", lambda p: hashed.append(p) or "0" * 64)
     async with service(tmp_path) as manager:
@@ -551,16 +552,15 @@ def test_with_unix_accounts_the_files_are_read_in_a_child_process_as_the_user(tm
 
     from danlu.errors import ValidationError
     from danlu.hub.accounts import Account
-    from danlu.hub.service.datasets import scan
 
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     (home / "data" / "t.csv").write_text("a,b\n1,2\n3,4\n")
     account = Account(getpass.getuser(), os.getuid(), os.getgid(), str(home))
-    here = scan.digest_of("data", home, {}, None)
-    there = scan.hash_as(account, "data", home, {})
+    here = reading.digest_of("data", home, {}, None)
+    there = reading.hash_as(account, "data", home, {})
     assert there == here and there[3][0]["rows"] == 2
     os.symlink("/etc/hostname", home / "data" / "out")
     with pytest.raises(ValidationError) as escaped:
-        scan.hash_as(account, "data", home, {})
+        reading.hash_as(account, "data", home, {})
     assert escaped.value.reason == "escapes_root"

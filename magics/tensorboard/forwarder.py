@@ -146,15 +146,15 @@ class MetricForwarder:
     def health(self) -> dict:
         """The run, the points sent, dropped and pending, short notes, and the error that keeps points pending."""
         with self._lock:
-            notes = [notes.render(*note) for note in self._notes.values()]
+            said = [notes.render(*note) for note in self._notes.values()]
             if self._notes_left_out:
-                notes.append("more notes left out (see the runner log)")
+                said.append("more notes left out (see the runner log)")
             return {
                 "run_id": self.run_id,
                 "points_sent": self._sent,
                 "points_dropped": self._dropped,
                 "points_pending": len(self._pending) + self._in_flight,
-                "notes": notes,
+                "notes": said,
                 "last_error": self._last_error,
             }
 
