@@ -107,15 +107,21 @@ def test_malformed_json_is_a_400(workbench, raw):
 
 
 @pytest.mark.parametrize(
-    "path", ["/jobs/..%2f..%2fetc/output", "/jobs/%2e%2e/logs", "/jobs/0123/cancel", "/jobs/ZZZZZZZZZZZZ"]
+    "path, status, reason",
+    [
+        ("/jobs/..%2f..%2fetc/output", 400, "bad_id"),  # an encoded slash stays in the id, which is refused
+        ("/jobs/%2e%2e/logs", 404, "no_endpoint"),  # the proxy resolves the dots: .../api/v1/logs is no route
+        ("/jobs/0123/cancel", 400, "bad_id"),
+        ("/jobs/ZZZZZZZZZZZZ", 400, "bad_id"),
+    ],
 )
-def test_bad_job_ids(workbench, path):
+def test_bad_job_ids(workbench, path, status, reason):
     method = "POST" if path.endswith("cancel") else "GET"
     r = workbench.api(method, path, token=workbench.tokens["alice"])
-    assert r.status_code in (400, 404, 422), r.text
+    assert (r.status_code, r.json()["reason"]) == (status, reason), r.text
     assert r.headers["Content-Type"].startswith("application/json")
-    if r.status_code != 404:
-        assert r.json()["field"] == "id"
+    if status == 400:
+        assert r.json()["field"] == "id" and r.json()["fix"] == "it must match ^[0-9a-f]{12}$"
 
 
 def test_unauthenticated_and_unknown_endpoints(workbench):

@@ -147,11 +147,9 @@ class BaseHandler(web.RequestHandler):
     @staticmethod
     def path_arg(value: str, name: str, pattern: re.Pattern, what: str) -> str:
         if not isinstance(value, str) or not pattern.match(value):
+            shown = pattern.pattern.removesuffix("\\Z") + "$"  # as the OpenAPI document writes it (ECMA)
             raise UsageError(
-                f"{name}: {value[:40]!r} is not {what}",
-                field=name,
-                reason="bad_id",
-                fix=f"it must match {pattern.pattern}",
+                f"{name}: {value[:40]!r} is not {what}", field=name, reason="bad_id", fix=f"it must match {shown}"
             )
         return value
 
