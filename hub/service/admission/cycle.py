@@ -24,14 +24,16 @@
   does not fit and finds nothing more to preempt, its preemption is over and it
   waits like any other workload (held back for good, what it needs could keep
   another team from starting for ever);
-* as in Kueue's scheduler, a **cohort preempts for one workload per pass** (a team
-  in no cohort counts as a cohort of its own): once a workload of the cohort has
-  chosen victims, the cohort's other workloads that do not fit wait, with what they
-  lack as their reason, and look for victims in a later pass, where the first of
-  them in the order above goes first. (Kueue, in its classic mode, also stops a
-  cohort's preemptions after an admission in it; Danlu does not, or a busy cohort
-  would never preempt.) A cohort's preemptions thus take a pass each, which keeps a
-  pass after many jobs ended from trying victims for every workload that does not fit;
+* a **cohort preempts for one workload per pass** (a team in no cohort counts as a
+  cohort of its own): once a workload of the cohort has chosen victims, the cohort's
+  other workloads that do not fit wait, with what they lack as their reason, and look
+  for victims in a later pass, where the first of them in the order above goes first.
+  Kueue v0.9 did likewise (and also stopped a cohort's preemptions after an admission
+  in it, which Danlu does not: a busy cohort would never preempt); Kueue v0.19 only
+  skips a preemption whose victims overlap another's in the same cycle. A cohort's
+  preemptions thus take a pass each, which keeps a pass after many jobs ended from
+  trying victims for every workload that does not fit. Where this and the rest of the
+  model still differ from Kueue v0.19, ``tests/test_kueue_parity.py`` says how.
 
 The pass's own state (who reclaims what in this pass, which cohorts preempted) lives on the model, so a copy
 of the model (a dry run, an estimate) decides alike. Pure: no I/O, no clock.
