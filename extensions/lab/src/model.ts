@@ -513,8 +513,7 @@ export interface ISubmitOptions {
 export const LOAD_EXTENSION = '%load_ext danlu';
 
 /** The user expression that reads the submitted job's id back. */
-export const JOB_ID_EXPRESSION =
-  '__import__("danlu").last_job_id()';
+export const JOB_ID_EXPRESSION = '__import__("danlu").last_job_id()';
 
 const SIMPLE_TOKEN = /^[A-Za-z0-9_.:@/+,=-]+$/;
 

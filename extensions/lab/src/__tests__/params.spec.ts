@@ -125,9 +125,7 @@ describe('trainCommand', () => {
       '%%train --no-wait --quiet --nproc 1\ntrain()\nprint(1)'
     );
     expect(LOAD_EXTENSION).toBe('%load_ext danlu');
-    expect(JOB_ID_EXPRESSION).toBe(
-      '__import__("danlu").last_job_id()'
-    );
+    expect(JOB_ID_EXPRESSION).toBe('__import__("danlu").last_job_id()');
   });
 });
 
