@@ -70,6 +70,7 @@ def test_training_runtime():
                                         "metadata": {"labels": pod_labels},
                                         "spec": {
                                             "restartPolicy": "Never",
+                                            "automountServiceAccountToken": False,
                                             "securityContext": {
                                                 "runAsNonRoot": True,
                                                 "runAsUser": 1000,
@@ -82,6 +83,10 @@ def test_training_runtime():
                                                     "name": "node",
                                                     "image": "registry.example.com/danlu/pytorch@" + DIGEST,
                                                     "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+                                                    "securityContext": {
+                                                        "allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]},
+                                                    },
                                                     "volumeMounts": [
                                                         {"name": "shm", "mountPath": "/dev/shm"},
                                                         {"name": "job", "mountPath": "/danlu/job"},
@@ -350,6 +355,7 @@ def test_the_jobs_service_may_do_exactly_what_the_kubernetes_backend_does_and_no
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "update", "delete"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
     ]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "danlu"}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "danlu-jobs"}

@@ -33,6 +33,7 @@ from danlu.hub.testing import free_port
 
 from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user
 from .k8sfake import FakeCluster
+from .k8sfake import store as k8sfake_store
 from .servicekit import RunnerAPIService
 
 pytestmark = pytest.mark.service
@@ -64,11 +65,18 @@ print("{name} is done", flush=True)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    # until tests/k8sfake serves NetworkPolicies (a multi-node attempt creates one): served here
+    policy = ("networking.k8s.io", "v1", "networkpolicies")
+    served = policy in k8sfake_store.RESOURCES
+    k8sfake_store.RESOURCES.setdefault(policy, ("NetworkPolicy", True))
+    k8sfake_store.KINDS.setdefault("NetworkPolicy", (*policy, True))
     fake = FakeCluster(namespaces=("default", NS)).start()
     try:
         yield fake
     finally:
         fake.stop()
+        if not served:
+            del k8sfake_store.RESOURCES[policy], k8sfake_store.KINDS["NetworkPolicy"]
     assert fake.errors == [], fake.errors
 
 
@@ -394,6 +402,10 @@ def test_a_job_on_two_nodes_is_one_trainjob_of_two_pods_whose_ranks_meet(service
     assert tj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     assert "rank 0 of 2: sum 3" in output(service, job_id)
     assert rank1 is not None and "rank 1 of 2: sum 3" in rank1[0].decode()
+    # policies.py: the pods may meet through their own NetworkPolicy, deleted with the TrainJob
+    assert ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies") in cluster.requests
+    if cluster.get("TrainJob", NS, tj["metadata"]["name"]) is None:
+        assert cluster.get("NetworkPolicy", NS, f"{tj['metadata']['name']}-peers") is None
 
 
 def test_more_nodes_than_one_machine_or_uneven_gpus_are_refused_with_the_fix(service):

@@ -1,7 +1,8 @@
 """Jobs as Kueue-admitted Kubeflow Trainer TrainJobs: the Kubernetes backend.
 
 Each attempt is one TrainJob (:mod:`danlu.hub.k8s.jobs`) plus a Secret with
-its job token, created suspended with its team's LocalQueue and priority
+its job token (and for more nodes than one, the NetworkPolicy that lets its
+pods meet: :mod:`danlu.hub.k8s.policies`), created suspended with its team's LocalQueue and priority
 class as labels. Kueue admits it, or says why not; :meth:`admission` reports
 that answer (and the position from Kueue's visibility API where it is
 installed) and the service shows it in the job's ``reason`` and
@@ -33,7 +34,7 @@ from pathlib import Path
 from traitlets import Float, Integer, Unicode, default
 
 from danlu.hub.backends.base import Admission, Backend, Launch, Outcome
-from danlu.hub.k8s import jobs, names
+from danlu.hub.k8s import jobs, names, policies
 
 TRANSIENT = {429, 500, 502, 503, 504}
 RETRIES = (0.5, 1.0, 2.0, 4.0)
@@ -264,6 +265,15 @@ class KubernetesBackend(Backend):
                 secret["metadata"]["name"],
                 self.namespace,
                 secret,
+            )
+        if launch.nnodes > 1:  # its pods meet each other; the rendered danlu-jobs policy lets them reach no pod
+            peers = policies.make_peer_policy(name, self.namespace, secret["metadata"]["labels"], uid)
+            await self._call(
+                f"creating NetworkPolicy {self.namespace}/{peers['metadata']['name']}",
+                "NetworkingV1Api.create_namespaced_network_policy",
+                self.namespace,
+                peers,
+                conflict_ok=True,
             )
         self._cache.clear()
         return {**state, "uid": uid}

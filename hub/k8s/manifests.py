@@ -76,13 +76,15 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
     container ``node`` runs ``python -m danlu.runner --kubernetes``.
 
     Each TrainJob sets image, env, resources, numNodes, numProcPerNode and a runtime patch
-    adding its owner's home, nodeSelector and tolerations; this is only the shape they share.
+    adding its owner's home, nodeSelector and tolerations; this is only the shape they share, and
+    the one place of the pod's hardening: Pod Security ``restricted`` and no service-account token.
     ``backoffLimit: 0``: Danlu retries a failed attempt itself, as a new TrainJob. Trainer v2.3.0's
     torch policy has no ``numProcPerNode`` (upstream's later ``torch-distributed`` sets ``auto``
     there); a TrainJob gives it in ``spec.trainer.numProcPerNode``, whose default is ``auto``.
     """
     pod_spec = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # user code gets no API credentials (policies.py fences the rest)
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": USER_ID,
@@ -95,6 +97,7 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
                 "name": names.TRAINER_CONTAINER,
                 "image": image,
                 "command": ["python", "-m", "danlu.runner", "--kubernetes"],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "job", "mountPath": names.JOB_DIR}],
             }
         ],
@@ -359,6 +362,7 @@ JOBS_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get", "update", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},  # policies.py
 ]
 
 

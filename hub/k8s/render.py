@@ -24,7 +24,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, secret_options
-from danlu.hub.k8s import manifests, names, readme, values
+from danlu.hub.k8s import manifests, names, policies, readme, values
 from danlu.hub.kueue import memory_quantity
 from danlu.hub.profiles import ProfileSet
 
@@ -190,7 +190,7 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
         *manifests.make_mlflow_policies(ns),
     ]
     return {
-        "namespace.yaml": [manifests.make_namespace(ns)],
+        "namespace.yaml": policies.namespace_objects(ns),
         "kueue.yaml": kueue.render(settings, gpus.inventory(settings.gpus), namespace=ns),
         "kueue-config.yaml": [manifests.make_kueue_config_map(ns)],
         "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube.shm_size), kube.runtime)],

@@ -17,6 +17,7 @@ from danlu.hub.scopes import WRITE
 CHART_VERSION = "4.4.0"
 EXTRA_CONFIG = "from danlu.hub.k8s.hubconfig import configure\nconfigure(c)\n"
 HOME = names.HOME
+METADATA_IP = "169.254.169.254"  # the cloud metadata server (the chart's singleuser.cloudMetadata.ip)
 
 
 def split_image(reference: str) -> dict:
@@ -160,6 +161,9 @@ def make_values(
         },
         "proxy": {"https": {"enabled": False}},
         "singleuser": {
+            # the chart's privileged iptables init container would keep the namespace's Pod Security at
+            # privileged; networkPolicy's egressAllowRules.cloudMetadataServer: false blocks the address
+            "cloudMetadata": {"blockWithIptables": False, "ip": METADATA_IP},
             "image": split_image(notebook_image),
             "uid": manifests.USER_ID,
             "fsGid": manifests.GROUP_ID,
