@@ -20,7 +20,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 
 | file | what |
 |---|---|
-| `namespace.yaml` | the `{ns}` namespace: hub, notebooks, jobs, LocalQueues, MLflow |
+| `namespace.yaml` | the `{ns}` namespace, its Pod Security labels, the NetworkPolicy fencing job pods |
 | `kueue.yaml` | ResourceFlavors, ClusterQueues, LocalQueues, WorkloadPriorityClasses |
 | `kueue-config.yaml` | Kueue's manager Configuration (TrainJob and pod integrations, pods managed only in `{ns}`) |
 | `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes.runtime}` every job runs on |
