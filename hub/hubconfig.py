@@ -20,6 +20,7 @@ from pathlib import Path
 from tornado.httpclient import AsyncHTTPClient
 
 from danlu import env as names
+from danlu.errors import ConfigError
 from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.scopes import ADMIN, CULLER_SCOPES, CUSTOM_SCOPES, WRITE
@@ -32,6 +33,8 @@ AUTHENTICATORS = {
     "oidc": "oauthenticator.generic.GenericOAuthenticator",
     "dummy": "jupyterhub.auth.DummyAuthenticator",
 }
+#: where OAuthenticator reads its client's secret when auth.client_secret is not set
+OAUTH_CLIENT_SECRET = "OAUTH_CLIENT_SECRET"
 
 #: scopes of the token a user's server gets ($JUPYTERHUB_API_TOKEN): enough for %%train and MLflow
 SERVER_TOKEN_SCOPES = [
@@ -45,10 +48,21 @@ SERVER_TOKEN_SCOPES = [
 ]
 
 
-def authenticator(c, settings: Settings) -> None:
-    """The authenticator danlu.yaml's ``auth`` names, and its options."""
+def authenticator(c, settings: Settings, environ=os.environ) -> None:
+    """The authenticator danlu.yaml's ``auth`` names, and its options.
+
+    An OAuth client's secret is ``auth.client_secret`` or, where danlu.yaml must not hold it (a
+    cluster's ConfigMap), ``$OAUTH_CLIENT_SECRET`` in the hub's environment, which OAuthenticator
+    reads itself; without either, no login could succeed, so the hub does not start.
+    """
     auth = settings.auth
     kind = auth.type
+    if kind in ("github", "gitlab", "oidc") and not (auth.client_secret or environ.get(OAUTH_CLIENT_SECRET)):
+        raise ConfigError(
+            f"{auth.where('client_secret')}: the {kind} OAuth client has no secret",
+            fix=f"set auth.client_secret, or ${OAUTH_CLIENT_SECRET} in the hub's environment (on a cluster: "
+            "the oauth-client-secret key of the danlu-secrets Secret; docs/kubernetes.md, Authentication)",
+        )
     c.JupyterHub.authenticator_class = AUTHENTICATORS[kind]
     if auth.allowed_users:
         c.Authenticator.allowed_users = set(auth.allowed_users)
@@ -67,7 +81,8 @@ def authenticator(c, settings: Settings) -> None:
             kind
         ]
         section.client_id = auth.client_id
-        section.client_secret = auth.client_secret
+        if auth.client_secret:
+            section.client_secret = auth.client_secret
         section.oauth_callback_url = auth.oauth_callback_url
         if kind == "github" and auth.allowed_organizations:
             section.allowed_organizations = set(auth.allowed_organizations)
@@ -204,7 +219,7 @@ def configure(c, environ=os.environ) -> Settings:
     if chp:
         c.ConfigurableHTTPProxy.command = [chp]
 
-    authenticator(c, settings)
+    authenticator(c, settings, environ)
     admins_and_groups(c, settings)
 
     admin_token = environ[names.ADMIN_TOKEN]

@@ -251,7 +251,8 @@ class AuthConfig(Section):
         "pam",
         help="The authenticator: pam (the machine's Unix accounts and passwords), github, gitlab, oidc "
         "(OAuthenticator), shared-password (JupyterHub's, for workshops: anyone with the password may "
-        "log in as any non-admin user), dummy (any password; tests only).",
+        "log in as any non-admin user), dummy (any name, any password; tests only: on Kubernetes a "
+        "throwaway trial says kubernetes.trial instead).",
     ).tag(config=True)
     allowed_users = List(Unicode(), help="Only these users may log in, plus any other allow-list below.").tag(
         config=True
@@ -260,7 +261,10 @@ class AuthConfig(Section):
         config=True
     )
     client_secret = Unicode(
-        None, allow_none=True, help="github, gitlab, oidc (required): the OAuth client's secret."
+        None,
+        allow_none=True,
+        help="github, gitlab, oidc: the OAuth client's secret. Or leave it out and give the hub "
+        "$OAUTH_CLIENT_SECRET (on Kubernetes it must: danlu render k8s takes it from the danlu-secrets Secret).",
     ).tag(config=True)
     oauth_callback_url = Text(
         None,
@@ -325,7 +329,7 @@ class AuthConfig(Section):
         "allOf": [
             {
                 "if": {"properties": {"type": {"enum": ["github", "gitlab", "oidc"]}}, "required": ["type"]},
-                "then": {"required": ["client_id", "client_secret", "oauth_callback_url"]},
+                "then": {"required": ["client_id", "oauth_callback_url"]},
             },
             {
                 "if": {"properties": {"type": {"const": "oidc"}}, "required": ["type"]},

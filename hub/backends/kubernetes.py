@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
 from traitlets import Float, Integer, Unicode, default
 
 from danlu.hub.backends.base import Admission, Backend, Launch, Outcome
-from danlu.hub.k8s import jobs, names, policies
+from danlu.hub.k8s import apiclient, jobs, names, policies
 
 TRANSIENT = {429, 500, 502, 503, 504}
 RETRIES = (0.5, 1.0, 2.0, 4.0)
@@ -99,16 +98,7 @@ class KubernetesBackend(Backend):
     # the API client ------------------------------------------------------------------------
     async def _api(self):
         if self._client is None:
-            # deferred: kubernetes_asyncio takes ~1 s to import; only a service with a cluster needs it
-            from kubernetes_asyncio import client, config
-
-            if self.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                cfg = client.Configuration()
-                await config.load_kube_config(config_file=self.kubeconfig or None, client_configuration=cfg)
-                self._client = client.ApiClient(cfg)
-            else:
-                config.load_incluster_config()
-                self._client = client.ApiClient()
+            self._client = await apiclient.load(self.kubeconfig)
         return self._client
 
     async def _call(

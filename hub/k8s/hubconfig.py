@@ -10,8 +10,16 @@ configuration (:mod:`danlu.hub.hubconfig`) adds, built by the same functions: th
 (:class:`~danlu.hub.k8s.spawner.DanluKubeSpawner`), admins and groups, the custom scopes and
 roles, and the jobs service ``danlu`` as a hub-managed service running jobs as TrainJobs
 (``jobs.backend: kubernetes``). The chart's own services, roles, admins and groups are kept:
-extraConfig runs last, so this adds to them instead of replacing them. The authenticator is the
-chart's unless danlu.yaml has an ``auth`` section.
+extraConfig runs last, so this adds to them instead of replacing them. The authenticator is
+danlu.yaml's ``auth`` (:mod:`danlu.hub.k8s.auth`): never the chart's default DummyAuthenticator,
+unless danlu.yaml says the deployment is a throwaway trial.
+
+JupyterHub starts a managed service with a stripped environment: its ``environment`` plus the
+few variables ``LocalProcessSpawner.env_keep`` names (``PATH``, ``LANG``, ...), never the rest of
+the hub's (``jupyterhub/services/service.py``). What the services need from the hub pod's own
+environment (:data:`JOBS_SERVICE_ENV`, :data:`SERVICES_ENV`) is copied into their ``environment``
+here, when the hub reads its configuration: the in-cluster API address the kubelet sets and
+the database password the chart's ``hub.extraEnv`` takes from the ``danlu-secrets`` Secret.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from danlu.hub.backends import backends
 from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, roles
+from danlu.hub.k8s import auth as k8s_auth
+from danlu.hub.k8s import mlflowserver
 from danlu.hub.k8s import names as k8s_names
 from danlu.hub.profiles import load_profiles
 from danlu.hub.scopes import CUSTOM_SCOPES
@@ -37,6 +47,22 @@ HUB_STATE_DIR = "/srv/jupyterhub/danlu"
 #: the chart's Services of the hub and of the public proxy
 HUB_SERVICE = "hub"
 PROXY_SERVICE = "proxy-public"
+
+#: what both services take from the hub pod's environment: the way out of the cluster, if any
+SERVICES_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "TZ")
+#: and what the jobs service alone takes: the in-cluster API address (kubernetes_asyncio's
+#: load_incluster_config reads it; the service account's token is a file), and every variable of
+#: libpq (PGPASSWORD from danlu-secrets; PGSSLMODE and the like if the admin sets them)
+JOBS_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PG*")
+
+
+def passed_on(environ, keys) -> dict:
+    """The variables of ``environ`` that ``keys`` names (``PG*``: every name with that prefix)."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if any(name.startswith(key[:-1]) if key.endswith("*") else name == key for key in keys)
+    }
 
 
 def _current(section, name: str, empty):
@@ -77,8 +103,8 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     state = settings.state_dir if settings.is_set("state_dir") else Path(HUB_STATE_DIR)
     namespace = settings.kubernetes.namespace
 
-    if settings.is_set("auth"):
-        authenticator(c, settings)
+    k8s_auth.check(settings, rendered=True)
+    authenticator(c, settings, environ)
     chart_admins = set(_current(c.Authenticator, "admin_users", set()))
     chart_groups = dict(_current(c.JupyterHub, "load_groups", {}))
     admins_and_groups(c, settings)
@@ -93,8 +119,8 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     }
     # MLflow in the namespace (mlflow.yaml); jobs reach it there, users through the gateway
     mlflow_env = {
-        names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ)
-        or f"http://{k8s_names.MLFLOW_SERVICE}:{k8s_names.MLFLOW_PORT}"
+        **passed_on(environ, SERVICES_ENV),
+        names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ) or mlflowserver.url(namespace),
     }
     if names.MLFLOW_AUTH_SECRET.get(environ=environ):  # from the danlu-secrets Secret, in the hub's environment
         mlflow_env[names.MLFLOW_AUTH_SECRET] = names.MLFLOW_AUTH_SECRET.get(environ=environ)
@@ -110,7 +136,7 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
             "--JobsServiceApp.cull_idle_servers=False",
             "--JobsServiceApp.ip=0.0.0.0",
         ],
-        {**service_env, **mlflow_env},
+        {**passed_on(environ, JOBS_SERVICE_ENV), **service_env, **mlflow_env},
     )
     gateway = {
         "name": "mlflow",

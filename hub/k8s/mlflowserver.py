@@ -8,6 +8,12 @@ folder, then replace itself with ``mlflow server --app-name basic-auth`` on ``0.
 stores come from the danlu.yaml in the ``danlu-config`` ConfigMap (the renderer points them at
 Danlu's PostgreSQL and the artifact volume or object store). PostgreSQL's password is
 ``$PGPASSWORD``, which libpq reads, so no URL carries it.
+
+MLflow refuses a request whose ``Host`` header is not in ``--allowed-hosts`` (403 "Invalid Host
+header", its guard against DNS rebinding), so :func:`allowed_hosts` lists every name of the
+Service a client may use: the hub's services and every job call it by :func:`url`
+(``danlu-mlflow.<namespace>.svc:5000``); the short and ``.svc.cluster.local`` forms and the
+kubelet's probe (``localhost``) are allowed too.
 """
 
 from __future__ import annotations
@@ -22,6 +28,25 @@ from danlu.errors import ConfigError
 from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.k8s import names
+
+
+def url(namespace: str) -> str:
+    """The tracking URI the hub's services and jobs use: the Service's name in the namespace, with
+    the ``/services/mlflow`` prefix the server runs under (the gateway's path on the hub)."""
+    return f"http://{names.MLFLOW_SERVICE}.{namespace}.svc:{names.MLFLOW_PORT}/services/mlflow"
+
+
+def allowed_hosts(namespace: str, port: int = names.MLFLOW_PORT) -> list[str]:
+    """Every ``Host`` header a client in the cluster may send to the Service, with and without the
+    port: short, namespaced, ``.svc`` and ``.svc.cluster.local`` names, and ``localhost`` (probes)."""
+    service = names.MLFLOW_SERVICE
+    hosts = [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+    return [name for host in [*hosts, "localhost"] for name in (f"{host}:{port}", host)]
 
 
 def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[str]:
@@ -52,7 +77,7 @@ def server_command(settings: Settings, port: int = names.MLFLOW_PORT) -> list[st
         "--workers",
         str(mlflow.workers),
         "--allowed-hosts",
-        f"{names.MLFLOW_SERVICE}:{port},localhost:{port}",
+        ",".join(allowed_hosts(settings.kubernetes.namespace, port)),
     ]
 
 

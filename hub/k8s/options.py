@@ -4,7 +4,7 @@ service's Kubernetes backend), with its ``mlflow:`` sub-section. See docs/kubern
 
 from __future__ import annotations
 
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 from danlu.hub.options import DIGEST, DNS_LABEL, Section
 from danlu.hub.traits import Size, Text
@@ -71,3 +71,9 @@ class KubernetesConfig(Section):
     ).tag(config=True)
     home_size = Size("10Gi", help="The size of each user's home volume.").tag(config=True)
     shm_size = Size("8Gi", help="The size of the memory-backed /dev/shm of notebook and job pods.").tag(config=True)
+    trial = Bool(
+        False,
+        help="A throwaway trial: the hub lets anyone log in as anyone, admins included (JupyterHub's "
+        "DummyAuthenticator). Without it, danlu render k8s requires an auth section with an identity "
+        "provider (oidc, github, gitlab).",
+    ).tag(config=True)

@@ -12,7 +12,10 @@ folder. The objects come from :mod:`danlu.hub.kueue`, :mod:`danlu.hub.k8s.manife
   ``postgres_image``; an unset one becomes a placeholder pinned to an all-zero digest, which
   no registry serves, so a forgotten one fails at pull time instead of running something else;
 * the cluster's own danlu.yaml (:func:`cluster_settings`): the admin's file, with the paths
-  and stores that a cluster has instead of one machine's state folder.
+  and stores that a cluster has instead of one machine's state folder;
+* how users log in (:mod:`danlu.hub.k8s.auth`): an identity provider whose client secret the
+  hub reads from the ``danlu-secrets`` Secret, or a trial that says so; never the chart's
+  default, which lets anyone in.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, secret_options
-from danlu.hub.k8s import manifests, names, policies, readme, values
+from danlu.hub.k8s import auth, manifests, names, policies, readme, values
 from danlu.hub.kueue import memory_quantity
 from danlu.hub.profiles import ProfileSet
 
@@ -90,6 +93,7 @@ def cluster_settings(settings: Settings) -> dict:
     """
     data = settings.explicit()
     data.pop("profiles_file", None)
+    data["auth"] = auth.cluster_auth(settings)
     data["state_dir"] = STATE_DIR
     data["profiles_file"] = f"{names.CONFIG_DIR}/profiles.yaml"
     jobs = data.setdefault("jobs", {})
@@ -161,6 +165,7 @@ def values_text(data: dict, header: str) -> str:
 def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
     """Every Kubernetes object, by the file it goes to (values.yaml apart: see :func:`chart_values`)."""
     check_no_secrets(settings)
+    auth.check(settings)
     kube = settings.kubernetes
     ns = kube.namespace
     mlflow = kube.mlflow
@@ -201,7 +206,7 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
 
 def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
     kube = settings.kubernetes
-    return values.make_values(
+    data = values.make_values(
         namespace=kube.namespace,
         hub_image=kube.hub_image or placeholder("hub"),
         notebook_image=profile_image(profiles.default),
@@ -210,6 +215,8 @@ def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
         home_storage_class=kube.home_storage_class,
         idle_timeout=settings.hub.idle_timeout_seconds,
     )
+    data["hub"]["extraEnv"].update(auth.chart_env(settings))
+    return data
 
 
 def placeholders(settings: Settings, profiles: ProfileSet) -> list[str]:
@@ -227,6 +234,7 @@ def render(settings: Settings, profiles: ProfileSet) -> dict[str, str]:
     source = Path(settings.source).name if settings.source else "(no danlu.yaml)"
     missing = placeholders(settings, profiles)
     header = _comment(f"Rendered by `danlu render k8s` from {source}; edit that file and render again.")
+    header += _comment(auth.header(settings))
     if missing:
         header += _comment(
             f"Placeholder images ({PLACEHOLDER_DIGEST[:15]}...: replace with the digest you "
@@ -241,7 +249,7 @@ def render(settings: Settings, profiles: ProfileSet) -> dict[str, str]:
             f"jupyterhub/jupyterhub --version {values.CHART_VERSION} -n {settings.kubernetes.namespace} -f values.yaml"
         ),
     )
-    files["README.md"] = readme.text(settings, source, missing)
+    files["README.md"] = readme.text(settings, source, missing) + auth.readme(settings)
     return {name: files[name] for name in FILES}
 
 
