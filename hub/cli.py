@@ -3,7 +3,8 @@
 ``danlu up`` starts the workbench (:mod:`danlu.hub.app`), ``danlu config``
 lists every option of danlu.yaml with its help and current value, ``danlu kueue
 render`` writes danlu.yaml's teams as Kueue objects and ``danlu render k8s``
-writes the whole cluster deployment (:mod:`danlu.hub.k8s.render`); every other command is
+writes the whole cluster deployment (:mod:`danlu.hub.k8s.render`) and ``danlu doctor k8s`` checks a
+live cluster against it (:mod:`danlu.hub.k8s.doctor`); every other command is
 the client side's (:mod:`danlu.cli`), so a kernel that imports ``danlu``
 never imports the hub.
 """
@@ -53,6 +54,19 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from danlu.hub.config import load_settings  # deferred: as above
+    from danlu.hub.k8s import doctor, doctor_io  # deferred: as above
+    from danlu.hub.profiles import builtin_profiles, load_profiles  # deferred: as above
+
+    settings = load_settings(args.config)
+    profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
+    exp = doctor.expected(settings, profiles)
+    results = doctor_io.diagnose(exp, kubeconfig=args.kubeconfig, context=args.context, probe=not args.no_probe)
+    print(doctor.as_json(results) if args.json else doctor.text(results), end="\n" if args.json else "")
+    return doctor.exit_status(results)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.build_parser()
     sub = parser.commands
@@ -77,6 +91,26 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
     rd.add_argument("--out", required=True, help="the folder to write the files into (created if missing)")
     rd.set_defaults(func=cmd_render)
+    dr = sub.add_parser(
+        "doctor",
+        help="check a live cluster against danlu.yaml's deployment, each failure with its fix",
+        description="Checks, in order: the API server, the jobs service's RBAC, Kueue and its configuration, "
+        "Kueue's visibility API, Trainer and JobSet, a ReadWriteMany class for homes, GPU nodes, MLflow, and "
+        "the network policies (a probe pod). Exit status 1 when a check failed. docs/kubernetes.md, "
+        "'First hour on a real cluster'.",
+    )
+    dr.add_argument("what", choices=["k8s"])
+    dr.add_argument("--config", help="a danlu.yaml (default $DANLU_CONFIG)")
+    dr.add_argument("--kubeconfig", help="a kubeconfig (default $KUBECONFIG, ~/.kube/config; in a pod its account)")
+    dr.add_argument("--context", help="the kubeconfig context (default its current one)")
+    dr.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip check 9, which creates a pod danlu-doctor-probe-* in the namespace (job pods' labels, "
+        "restricted, deleted at the end) that tries the metadata address, the API server, MLflow and the hub",
+    )
+    dr.add_argument("--json", action="store_true", help="the results as one JSON object")
+    dr.set_defaults(func=cmd_doctor)
     return parser
 
 

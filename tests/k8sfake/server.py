@@ -19,7 +19,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from . import kueue, trainer
+from . import extras, kueue, trainer
 from .kubelet import Kubelet
 from .store import KINDS, RESOURCES, ApiError, Store, api_version, json_patch, label_matcher, merge_patch, now
 
@@ -36,6 +36,7 @@ def _validation_errors(obj: dict) -> list[str]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK wait per answer
     server: _Server
 
     def log_message(self, *args):  # quiet: the request log is cluster.requests
@@ -98,6 +99,8 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method, path, query, body):
         cluster = self.server.cluster
         parts = [p for p in path.split("/") if p]
+        if cluster.extras.route(self, method, parts, body):  # the doctor's endpoints (extras.py)
+            return
         if tuple(parts[:3]) == VISIBILITY:
             rest = parts[3:]
             if (
@@ -317,6 +320,8 @@ class FakeCluster:
         self.kubelet = Kubelet(self.store, self.volumes, self.workdir)
         self.kueue = kueue.Kueue(self.store)
         self.trainer = trainer.Trainer(self.store, self.kubelet)
+        self.extras = extras.Extras(self)
+        self.services: dict[tuple[str, str], str] = {}  # (namespace, Service) -> URL its proxy reaches
         for ns in namespaces:
             self.store.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         self._server: _Server | None = None
@@ -446,6 +451,7 @@ class FakeCluster:
                     self.kueue.reconcile()
                     self.trainer.reconcile()
                     self.kubelet.reconcile()
+                    self.extras.reconcile()
                     self._finish_foreground()
             except Exception:
                 self.errors.append(traceback.format_exc())
