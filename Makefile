@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 CHP_VERSION ?= 5.3.0
 PYTEST_ARGS ?=
 # The JupyterLab extension: TypeScript in $(LAB), built (no Node.js needed at run time)
-# into $(LABEXT), which every user server that Danlu spawns loads.
+# into $(LABEXT), which the lab-extension step installs into $(VENV) (the wheel ships it as data files).
 LAB := extensions/lab
 LABEXT := extensions/server/labextension
 LAB_SOURCES := $(shell find $(LAB)/src $(LAB)/style $(LAB)/schema -type f -not -path '*/__tests__/*' 2>/dev/null) \
