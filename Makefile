@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 CHP_VERSION ?= 5.3.0
 PYTEST_ARGS ?=
 # The JupyterLab extension: TypeScript in $(LAB), built (no Node.js needed at run time)
-# into $(LABEXT), which every user server that Danlu spawns loads.
+# into $(LABEXT), which the lab-extension step installs into $(VENV) (the wheel ships it as data files).
 LAB := extensions/lab
 LABEXT := extensions/server/labextension
 LAB_SOURCES := $(shell find $(LAB)/src $(LAB)/style $(LAB)/schema -type f -not -path '*/__tests__/*' 2>/dev/null) \
@@ -25,9 +25,9 @@ PACKAGE_FILES := $(shell find hub magics extensions/server -type f -not -path '*
 	-not -path '$(LABEXT)/*' 2>/dev/null | sort | cksum | cut -d' ' -f1)
 LINKED := $(VENV)/.linked-$(PACKAGE_FILES)
 
-.PHONY: install up test demo benchmarks clean unix-env render-k8s typecheck
+.PHONY: install up test demo benchmarks clean unix-env render-k8s typecheck lab-extension
 
-install: $(VENV)/.installed $(LINKED) $(LABEXT)/package.json
+install: $(VENV)/.installed $(LINKED) $(LABEXT)/package.json lab-extension
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,18 @@ $(LABEXT)/package.json: $(LAB)/node_modules/.danlu-installed $(LAB_SOURCES) | $(
 	npm run --silent --prefix $(LAB) build:lib
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter labextension build $(LAB) || { rm -f $@; exit 1; }
 	touch $@
+
+# The lab extension installed in $(VENV) the way Jupyter finds extensions, as the wheel's data files install it
+# (pyproject.toml, [tool.setuptools.data-files]): setuptools' editable install leaves data files out, so this
+# links the prebuilt extension in as `jupyter labextension develop` does (a rebuild shows without a reinstall)
+# and enables the server extension danlu.lab. Every server of the venv loads both: `danlu up`'s, `jupyter lab`.
+# It runs on every `make install` (cheap), after the install; `install` builds the extension before it.
+LABEXT_NAME := danlu-lab
+lab-extension: | $(VENV)/.installed
+	@mkdir -p $(VENV)/share/jupyter/labextensions $(VENV)/etc/jupyter/jupyter_server_config.d
+	@test -L $(VENV)/share/jupyter/labextensions/$(LABEXT_NAME) || rm -rf $(VENV)/share/jupyter/labextensions/$(LABEXT_NAME)
+	@ln -sfn $(abspath $(LABEXT)) $(VENV)/share/jupyter/labextensions/$(LABEXT_NAME)
+	@cp extensions/jupyter-config/danlu.json $(VENV)/etc/jupyter/jupyter_server_config.d/danlu.json
 
 # The browser tests' own packages (Galata, Playwright); never a browser download: they use Debian's chromium.
 $(LAB)/ui-tests/node_modules/.danlu-installed: $(LAB)/ui-tests/package-lock.json

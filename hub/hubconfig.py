@@ -266,7 +266,6 @@ def configure(c, environ=os.environ) -> Settings:
     c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "TZ", names.INSTANCE]
     c.DanluLocalSpawner.profiles_file = str(settings.profiles_file)
     c.DanluLocalSpawner.home_root = str(state / "users")
-    c.DanluLocalSpawner.labextensions_dir = str(state / "labextensions")
     c.DanluLocalSpawner.unix_accounts = settings.unix_accounts
     c.DanluLocalSpawner.jobs_api_url = f"http://127.0.0.1:{service_port}/services/danlu/api/v1"
     c.DanluLocalSpawner.jobs_api_token = admin_token

@@ -8,8 +8,10 @@ allow (with their GPU choices), and every request -- form, REST API or stored
 so a refused profile gets a 403 that names the profile and the reason. GPUs
 come from the jobs service's ledger, the same one jobs use, and reach the
 server as ``CUDA_VISIBLE_DEVICES``; they are given back when the server stops.
-The server offers only its profile's kernel, and loads Danlu's lab extension
-(the server extension :mod:`danlu.lab` and the prebuilt JupyterLab extension).
+The server offers only its profile's kernel. It loads Danlu's lab extension (the
+server extension :mod:`danlu.lab` and the prebuilt JupyterLab extension) because
+they are installed in its environment the way Jupyter finds extensions (see
+:mod:`danlu.lab`), not through its arguments.
 
 With ``unix_accounts`` on (the default when the hub runs as root) a server
 runs as the user's Unix account in its home folder, exactly as JupyterHub's
@@ -35,7 +37,6 @@ from danlu.client import error_from
 from danlu.errors import DanluError
 from danlu.hub import accounts
 from danlu.hub.profiles import ProfileSet, builtin_profiles, load_profiles
-from danlu.lab import server_args
 
 
 class DanluLocalSpawner(LocalProcessSpawner):
@@ -47,16 +48,6 @@ class DanluLocalSpawner(LocalProcessSpawner):
     jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
     jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
-    load_lab_extension = Bool(
-        True,
-        help="Load Danlu's lab extension into every server: the server extension "
-        "danlu.lab and the prebuilt JupyterLab extension danlu-lab.",
-    ).tag(config=True)
-    labextensions_dir = Unicode(
-        help="A folder where the prebuilt lab extension is linked in as danlu-lab/ and "
-        "which servers get as an extra labextensions path (default: a folder beside "
-        "home_root)."
-    ).tag(config=True)
     umask = Integer(
         0o077,
         help="The umask of every user server (and so of its kernels and terminals): by default "
@@ -201,7 +192,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
             self.mem_limit = profile.memory
 
     def get_args(self):
-        args = super().get_args()
+        args = list(super().get_args())  # JupyterHub returns self.args itself: a spawner lives on across restarts
         if os.geteuid() == 0 and not self.unix_accounts:
             args.append("--allow-root")  # servers run as the hub's account (see the module docstring)
         profile = getattr(self, "profile", None)
@@ -210,9 +201,6 @@ class DanluLocalSpawner(LocalProcessSpawner):
                 f"--KernelSpecManager.allowed_kernelspecs={profile.kernel_name}",
                 f"--MultiKernelManager.default_kernel_name={profile.kernel_name}",
             ]
-        if self.load_lab_extension:
-            folder = self.labextensions_dir or str(Path(self.home_root or ".").parent / "labextensions")
-            args += server_args(Path(folder))
         return args
 
     # GPUs ---------------------------------------------------------------------------
