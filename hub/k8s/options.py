@@ -4,7 +4,7 @@ service's Kubernetes backend), with its ``mlflow:`` sub-section. See docs/kubern
 
 from __future__ import annotations
 
-from traitlets import Unicode
+from traitlets import Integer, Unicode
 
 from danlu.hub.options import DIGEST, DNS_LABEL, Section
 from danlu.hub.traits import Size, Text
@@ -71,3 +71,9 @@ class KubernetesConfig(Section):
     ).tag(config=True)
     home_size = Size("10Gi", help="The size of each user's home volume.").tag(config=True)
     shm_size = Size("8Gi", help="The size of the memory-backed /dev/shm of notebook and job pods.").tag(config=True)
+    gpu_notebook_start_timeout_seconds = Integer(
+        3600,
+        min=0,
+        help="How long a notebook with GPUs may take to start, waiting in its team's Kueue queue "
+        "included, before JupyterHub gives up (other notebooks: the chart's singleuser.startTimeout, 300).",
+    ).tag(config=True)
