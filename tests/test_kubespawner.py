@@ -391,3 +391,49 @@ def test_configure_refuses_local_jobs_and_a_missing_folder(config_dir, tmp_path)
     other = config_dir / "elsewhere.yaml"
     other.write_text(yaml.safe_dump({"kubernetes": {"namespace": "x"}}))
     assert configure(Config(), config_dir, environ={names.CONFIG: str(other)}).kubernetes.namespace == "x"
+
+
+# what the Zero to JupyterHub chart configures before Danlu's configure(c) -----------------------------
+
+
+def chart_spawner(config_dir, name="ana", groups=("vision",)) -> DanluKubeSpawner:
+    """A spawner under what the chart's jupyterhub_config.py sets (tests/chart/ runs the chart itself)."""
+    c = Config()
+    c.KubeSpawner.profile_list = []  # singleuser.profileList: []
+    c.KubeSpawner.start_timeout = 300  # singleuser.startTimeout
+    c.KubeSpawner.volume_mounts = {"0-shm": {"name": "shm", "mountPath": "/dev/shm"}}  # an admin's own
+    c.KubeSpawner.volumes = {"shm": {"name": "shm", "emptyDir": {"medium": "Memory"}}}
+    c.DanluKubeSpawner.settings = load_settings(config_dir / "danlu.yaml", environ={})
+    c.DanluKubeSpawner.profiles = load_profiles(config_dir / "profiles.yaml")
+    return DanluKubeSpawner(config=c, _mock=True, user=User(name, groups), hub=Hub())
+
+
+def test_under_the_charts_configuration(config_dir):
+    """The chart's empty profile_list beat the @default (every spawn: ``No such profile``); its 300 s
+    start timeout killed GPU notebooks waiting in Kueue; a /dev/shm mounted twice is refused (422)."""
+
+    async def spawn(options):
+        s = chart_spawner(config_dir)
+        assert [p["slug"] for p in s.profile_list(s)] == ["cpu", "pytorch"]
+        s.user_options = options
+        await s._run_apply_user_options(options)
+        await s.load_user_options()
+        pod = await s.get_pod_manifest()
+        async with kubernetes_asyncio.client.ApiClient() as api:
+            return s.start_timeout, api.sanitize_for_serialization(pod)
+
+    timeout, pod = asyncio.run(spawn({"profile": "pytorch", "gpus": "1", "gpu_flavor": "a100"}))
+    assert timeout == 3600 and pod["spec"]["containers"][0]["image"] == IMAGE
+    assert [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["/dev/shm"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["shm"]
+    timeout, pod = asyncio.run(spawn({"profile": "cpu"}))
+    assert timeout == 300 and pod["spec"]["containers"][0]["image"] == CPU_IMAGE
+
+
+@pytest.mark.parametrize("name", ["ana", "alice.smith", "bob_x", "carol@example.org", "zoë", "alice-smith---63425827"])
+def test_jobs_name_the_home_claim_as_kubespawner_does(config_dir, name):
+    async def claim():
+        return chart_spawner(config_dir, name).pvc_name
+
+    assert k8s.home_claim(name, namespace="research") == asyncio.run(claim())
+    assert k8s.home_claim("alice-smith---63425827") != k8s.home_claim("alice.smith")

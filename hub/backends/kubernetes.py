@@ -67,9 +67,9 @@ class KubernetesBackend(Backend):
     )
     runtime = Unicode(help="The ClusterTrainingRuntime jobs run on. Default: kubernetes.runtime.").tag(config=True)
     home_claim = Unicode(
-        "claim-{username}",
-        help="The PersistentVolumeClaim of a user's home (the Zero to "
-        "JupyterHub chart's name); empty: jobs mount none.",
+        names.HOME_CLAIM_TEMPLATE,
+        help="The PersistentVolumeClaim of a user's home: KubeSpawner's pvc_name_template, expanded "
+        "as KubeSpawner does (safe slugs), so jobs mount the notebook's claim; empty: jobs mount none.",
     ).tag(config=True)
     poll_interval = Float(2.0, help="Seconds between looks at the cluster.").tag(config=True)
     log_limit = Integer(8 * 2**20, help="The most of a pod's log read or kept (bytes).").tag(config=True)
@@ -296,7 +296,7 @@ class KubernetesBackend(Backend):
             memory=launch.memory / launch.nnodes,
             timeout_seconds=launch.timeout_seconds,
             runtime=self.runtime,
-            home_claim=self.home_claim.format(username=launch.owner) if self.home_claim else None,
+            home_claim=names.home_claim(launch.owner, self.home_claim, self.namespace) if self.home_claim else None,
             gpu_resource=flavor.get("resource", "nvidia.com/gpu"),
             node_labels=flavor.get("node_labels"),
             tolerations=flavor.get("tolerations"),

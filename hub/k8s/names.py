@@ -50,6 +50,35 @@ def owner_label(username: str) -> str:
     return f"{clean}-{hashlib.sha256(username.encode()).hexdigest()[:8]}".lstrip("-")
 
 
+#: KubeSpawner 7's pvc_name_template (the chart leaves singleuser.storage.dynamic.pvcNameTemplate null)
+HOME_CLAIM_TEMPLATE = "claim-{user_server}"
+
+
+class _DefaultServer:
+    """What KubeSpawner's name expansion reads of a spawner, for a user's default (unnamed) server
+    under its default ``safe`` slug scheme."""
+
+    name = ""
+    slug_scheme = "safe"
+
+    def __init__(self, username: str, namespace: str):
+        self.user = type("User", (), {"name": username, "id": None})()
+        self.namespace = namespace
+
+    def _namespace_default(self) -> str:
+        return self.namespace
+
+
+def home_claim(username: str, template: str = HOME_CLAIM_TEMPLATE, namespace: str = "danlu") -> str:
+    """The PersistentVolumeClaim KubeSpawner names for ``username``'s home: ``template`` expanded
+    by KubeSpawner's own code, so a job mounts the claim the notebook did, for every user name
+    (``alice.smith`` -> ``claim-alice-smith---63425827``). Its safe slugs carry a digest of the
+    name wherever they change it, so no crafted name expands to another user's claim."""
+    from kubespawner.spawner import KubeSpawner  # deferred: imports kubernetes_asyncio (seconds)
+
+    return KubeSpawner._expand_user_properties(_DefaultServer(username, namespace), template)
+
+
 def trainjob_name(job_id: str, attempt: int) -> str:
     """A TrainJob's name: a DNS label that starts with a letter (Danlu job ids may start with a digit)."""
     return f"danlu-{job_id}-{attempt}"

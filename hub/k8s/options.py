@@ -4,7 +4,7 @@ service's Kubernetes backend), with its ``mlflow:`` sub-section. See docs/kubern
 
 from __future__ import annotations
 
-from traitlets import Bool, Unicode
+from traitlets import Bool, Integer, Unicode
 
 from danlu.hub.options import DIGEST, DNS_LABEL, Section
 from danlu.hub.traits import Size, Text
@@ -76,4 +76,10 @@ class KubernetesConfig(Section):
         help="A throwaway trial: the hub lets anyone log in as anyone, admins included (JupyterHub's "
         "DummyAuthenticator). Without it, danlu render k8s requires an auth section with an identity "
         "provider (oidc, github, gitlab).",
+    ).tag(config=True)
+    gpu_notebook_start_timeout_seconds = Integer(
+        3600,
+        min=0,
+        help="How long a notebook with GPUs may take to start, waiting in its team's Kueue queue "
+        "included, before JupyterHub gives up (other notebooks: the chart's singleuser.startTimeout, 300).",
     ).tag(config=True)

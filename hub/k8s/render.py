@@ -211,7 +211,6 @@ def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
         hub_image=kube.hub_image or placeholder("hub"),
         notebook_image=profile_image(profiles.default),
         home_size=memory_quantity(kube.home_size),
-        shm_size=memory_quantity(kube.shm_size),
         home_storage_class=kube.home_storage_class,
         idle_timeout=settings.hub.idle_timeout_seconds,
     )

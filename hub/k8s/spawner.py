@@ -10,11 +10,19 @@ server (its issue #889), so every request -- form, REST API or stored options --
 through :meth:`~danlu.hub.profiles.ProfileSet.authorize` in ``apply_user_options``, the
 same check the local spawner uses; a refusal is a 403 that names the profile and groups.
 
+The profile list is always Danlu's: the Zero to JupyterHub chart sets
+``c.KubeSpawner.profile_list`` from ``singleuser.profileList`` (``[]`` by default), and
+configuration beats a ``@default``, so a validator puts the governed list back (an
+admin's own list there is ignored, with a warning).
+
 A pod with GPUs is queued by Kueue's pod integration in its owner's team queue (the
 ``kueue.x-k8s.io/queue-name`` label) at danlu.yaml's default priority class; a pod
-without GPUs carries no queue label and is not counted against any quota. Every pod
-gets Danlu's labels (:mod:`danlu.hub.k8s.names`), a memory-backed ``/dev/shm`` of
-``kubernetes.shm_size`` and the user-server variables of :mod:`danlu.env`.
+without GPUs carries no queue label and is not counted against any quota. A queued pod
+may wait for quota, so its spawn gets ``kubernetes.gpu_notebook_start_timeout_seconds``
+instead of ``start_timeout`` (the chart's ``singleuser.startTimeout``, 300 s), whichever
+is longer. Every pod gets Danlu's labels (:mod:`danlu.hub.k8s.names`), one memory-backed
+``/dev/shm`` of ``kubernetes.shm_size`` (none added where the configuration already
+mounts one there) and the user-server variables of :mod:`danlu.env`.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from dataclasses import dataclass
 from kubernetes_asyncio.client.models import V1EmptyDirVolumeSource, V1Volume, V1VolumeMount
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Any, Dict, default
+from traitlets import Any, Dict, default, validate
 
 from danlu import env as names
 from danlu.errors import DanluError
@@ -36,6 +44,7 @@ from danlu.hub.profiles import Profile, ProfileSet, builtin_profiles, load_profi
 from danlu.hub.teams import DEFAULT_QUEUE
 
 SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 OPTIONS = ("profile", "gpus", "gpu_flavor")
 
 
@@ -145,6 +154,16 @@ class DanluKubeSpawner(KubeSpawner):
     def _profile_list_default(self):
         return DanluKubeSpawner._profile_list
 
+    @validate("profile_list")
+    def _governed_profile_list(self, proposal):
+        """Danlu's list whatever the configuration says: the chart always sets one (``[]``)."""
+        if proposal["value"] and proposal["value"] is not DanluKubeSpawner._profile_list:
+            self.log.warning(
+                "profile_list from the configuration (the chart's singleuser.profileList) is ignored: "
+                "Danlu offers the profiles of profiles.yaml; remove it from the chart values"
+            )
+        return DanluKubeSpawner._profile_list
+
     @default("apply_user_options")
     def _apply_default(self):
         return DanluKubeSpawner._apply_options
@@ -222,11 +241,22 @@ class DanluKubeSpawner(KubeSpawner):
                 raise web.HTTPError(400, f"unknown GPU flavor {name!r}; choose one of: {', '.join(flavors)}")
             flavor = flavors[name]
         self._decision = Decision(profile, gpus, flavor, self._team(groups) if gpus else None)
+        self._set_start_timeout(queued=bool(gpus))
         self.user_options = {
             "profile": profile.slug,
             **({"gpus": str(gpus)} if profile.max_gpus else {}),
             **({"gpu_flavor": (flavor or next(iter(flavors.values()))).name} if profile.max_gpus and flavors else {}),
         }
+
+    def _set_start_timeout(self, *, queued: bool) -> None:
+        """A pod queued in Kueue may wait for quota before it is scheduled: JupyterHub reads
+        ``start_timeout`` after ``apply_user_options`` and KubeSpawner waits for the pod with it, so
+        both give a queued pod the longer ``kubernetes.gpu_notebook_start_timeout_seconds``."""
+        configured: int | None = getattr(self, "_configured_start_timeout", None)
+        if configured is None:
+            configured = self._configured_start_timeout = int(self.start_timeout)
+        queued_timeout = self.settings.kubernetes.gpu_notebook_start_timeout_seconds
+        self.set_trait("start_timeout", max(configured, queued_timeout if queued else 0))
 
     def _team(self, groups: list[str]) -> str:
         """The queue of a GPU notebook: the first of the user's groups that is a team."""
@@ -285,16 +315,18 @@ class DanluKubeSpawner(KubeSpawner):
         # after KubeSpawner's own labels: app.kubernetes.io/component becomes notebook; the legacy
         # component label stays singleuser-server, which KubeSpawner and the chart select pods by
         pod.metadata.labels = {**(pod.metadata.labels or {}), **self.danlu_labels()}
-        size = memory_quantity(self.settings.kubernetes.shm_size)
-        pod.spec.volumes = [
-            *(pod.spec.volumes or []),
-            V1Volume(name=SHM_VOLUME, empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=size)),
-        ]
         container = pod.spec.containers[0]
-        container.volume_mounts = [
-            *(container.volume_mounts or []),
-            V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
-        ]
+        # one volume at /dev/shm: the API server refuses a pod with two mounts at one path (422)
+        if not any(m.mount_path.rstrip("/") == SHM_PATH for m in container.volume_mounts or []):
+            size = memory_quantity(self.settings.kubernetes.shm_size)
+            pod.spec.volumes = [
+                *(pod.spec.volumes or []),
+                V1Volume(name=SHM_VOLUME, empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=size)),
+            ]
+            container.volume_mounts = [
+                *(container.volume_mounts or []),
+                V1VolumeMount(name=SHM_VOLUME, mount_path=SHM_PATH),
+            ]
         return pod
 
     def get_env(self):

@@ -64,6 +64,18 @@ def hub_network_policy() -> dict:
     }
 
 
+def proxy_network_policy() -> dict:
+    """The chart's proxy policy lets the proxy reach the hub pod on 8081 only, besides its
+    ``privateIPs`` ``ipBlock`` rule, which the chart's schema warns does not work where Cilium
+    enforces policies (GKE Dataplane V2 too; cilium/cilium#9209). The proxy's routes to the jobs
+    service and the gateway (``hub.service.extraPorts`` 10101, 10102) get their own rule."""
+    return {
+        "egress": [
+            {"to": _from(manifests.HUB_POD), "ports": _ports(names.JOBS_SERVICE_PORT, names.GATEWAY_SERVICE_PORT)},
+        ]
+    }
+
+
 def singleuser_network_policy() -> dict:
     """Notebooks reach the internet and, inside the cluster, only the hub's services and the proxy."""
     return {
@@ -116,7 +128,6 @@ def make_values(
     hub_image: str,
     notebook_image: str,
     home_size: str,
-    shm_size: str,
     home_storage_class: str | None,
     idle_timeout: int,
 ) -> dict:
@@ -159,7 +170,7 @@ def make_values(
             "networkPolicy": hub_network_policy(),
             "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         },
-        "proxy": {"https": {"enabled": False}},
+        "proxy": {"https": {"enabled": False}, "chp": {"networkPolicy": proxy_network_policy()}},
         "singleuser": {
             # the chart's privileged iptables init container would keep the namespace's Pod Security at
             # privileged; networkPolicy's egressAllowRules.cloudMetadataServer: false blocks the address
@@ -174,8 +185,6 @@ def make_values(
                 "capacity": home_size,
                 "homeMountPath": HOME,
                 "dynamic": dynamic,
-                "extraVolumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}],
-                "extraVolumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
             },
             "networkPolicy": singleuser_network_policy(),
         },
@@ -195,7 +204,8 @@ COMMENTS = {
     ),
     "proxy": (
         "proxy.https is left off: terminate TLS at your ingress or load balancer, or set\n"
-        "proxy.https (letsencrypt, manual or secret) as the chart's documentation describes."
+        "proxy.https (letsencrypt, manual or secret) as the chart's documentation describes.\n"
+        "proxy.chp.networkPolicy.egress: the proxy's routes to the hub's extra ports (jobs service, gateway)."
     ),
     "scheduling": (
         "The chart's user scheduler packs notebook pods onto few nodes, which leaves whole GPU\n"
