@@ -35,7 +35,7 @@ from tests.k8sschemas import errors
 from tests.podsecurity import level, pod_specs, violations
 
 ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT.parent / "shared" / "charts" / "jupyterhub-4.4.0"
+CHART = ROOT / "tests" / "charts" / "jupyterhub-4.4.0"
 NS = "danlu"
 IMAGE = "registry.example.org/danlu/pytorch@sha256:" + "a" * 64
 METADATA_IP, API_SERVER_IP = "169.254.169.254", "10.96.0.1"

@@ -2,8 +2,8 @@
 configuration run as the hub pod runs it.
 
 Upstream parts only: ``helm template`` (helm installed by ``make install``, tests/chart/get_helm.py)
-renders the published chart (``../shared/charts/jupyterhub-4.4.0`` beside the checkout; provenance in
-``../shared/schemas/SOURCES.md``) for every committed ``helm-values/*/values.yaml`` and for the values
+renders the published chart (``tests/charts/jupyterhub-4.4.0``, vendored; provenance in
+``tests/charts/SOURCES.md``) for every committed ``helm-values/*/values.yaml`` and for the values
 ``danlu render k8s`` writes from each ``examples/config/*.yaml``. :func:`hub_config` then lays out the
 hub pod's mounts as the rendered Deployment declares them (the chart's ConfigMap and Secret, Danlu's
 ConfigMap) in a temporary folder, gives the process the pod's environment (its ``env`` entries and the
@@ -47,7 +47,7 @@ from danlu.hub.profiles import load_profiles
 from ..conftest import cannot_run
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
-CHART = ROOT.parent / "shared" / "charts" / "jupyterhub-4.4.0"  # ../shared/charts/jupyterhub-4.4.0
+CHART = ROOT / "tests" / "charts" / "jupyterhub-4.4.0"  # the published chart, vendored: tests/charts/SOURCES.md
 CHART_DIR = "/usr/local/etc/jupyterhub"  # where the hub pod mounts the chart's files (z2jh.py reads there)
 #: the newest Kubernetes whose schemas kubernetes-validate ships besides 1.37 (the issue's target)
 KUBERNETES_VERSION = "1.36.0"
