@@ -198,7 +198,8 @@ def workload_of(cluster, name):
 
 
 def pods_of(cluster, name):
-    return cluster.objects("Pod", NS, f"trainer.kubeflow.org/trainjob-name={name}")
+    """As on a real cluster: JobSet's label (Trainer v2.3 sets no trainjob-name label on pods)."""
+    return cluster.objects("Pod", NS, f"jobset.sigs.k8s.io/jobset-name={name}")
 
 
 # --- the API server ---------------------------------------------------------------------------------
@@ -380,7 +381,17 @@ def test_a_trainjob_runs_its_pods_to_complete_with_logs(cluster, api, kueue_load
     pods = pods_of(cluster, "run")
     assert len(pods) == 2 and all(p["status"]["phase"] == "Succeeded" for p in pods)
     assert all(re.fullmatch(r"run-node-0-[01]-[a-z0-9]{5}", p["metadata"]["name"]) for p in pods)
-    pod = pods[0]
+    assert cluster.objects("Pod", NS, "trainer.kubeflow.org/trainjob-name=run") == []
+    by_index = {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
+    assert sorted(by_index) == ["0", "1"]
+    pod = by_index["0"]
+    labels = pod["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node" and labels["jobset.sigs.k8s.io/job-index"] == "0"
+    job = cluster.get("Job", NS, "run-node-0")
+    jobset = cluster.get("JobSet", NS, "run")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
+    assert jobset["metadata"]["ownerReferences"][0]["uid"] == done["metadata"]["uid"]
     assert pod["metadata"]["labels"]["danlu.io/job-id"] == "j1"
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision"
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0

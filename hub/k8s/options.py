@@ -4,10 +4,10 @@ service's Kubernetes backend), with its ``mlflow:`` sub-section. See docs/kubern
 
 from __future__ import annotations
 
-from traitlets import Unicode
+from traitlets import Integer, Unicode
 
 from danlu.hub.options import DIGEST, DNS_LABEL, Section
-from danlu.hub.traits import Size, Text
+from danlu.hub.traits import List, Size, Text
 
 
 class KubernetesMlflowConfig(Section):
@@ -71,3 +71,14 @@ class KubernetesConfig(Section):
     ).tag(config=True)
     home_size = Size("10Gi", help="The size of each user's home volume.").tag(config=True)
     shm_size = Size("8Gi", help="The size of the memory-backed /dev/shm of notebook and job pods.").tag(config=True)
+    image_pull_secrets = List(
+        Text(pattern=DNS_LABEL),
+        help="Secrets (in the Danlu namespace) that job pods pull their images with: the training runtime's "
+        "imagePullSecrets. Needed when the profile images are in a private registry.",
+    ).tag(config=True)
+    pods_ready_timeout = Integer(
+        600,
+        min=0,
+        help="Seconds an admitted job's pods may take to start (image pulls included) before Kueue evicts it and "
+        "Danlu ends the attempt with the reason (waitForPodsReady in kueue-config.yaml; 0: no limit).",
+    ).tag(config=True)

@@ -419,9 +419,15 @@ class FakeCluster:
             obj = self.store.mutate(kind, namespace, name, mark)
         else:
             self.store.remove(kind, namespace, name)
-        for dep in dependents:
+        for dep in dependents:  # the garbage collector deletes them in the foreground when the owner waits
             try:
-                self.delete(dep["kind"], dep["metadata"].get("namespace"), dep["metadata"]["name"], "Background", grace)
+                self.delete(
+                    dep["kind"],
+                    dep["metadata"].get("namespace"),
+                    dep["metadata"]["name"],
+                    "Foreground" if policy == "Foreground" else "Background",
+                    grace,
+                )
             except ApiError:
                 pass  # already gone
         return obj
