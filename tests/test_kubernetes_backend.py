@@ -138,7 +138,9 @@ def service(cluster, mlflow, tmp_path_factory):
         homes[who] = state / "homes" / who
         homes[who].mkdir(parents=True)
         cluster.volumes[f"claim-{who}"] = str(homes[who])
-    kubeconfig = cluster.write_kubeconfig(state / "kubeconfig")
+    for obj in manifests.make_jobs_rbac(NS):  # the jobs service runs as the hub's account, with rbac.yaml's Role
+        cluster.create(obj)
+    kubeconfig = cluster.write_kubeconfig(state / "kubeconfig", token=cluster.service_account_token(NS, "hub"))
     builtin = builtin_profiles().default
     profiles = ProfileSet(
         (dataclasses.replace(builtin, environment={"current": True, "image": IMAGE}, gpu_choices=(0, 1, 2)),),

@@ -17,7 +17,7 @@ import copy
 import socket
 import time
 
-from . import jobset
+from . import jobset, validation
 from .kueue import QUEUE_LABEL, is_true, owner_uid, set_condition
 from .store import Store
 
@@ -197,7 +197,28 @@ class Trainer:
         pods = build_pods(job, runtime, node_selector, tolerations, free_port())
         owner = jobset.ensure_jobset(self.store, job, JOB, len(pods))
         for index, pod in enumerate(pods):
-            self.store.create(jobset.pod_of_job(owner, pod, index))
+            pod = jobset.pod_of_job(owner, pod, index)
+            if problems := validation.errors_of(pod):  # the Job controller's create is refused: an event, no pod
+                self._failed_create(owner, validation.invalid(pod, problems).message)
+                continue
+            self.store.create(pod)
+
+    def _failed_create(self, job: dict, message: str) -> None:
+        meta = job["metadata"]
+        if any(e["involvedObject"]["uid"] == meta["uid"] for e in self.store.list("Event", meta["namespace"])):
+            return
+        self.store.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.failedcreate", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]},
+                "reason": "FailedCreate",
+                "message": f"Error creating: {message}",
+                "type": "Warning",
+                "source": {"component": "job-controller"},
+            }
+        )
 
     def _stop(self, pods: list[dict]) -> None:
         for pod in pods:
