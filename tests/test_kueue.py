@@ -12,6 +12,7 @@ without a valid name, and the CEL rules (``x-kubernetes-validations``) this test
 from __future__ import annotations
 
 import copy
+import json
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -23,7 +24,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, load_settings
-from danlu.hub.k8s import kueueconfig
+from danlu.hub.k8s import kueueconfig, readme
 from danlu.hub.service.admission.quotas import build_teams
 from danlu.hub.service.admission.workloads import gpu_key
 
@@ -751,6 +752,27 @@ def test_kueue_config_command_merges_files_and_refuses_in_one_line(tmp_path, cap
     assert kueueconfig.main([str(current), str(required), "--namespace", "danlu"]) == 0
     merged = yaml.safe_load(capsys.readouterr().out)
     assert merged["waitForPodsReady"]["timeout"] == "300s" and "ray.io/rayjob" in merged["integrations"]["frameworks"]
+    assert kueueconfig.main([str(current), str(required), "--namespace", "danlu", "--patch"]) == 0
+    patch = json.loads(capsys.readouterr().out)
+    assert yaml.safe_load(patch["data"]["controller_manager_config.yaml"]) == merged
     assert kueueconfig.main([str(current), str(required), "--namespace", "kube-system"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_install_sequence_installs_jobset_once_waits_for_webhooks_and_merges_kueues_config():
+    """Fault 10: JobSet was applied on its own and again inside Trainer's manager overlay, nothing waited for
+    the webhooks that validate the next step's objects, and kueue-config.yaml replaced Kueue's whole
+    configuration."""
+    text = readme.text(load_settings(EXAMPLE), "shared-workstation.yaml", [])
+    commands = [line for line in text.splitlines() if line.startswith("kubectl") or line.startswith("python")]
+    assert not any("kubernetes-sigs/jobset" in c for c in commands)  # the overlay's third-party/jobset
+    overlay = next(i for i, c in enumerate(commands) if "trainer.git/manifests/overlays/manager" in c)
+    waits = [i for i, c in enumerate(commands) if " wait --for=condition=Available" in c]
+    objects = next(i for i, c in enumerate(commands) if "-f kueue.yaml" in c)
+    assert len(waits) == 2 and waits[0] < overlay < waits[1] < objects
+    assert "deployment/jobset-controller-manager" in text and "deployment/kubeflow-trainer-controller-manager" in text
+    assert not any(c.startswith("kubectl apply -f kueue-config.yaml") for c in commands)
+    assert any(
+        c.startswith("python -m danlu.hub.k8s.kueueconfig kueue-current.yaml kueue-config.yaml") for c in commands
+    )

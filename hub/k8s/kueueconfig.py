@@ -21,6 +21,7 @@ kept as it is, since it applies to every team.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 
 import yaml
@@ -30,6 +31,7 @@ from danlu.errors import ConfigError
 API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 FRAMEWORKS = ("trainer.kubeflow.org/trainjob", "pod")
 NAME_LABEL = "kubernetes.io/metadata.name"
+CONFIG_KEY = "controller_manager_config.yaml"  # the key of kueue-manager-config that Kueue reads
 
 
 def requirements(pods_ready_timeout: int) -> dict:
@@ -102,9 +104,13 @@ def merge(current: dict, required: dict, namespace: str) -> tuple[dict, list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m danlu.hub.k8s.kueueconfig CURRENT REQUIRED --namespace NS``: the merged configuration on
-    stdout, notes on stderr; exit code 2 with one line when it refuses."""
+    """``python -m danlu.hub.k8s.kueueconfig CURRENT REQUIRED --namespace NS [--patch]``: the merged
+    configuration on stdout (with ``--patch``: as a merge patch of the ``kueue-manager-config`` ConfigMap,
+    for ``kubectl patch --type merge --patch-file``, which keeps the ConfigMap's labels), notes on stderr;
+    exit code 2 with one line when it refuses."""
     args = list(sys.argv[1:] if argv is None else argv)
+    as_patch = "--patch" in args
+    args = [a for a in args if a != "--patch"]
     namespace = "danlu"
     if "--namespace" in args:
         i = args.index("--namespace")
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    sys.stdout.write(yaml.safe_dump(merged, sort_keys=False, default_flow_style=False))
+    text = yaml.safe_dump(merged, sort_keys=False, default_flow_style=False)
+    sys.stdout.write(json.dumps({"data": {CONFIG_KEY: text}}) + "\n" if as_patch else text)
     return 0
 
 

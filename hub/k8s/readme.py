@@ -22,7 +22,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 |---|---|
 | `namespace.yaml` | the `{ns}` namespace: hub, notebooks, jobs, LocalQueues, MLflow |
 | `kueue.yaml` | ResourceFlavors, ClusterQueues, LocalQueues, WorkloadPriorityClasses |
-| `kueue-config.yaml` | what Danlu needs in Kueue's shared Configuration (integrations, waitForPodsReady): merged, never applied |
+| `kueue-config.yaml` | what Danlu needs in Kueue's shared Configuration: merged into it (step 2), never applied |
 | `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes.runtime}` every job runs on |
 | `mlflow.yaml` | the `{names.CONFIG_MAP}` ConfigMap, PostgreSQL, MLflow, their NetworkPolicies |
 | `rbac.yaml` | the jobs service's Role (TrainJobs, workloads, pods, token Secrets), bound to `hub` |
@@ -39,22 +39,22 @@ Images still on a placeholder (an all-zero digest: replace with the digest you p
 kubectl apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/download/{KUEUE_VERSION}/manifests.yaml
 kubectl -n kueue-system wait --for=condition=Available --timeout=300s deployment/kueue-controller-manager
 kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={TRAINER_VERSION}"
-kubectl -n kubeflow-system wait --for=condition=Available --timeout=300s \
+kubectl -n kubeflow-system wait --for=condition=Available --timeout=300s \\
   deployment/jobset-controller-manager deployment/kubeflow-trainer-controller-manager
 
 # 2. Kueue's configuration is shared by every team: merge Danlu's needs into it, do not replace it
-kubectl -n kueue-system get configmap kueue-manager-config \
-  -o jsonpath='{{.data.controller_manager_config\.yaml}}' > kueue-current.yaml
-python -m danlu.hub.k8s.kueueconfig kueue-current.yaml kueue-config.yaml --namespace {ns} > kueue-merged.yaml
-kubectl -n kueue-system create configmap kueue-manager-config --dry-run=client -o yaml \
-  --from-file=controller_manager_config.yaml=kueue-merged.yaml | kubectl apply -f -
+kubectl -n kueue-system get configmap kueue-manager-config \\
+  -o jsonpath='{{.data.controller_manager_config\\.yaml}}' > kueue-current.yaml
+python -m danlu.hub.k8s.kueueconfig kueue-current.yaml kueue-config.yaml --namespace {ns} --patch \\
+  > kueue-patch.json
+kubectl -n kueue-system patch configmap kueue-manager-config --type merge --patch-file kueue-patch.json
 kubectl -n kueue-system rollout restart deployment/kueue-controller-manager
 kubectl -n kueue-system rollout status --timeout=300s deployment/kueue-controller-manager
 
 # 3. the namespace and the Secret (never in these files)
 kubectl apply -f namespace.yaml
-kubectl -n {ns} create secret generic {names.SECRET} \
-  --from-literal={names.SECRET_POSTGRES_PASSWORD}="$(openssl rand -hex 32)" \
+kubectl -n {ns} create secret generic {names.SECRET} \\
+  --from-literal={names.SECRET_POSTGRES_PASSWORD}="$(openssl rand -hex 32)" \\
   --from-literal={names.SECRET_MLFLOW_AUTH}="$(openssl rand -hex 32)"
 
 # 4. Danlu's objects (Kueue's and Trainer's webhooks validate them: step 1 waited for those)
