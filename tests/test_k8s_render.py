@@ -17,7 +17,7 @@ from danlu import env
 from danlu.errors import ConfigError
 from danlu.hub import cli
 from danlu.hub.config import load_settings
-from danlu.hub.k8s import manifests, mlflowserver, names, render, values
+from danlu.hub.k8s import kueueconfig, manifests, mlflowserver, names, render, values
 from danlu.hub.profiles import load_profiles
 
 from .k8sschemas import errors, values_errors, with_chart_defaults
@@ -40,7 +40,7 @@ def _objects(files: dict[str, str]) -> list[dict]:
     return [
         obj
         for name, text in files.items()
-        if name.endswith(".yaml") and name != "values.yaml"
+        if name.endswith(".yaml") and name not in ("values.yaml", "kueue-config.yaml")
         for obj in yaml.safe_load_all(text)
     ]
 
@@ -110,6 +110,22 @@ def test_training_runtime():
     assert errors(runtime) == []
 
 
+def test_a_private_registry_gives_the_runtime_its_image_pull_secrets(tmp_path):
+    """Without them a private image is never pulled: the pods wait and (issue 16) held the team's quota."""
+    config = tmp_path / "danlu.yaml"
+    config.write_text("kubernetes: {image_pull_secrets: [regcred]}\n")
+    settings = load_settings(config, environ={env.BASE_DIR: str(ROOT)})
+    files = render.render(settings, load_profiles(settings.profiles_file))
+    (runtime,) = yaml.safe_load_all(files["trainer.yaml"])
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and errors(runtime) == []
+    plain = manifests.make_training_runtime("i@" + DIGEST, "1Gi")
+    assert (
+        "imagePullSecrets"
+        not in plain["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    )
+
+
 def test_network_policy():
     policy = manifests.make_ingress_policy(
         "danlu-mlflow", "danlu", "mlflow", manifests.MLFLOW_POD, 5000, [manifests.HUB_POD, manifests.JOB_POD]
@@ -135,15 +151,12 @@ def test_network_policy():
     assert errors(policy) == []
 
 
-def test_kueue_configuration():
-    config = manifests.make_kueue_configuration("danlu")
-    assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and config["kind"] == "Configuration"
-    assert config["integrations"] == {"frameworks": ["trainer.kubeflow.org/trainjob", "pod"]}
-    assert config["managedJobsNamespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "danlu"}}
-    assert config["manageJobsWithoutQueueName"] is False
-    cm = manifests.make_kueue_config_map("danlu")
-    assert yaml.safe_load(cm["data"]["controller_manager_config.yaml"]) == config
-    assert cm["metadata"]["namespace"] == "kueue-system" and errors(cm) == []
+def test_kueue_config_yaml_is_only_what_danlu_needs(example):
+    """Not a ConfigMap that would replace the cluster's whole Kueue configuration (tests/test_kueue.py merges it)."""
+    _, settings, _, files = example
+    assert list(yaml.safe_load_all(files["kueue-config.yaml"])) == [
+        kueueconfig.requirements(settings.kubernetes.pods_ready_timeout)
+    ]
 
 
 @pytest.mark.parametrize(

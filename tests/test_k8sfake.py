@@ -21,6 +21,7 @@ from kubernetes import client, config
 
 from danlu.hub import gpus, kueue
 from danlu.hub.config import load_settings
+from danlu.hub.k8s import manifests
 
 from .k8sfake import FakeCluster
 from .k8sschemas import errors
@@ -198,7 +199,8 @@ def workload_of(cluster, name):
 
 
 def pods_of(cluster, name):
-    return cluster.objects("Pod", NS, f"trainer.kubeflow.org/trainjob-name={name}")
+    """As on a real cluster: JobSet's label (Trainer v2.3 sets no trainjob-name label on pods)."""
+    return cluster.objects("Pod", NS, f"jobset.sigs.k8s.io/jobset-name={name}")
 
 
 # --- the API server ---------------------------------------------------------------------------------
@@ -380,7 +382,17 @@ def test_a_trainjob_runs_its_pods_to_complete_with_logs(cluster, api, kueue_load
     pods = pods_of(cluster, "run")
     assert len(pods) == 2 and all(p["status"]["phase"] == "Succeeded" for p in pods)
     assert all(re.fullmatch(r"run-node-0-[01]-[a-z0-9]{5}", p["metadata"]["name"]) for p in pods)
-    pod = pods[0]
+    assert cluster.objects("Pod", NS, "trainer.kubeflow.org/trainjob-name=run") == []
+    by_index = {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]: p for p in pods}
+    assert sorted(by_index) == ["0", "1"]
+    pod = by_index["0"]
+    labels = pod["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node" and labels["jobset.sigs.k8s.io/job-index"] == "0"
+    job = cluster.get("Job", NS, "run-node-0")
+    jobset = cluster.get("JobSet", NS, "run")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == jobset["metadata"]["uid"]
+    assert jobset["metadata"]["ownerReferences"][0]["uid"] == done["metadata"]["uid"]
     assert pod["metadata"]["labels"]["danlu.io/job-id"] == "j1"
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision"
     assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
@@ -554,3 +566,115 @@ def test_delete_cascades_to_workload_and_pods(cluster, api, kueue_loaded):
     wait_for(lambda: cluster.get("TrainJob", NS, "gone") is None, what="the TrainJob to go")
     assert workload_of(cluster, "gone") is None and pods_of(cluster, "gone") == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- where the fake used to pass what a real cluster refuses (issue 16, deliverable 3) ---------------------
+
+
+def plain_pod(name, **spec):
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "i", "command": ["sleep", "1"]}], **spec},
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, field, detail",
+    [
+        (
+            {
+                "volumes": [{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "i",
+                        "volumeMounts": [
+                            {"name": "a", "mountPath": "/dev/shm"},
+                            {"name": "b", "mountPath": "/dev/shm"},
+                        ],
+                    }
+                ],
+            },
+            "spec.containers[0].volumeMounts[1].mountPath",
+            'Invalid value: "/dev/shm": must be unique',
+        ),
+        (
+            {"volumes": [{"name": "shm", "emptyDir": {}}, {"name": "shm", "emptyDir": {"medium": "Memory"}}]},
+            "spec.volumes[1].name",
+            'Duplicate value: "shm"',
+        ),
+        (
+            {
+                "containers": [
+                    {"name": "c", "image": "i", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}
+                ]
+            },
+            "spec.containers[0].resources.requests",
+            'Invalid value: "2": must be less than or equal to cpu limit of 1',
+        ),
+        (
+            {"containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]},
+            "spec.containers[0].volumeMounts[0].name",
+            'Not found: "nope"',
+        ),
+    ],
+)
+def test_the_api_server_refuses_pods_no_schema_refuses(cluster, api, spec, field, detail):
+    """Issue 16's fault 3 (two volumes at /dev/shm) passed the schemas and the fake; a real API server says 422."""
+    pod = plain_pod("p", **spec)
+    assert errors(pod) == []  # the official schema has nothing against it
+    with pytest.raises(client.ApiException) as e:
+        client.CoreV1Api(api).create_namespaced_pod(NS, pod)
+    body = json.loads(e.value.body)
+    assert e.value.status == 422 and body["reason"] == "Invalid"
+    assert body["message"] == f'Pod "p" is invalid: {field}: {detail}'
+    assert body["details"]["causes"][0]["field"] == field
+
+
+def test_rbac_from_the_rendered_role_binds_the_jobs_services_account(cluster, api, tmp_path):
+    """The jobs service runs as the hub's service account: it may do what rbac.yaml grants and nothing else."""
+    token = cluster.service_account_token(NS, "hub")
+    hub = config.new_client_from_config(config_file=cluster.write_kubeconfig(tmp_path / "hub", token=token))
+    try:
+        with pytest.raises(client.ApiException) as e:
+            client.CoreV1Api(hub).list_namespaced_pod(NS)
+        assert e.value.status == 403 and json.loads(e.value.body)["message"] == (
+            f'pods is forbidden: User "system:serviceaccount:{NS}:hub" cannot list resource "pods" in API group "" '
+            f'in the namespace "{NS}"'
+        )
+        rbac = client.RbacAuthorizationV1Api(api)
+        role, binding = manifests.make_jobs_rbac(NS)
+        rbac.create_namespaced_role(NS, role)
+        rbac.create_namespaced_role_binding(NS, binding)
+        assert client.CoreV1Api(hub).list_namespaced_pod(NS).items == []
+        with pytest.raises(client.ApiException) as e:  # not in the Role
+            client.CoreV1Api(hub).delete_namespace(NS)
+        assert e.value.status == 403
+
+        def can_i(verb, resource, subresource=""):
+            review = client.V1SelfSubjectAccessReview(
+                spec=client.V1SelfSubjectAccessReviewSpec(
+                    resource_attributes=client.V1ResourceAttributes(
+                        namespace=NS, verb=verb, resource=resource, subresource=subresource or None
+                    )
+                )
+            )
+            return client.AuthorizationV1Api(hub).create_self_subject_access_review(review).status.allowed
+
+        assert can_i("get", "pods", "log") and can_i("delete", "pods") and not can_i("create", "pods")
+    finally:
+        hub.close()
+
+
+def test_a_strategic_merge_patch_merges_lists_by_their_key(cluster, api):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        NS, plain_pod("smp", containers=[{"name": "a", "image": "i", "env": [{"name": "X", "value": "1"}]}])
+    )
+    patched = core.patch_namespaced_pod(  # the Python client sends strategic merge patches for built-in kinds
+        "smp", NS, {"spec": {"containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}]}]}}
+    )
+    assert [(e.name, e.value) for e in patched.spec.containers[0].env] == [("X", "1"), ("Y", "2")]
+    assert patched.spec.containers[0].image == "i"

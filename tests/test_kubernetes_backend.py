@@ -25,6 +25,7 @@ import requests
 
 from danlu import tags as danlu_tags
 from danlu.hub import gpus, kueue
+from danlu.hub.backends import jobpods
 from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.k8s import manifests, names
 from danlu.hub.profiles import ProfileSet, builtin_profiles
@@ -33,7 +34,7 @@ from danlu.hub.testing import free_port
 
 from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user
 from .k8sfake import FakeCluster
-from .k8sfake import store as k8sfake_store
+from .k8sfake.kueue import is_true as kueue_true
 from .servicekit import RunnerAPIService
 
 pytestmark = pytest.mark.service
@@ -65,18 +66,11 @@ print("{name} is done", flush=True)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # until tests/k8sfake serves NetworkPolicies (a multi-node attempt creates one): served here
-    policy = ("networking.k8s.io", "v1", "networkpolicies")
-    served = policy in k8sfake_store.RESOURCES
-    k8sfake_store.RESOURCES.setdefault(policy, ("NetworkPolicy", True))
-    k8sfake_store.KINDS.setdefault("NetworkPolicy", (*policy, True))
     fake = FakeCluster(namespaces=("default", NS)).start()
     try:
         yield fake
     finally:
         fake.stop()
-        if not served:
-            del k8sfake_store.RESOURCES[policy], k8sfake_store.KINDS["NetworkPolicy"]
     assert fake.errors == [], fake.errors
 
 
@@ -144,7 +138,9 @@ def service(cluster, mlflow, tmp_path_factory):
         homes[who] = state / "homes" / who
         homes[who].mkdir(parents=True)
         cluster.volumes[f"claim-{who}"] = str(homes[who])
-    kubeconfig = cluster.write_kubeconfig(state / "kubeconfig")
+    for obj in manifests.make_jobs_rbac(NS):  # the jobs service runs as the hub's account, with rbac.yaml's Role
+        cluster.create(obj)
+    kubeconfig = cluster.write_kubeconfig(state / "kubeconfig", token=cluster.service_account_token(NS, "hub"))
     builtin = builtin_profiles().default
     profiles = ProfileSet(
         (dataclasses.replace(builtin, environment={"current": True, "image": IMAGE}, gpu_choices=(0, 1, 2)),),
@@ -279,7 +275,7 @@ def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, c
     go(service, "alice", "borrower")
     done = wait_final(service, borrower)
 
-    assert "evicted by Kueue" in evicted["attempts"][0]["reason"], evicted["attempts"][0]
+    assert "preempted by Kueue" in evicted["attempts"][0]["reason"], evicted["attempts"][0]
     assert done["state"] == "succeeded", done["reason"]
     assert [a["state"] for a in done["attempts"]] == ["preempted", "succeeded"]
     assert trainjobs(cluster, borrower) == []
@@ -452,3 +448,105 @@ def test_timeout_is_the_trainjobs_active_deadline(service, cluster):
 
     assert deadline == 3
     assert done["state"] == "timed_out", done["reason"]
+
+
+# pods as JobSet makes them, kept logs, Kueue's evictions (issue 16) --------------------------------------------
+
+
+def bare_trainjob(name: str, *, command: list[str], nodes: int = 1, image: str = IMAGE, queue: str | None = None):
+    """A TrainJob on the rendered runtime, made here rather than by a service (no runner)."""
+    labels = {names.MANAGED_BY: names.MANAGER, names.COMPONENT: names.JOB}
+    if queue:
+        labels["kueue.x-k8s.io/queue-name"] = queue
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": names.RUNTIME},
+            "suspend": bool(queue),
+            "trainer": {"numNodes": nodes, "image": image, "command": command},
+        },
+    }
+
+
+def direct(service, tmp_path, call, **traits):
+    """``call(backend)`` on a backend of its own, in one event loop (the client belongs to that loop)."""
+    kubeconfig = service.state_dir / "kubeconfig"
+
+    async def run():
+        backend = KubernetesBackend(namespace=NS, kubeconfig=str(kubeconfig), logs_dir=str(tmp_path / "logs"), **traits)
+        try:
+            return await call(backend)
+        finally:
+            await backend.shutdown()
+
+    return asyncio.run(run())
+
+
+def test_logs_and_cancel_find_the_pods_jobset_made_and_keep_the_end_of_rank_0s_log(service, cluster, tmp_path):
+    """Fault 7: pods were selected by trainer.kubeflow.org/trainjob-name, which no real pod carries (no log,
+    no graceful cancel), and the kept log was its head, where the error never is."""
+    script = (
+        "import os; rank = os.environ['PET_NODE_RANK']; print('rank', rank, 'starts'); "
+        "[print(f'line {i:05d} of rank {rank}') for i in range(2000)]; print('the end of rank', rank)"
+    )
+    cluster.create(bare_trainjob("logtail", command=["python", "-c", script], nodes=2))
+    asyncio.run(
+        until(lambda: kueue_true(cluster.get("TrainJob", NS, "logtail"), "Complete"), "Complete", PATIENCE, 0.2)
+    )
+    state = {"name": "logtail"}
+
+    async def keep(backend):
+        pods = await backend._pods(state)
+        await backend.cleanup("j-tail", state)
+        return pods, await backend.read_log("j-tail", state, 0, 1 << 20)
+
+    pods, (data, size) = direct(service, tmp_path, keep, log_limit=4096)
+    assert len(pods) == 2
+    assert pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
+    assert data.startswith(b"[danlu: only the last 4096 bytes of this log are kept]\n"), data[:100]
+    assert data.endswith(b"the end of rank 0\n") and b"rank 0 starts" not in data and size == len(data)
+
+
+def test_kept_logs_are_pruned_by_age_and_total_size(tmp_path):
+    """The hub's 1 GiB volume must not fill with kept logs: the oldest go first, the newest always stays."""
+    folder = tmp_path / "job-logs"
+    old = [folder / f"j{i}" / "a.log" for i in range(3)]
+    for i, path in enumerate(old):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 + i, 1000 + i))
+    newest = folder / "j9" / "a.log"
+    removed = jobpods.keep_log(folder, newest, b"y" * 150, 150, 300, 0)
+    assert removed == old[:2] and newest.read_bytes() == b"y" * 150 and not old[0].parent.exists()
+    assert jobpods.prune_logs(folder, 1 << 30, 3600) == [old[2]]  # older than an hour
+    assert newest.exists()
+
+
+def test_pods_that_never_start_give_back_quota_and_the_user_sees_why(service, cluster, tmp_path):
+    """Fault 8: an admitted job whose image never pulls held its team's quota; with waitForPodsReady Kueue
+    evicts it (PodsReadyTimeout), which is not a preemption: the attempt fails, naming the image."""
+    bad = "registry.example/danlu/missing@sha256:" + "2" * 64
+    cluster.kubelet.unpullable.add(bad)
+    cluster.kueue.pods_ready_timeout = 1.0
+    try:
+        cluster.create(bare_trainjob("nopull", command=["python", "-c", "pass"], image=bad, queue="research"))
+
+        async def watch(backend):
+            async def ended():
+                return await backend.poll("j-nopull", {"name": "nopull"})
+
+            return await until(ended, "the attempt to end", PATIENCE, 0.3)
+
+        outcome = direct(service, tmp_path, watch)
+    finally:
+        cluster.kueue.pods_ready_timeout = None
+        cluster.kubelet.unpullable.discard(bad)
+    assert outcome.state == "failed" and outcome.infrastructure and not outcome.interrupted, outcome
+    assert "waitForPodsReady" in outcome.reason and "ErrImagePull" in outcome.reason and bad in outcome.reason
+    workload = next(
+        w for w in cluster.objects("Workload", NS) if w["metadata"]["ownerReferences"][0]["name"] == "nopull"
+    )
+    assert "admission" not in workload["status"]  # its quota is free again
+    cluster.delete("TrainJob", NS, "nopull", "Foreground", 0)

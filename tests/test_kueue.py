@@ -12,6 +12,7 @@ without a valid name, and the CEL rules (``x-kubernetes-validations``) this test
 from __future__ import annotations
 
 import copy
+import json
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -23,6 +24,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, load_settings
+from danlu.hub.k8s import kueueconfig, readme
 from danlu.hub.service.admission.quotas import build_teams
 from danlu.hub.service.admission.workloads import gpu_key
 
@@ -673,3 +675,104 @@ def test_to_yaml_is_a_multi_document_stream():
     assert text.startswith("---\n") and text.count("\n---\n") == len(objects) - 1
     assert list(yaml.safe_load_all(text)) == objects
     assert "nominalQuota: '2'" in text  # quantities stay strings
+
+
+# --- kueue-config.yaml: what Danlu needs, merged into the cluster's shared configuration (issue 16) ------------
+
+#: the Configuration of Kueue v0.19.2's release manifests (config/components/manager/controller_manager_config.yaml),
+#: comments dropped: other teams' integrations that the old kueue-config.yaml switched off by replacing it
+UPSTREAM_CONFIG = """
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+health: {healthProbeBindAddress: ":8081"}
+metrics: {bindAddress: ":8443"}
+webhook: {port: 9443}
+leaderElection: {leaderElect: true, resourceName: c1f6bfd2.kueue.x-k8s.io}
+controller:
+  groupKindConcurrency: {Job.batch: 5, Pod: 5, Workload.kueue.x-k8s.io: 10, LocalQueue.kueue.x-k8s.io: 5,
+    Cohort.kueue.x-k8s.io: 1, ClusterQueue.kueue.x-k8s.io: 5, ResourceFlavor.kueue.x-k8s.io: 1}
+clientConnection: {qps: 300, burst: 500}
+integrations:
+  frameworks: [batch/job, kubeflow.org/mpijob, ray.io/rayjob, ray.io/raycluster, ray.io/rayservice,
+    jobset.x-k8s.io/jobset, workload.codeflare.dev/appwrapper, trainer.kubeflow.org/trainjob, pod, deployment,
+    statefulset, leaderworkerset.x-k8s.io/leaderworkerset]
+"""
+
+
+def test_kueue_config_adds_danlus_needs_and_keeps_every_other_teams_integration():
+    current = yaml.safe_load(UPSTREAM_CONFIG)
+    required = kueueconfig.requirements(600)
+    merged, notes = kueueconfig.merge(current, required, "danlu")
+    assert merged["integrations"]["frameworks"] == current["integrations"]["frameworks"]
+    assert merged["waitForPodsReady"]["timeout"] == "600s" and merged["waitForPodsReady"]["blockAdmission"] is False
+    assert {k: v for k, v in merged.items() if k != "waitForPodsReady"} == current and notes == []
+    minimal = {
+        "apiVersion": kueueconfig.API_VERSION,
+        "kind": "Configuration",
+        "integrations": {"frameworks": ["batch/job"]},
+    }
+    merged, _ = kueueconfig.merge(minimal, required, "danlu")
+    assert merged["integrations"]["frameworks"] == ["batch/job", "trainer.kubeflow.org/trainjob", "pod"]
+    theirs = {**current, "waitForPodsReady": {"timeout": "5m"}}
+    merged, notes = kueueconfig.merge(theirs, required, "danlu")
+    assert merged["waitForPodsReady"] == {"timeout": "5m"} and "kept the cluster's waitForPodsReady" in notes[0]
+
+
+@pytest.mark.parametrize(
+    "change, fix",
+    [
+        ({"managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ml"}}}, "add 'danlu'"),
+        (
+            {
+                "managedJobsNamespaceSelector": {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["danlu"]}
+                    ]
+                }
+            },
+            "add 'danlu'",
+        ),
+        (
+            {"manageJobsWithoutQueueName": True, "integrations": {"frameworks": ["batch/job"]}},
+            "manageJobsWithoutQueueName: false",
+        ),
+        ({"apiVersion": "config.kueue.x-k8s.io/v1beta1"}, "install Kueue v0.19"),
+    ],
+)
+def test_kueue_config_refuses_what_would_change_other_teams_or_skip_danlu(change, fix):
+    current = {**yaml.safe_load(UPSTREAM_CONFIG), **change}
+    with pytest.raises(ConfigError, match=fix.replace("'", ".")):
+        kueueconfig.merge(current, kueueconfig.requirements(600), "danlu")
+
+
+def test_kueue_config_command_merges_files_and_refuses_in_one_line(tmp_path, capsys):
+    current, required = tmp_path / "current.yaml", tmp_path / "kueue-config.yaml"
+    current.write_text(UPSTREAM_CONFIG)
+    required.write_text("# a header\n---\n" + yaml.safe_dump(kueueconfig.requirements(300)))
+    assert kueueconfig.main([str(current), str(required), "--namespace", "danlu"]) == 0
+    merged = yaml.safe_load(capsys.readouterr().out)
+    assert merged["waitForPodsReady"]["timeout"] == "300s" and "ray.io/rayjob" in merged["integrations"]["frameworks"]
+    assert kueueconfig.main([str(current), str(required), "--namespace", "danlu", "--patch"]) == 0
+    patch = json.loads(capsys.readouterr().out)
+    assert yaml.safe_load(patch["data"]["controller_manager_config.yaml"]) == merged
+    assert kueueconfig.main([str(current), str(required), "--namespace", "kube-system"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_install_sequence_installs_jobset_once_waits_for_webhooks_and_merges_kueues_config():
+    """Fault 10: JobSet was applied on its own and again inside Trainer's manager overlay, nothing waited for
+    the webhooks that validate the next step's objects, and kueue-config.yaml replaced Kueue's whole
+    configuration."""
+    text = readme.text(load_settings(EXAMPLE), "shared-workstation.yaml", [])
+    commands = [line for line in text.splitlines() if line.startswith("kubectl") or line.startswith("python")]
+    assert not any("kubernetes-sigs/jobset" in c for c in commands)  # the overlay's third-party/jobset
+    overlay = next(i for i, c in enumerate(commands) if "trainer.git/manifests/overlays/manager" in c)
+    waits = [i for i, c in enumerate(commands) if " wait --for=condition=Available" in c]
+    objects = next(i for i, c in enumerate(commands) if "-f kueue.yaml" in c)
+    assert len(waits) == 2 and waits[0] < overlay < waits[1] < objects
+    assert "deployment/jobset-controller-manager" in text and "deployment/kubeflow-trainer-controller-manager" in text
+    assert not any(c.startswith("kubectl apply -f kueue-config.yaml") for c in commands)
+    assert any(
+        c.startswith("python -m danlu.hub.k8s.kueueconfig kueue-current.yaml kueue-config.yaml") for c in commands
+    )

@@ -8,13 +8,14 @@ that answer (and the position from Kueue's visibility API where it is
 installed) and the service shows it in the job's ``reason`` and
 ``queue_position``. Once it runs, the runner in each pod reports to the
 service through the runner API as a local runner does; nothing is shared
-through a folder. Kueue's eviction (preemption, reclaim) ends the attempt as
-``preempted``: its TrainJob is deleted and the service hands the job over
-again as a new attempt, as it does for Danlu's own retries. ``--timeout`` is
-the TrainJob's ``activeDeadlineSeconds``; cancel deletes (pods first, with
-the grace period). The service finds its attempts again after a restart by
-name and label (``danlu.io/job-id``). Logs are the pods' logs, kept by the
-service when the attempt ends; the executed notebooks are in the MLflow run.
+through a folder. ``--timeout`` is the TrainJob's ``activeDeadlineSeconds``.
+
+An attempt's pods, its rank 0, its kept logs (the end of rank 0's, bounded by
+age and total size) and what Kueue's eviction means for it (only ``Preempted``
+is a preemption) are :mod:`~danlu.hub.backends.jobpods`. Cancel deletes the
+pods first, with the grace period (the ranks checkpoint), then the TrainJob.
+The service finds its attempts again after a restart by name and label
+(``danlu.io/job-id``); the executed notebooks are in the MLflow run.
 
 Only the API errors understood here are handled: 404 on delete and read
 (gone), 409 on create (the same attempt created by an earlier try), 400 on
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from traitlets import Float, Integer, Unicode, default
 
+from danlu.hub.backends import jobpods
 from danlu.hub.backends.base import Admission, Backend, Launch, Outcome
 from danlu.hub.k8s import apiclient, jobs, names, policies
 
@@ -72,10 +74,15 @@ class KubernetesBackend(Backend):
         "as KubeSpawner does (safe slugs), so jobs mount the notebook's claim; empty: jobs mount none.",
     ).tag(config=True)
     poll_interval = Float(2.0, help="Seconds between looks at the cluster.").tag(config=True)
-    log_limit = Integer(8 * 2**20, help="The most of a pod's log read or kept (bytes).").tag(config=True)
+    log_limit = Integer(8 * 2**20, help="The most of a log read, or of its end kept (bytes).").tag(config=True)
     logs_dir = Unicode(
         help="Where the service keeps the logs of ended attempts. Default: job-logs in the state folder."
     ).tag(config=True)
+    logs_max_bytes = Integer(
+        256 * 2**20,
+        help="The most all kept logs take together (bytes; the oldest go first): the hub's volume is 1 GiB.",
+    ).tag(config=True)
+    logs_max_age_days = Float(30.0, help="Kept logs older than this go (days; 0: no age limit).").tag(config=True)
 
     @default("namespace")
     def _namespace(self):
@@ -94,6 +101,7 @@ class KubernetesBackend(Backend):
         self._client = None
         self._cache: dict[str, tuple[float, object]] = {}
         self._visibility = True
+        self._not_ready: dict[str, str] = {}  # attempt (TrainJob) name -> what its pods last waited for
 
     # the API client ------------------------------------------------------------------------
     async def _api(self):
@@ -360,14 +368,14 @@ class KubernetesBackend(Backend):
                 return Outcome("timed_out", message, authoritative=True)
             return Outcome("failed", message, infrastructure=True)
         workload = (await self._workloads()).get(trainjob["metadata"].get("uid"))
-        evicted = _true(_conditions(workload), "Evicted")
-        if evicted:
-            return Outcome(
-                "preempted",
-                f"evicted by Kueue: {evicted.get('message') or evicted.get('reason')}",
-                interrupted=True,
-                authoritative=True,
-            )
+        conditions = _conditions(workload)
+        evicted, name = _true(conditions, "Evicted"), state["name"]
+        if evicted:  # only a preemption is one; a pods-ready timeout names what the pods waited for
+            why = evicted.get("reason") == "PodsReadyTimeout" and jobpods.waiting_for(await self._pods(state))
+            timeout = self.settings.kubernetes.pods_ready_timeout if self.settings is not None else 0
+            return jobpods.eviction_outcome(evicted, why or self._not_ready.get(name, ""), timeout)
+        if _true(conditions, "Admitted") and not _true(conditions, "PodsReady"):
+            self._not_ready[name] = jobpods.waiting_for(await self._pods(state)) or self._not_ready.get(name, "")
         return None
 
     async def wait(self, job_id: str, state: dict) -> None:
@@ -375,14 +383,16 @@ class KubernetesBackend(Backend):
             await asyncio.sleep(self.poll_interval)
 
     async def _pods(self, state: dict) -> list[dict]:
+        """The attempt's pods: those JobSet made for its TrainJob (labelled with the JobSet's name, which is
+        the TrainJob's), sorted by replicated job, job index and completion index: rank 0 first."""
         out = await self._call(
             f"listing the pods of TrainJob {self.namespace}/{state.get('name')}",
             "CoreV1Api.list_namespaced_pod",
             self.namespace,
-            label_selector=f"trainer.kubeflow.org/trainjob-name={state.get('name')}",
+            label_selector=f"{jobpods.JOBSET_NAME}={state.get('name')}",
         )
         pods = [p.to_dict() if hasattr(p, "to_dict") else p for p in out.items]
-        return sorted(pods, key=lambda p: p["metadata"]["name"])
+        return sorted(pods, key=jobpods.rank_order)
 
     async def cancel(self, job_id: str, state: dict, grace: float, reason: str = "cancelled") -> None:
         if not state.get("name"):
@@ -415,39 +425,45 @@ class KubernetesBackend(Backend):
         self._cache.clear()
 
     async def cleanup(self, job_id: str, state: dict) -> None:
-        """Keep the log of rank 0, then delete the attempt's TrainJob (its pods and Secret go with it)."""
+        """Keep the end of rank 0's log, then delete the attempt's TrainJob (its pods and Secret go with it)."""
+        self._not_ready.pop(state.get("name", ""), None)
         if not state.get("name"):
             return
         try:
-            text, _size = await self._pod_log(state, self.log_limit)
+            text, size = await self._pod_log(state, self.log_limit, tail=True)
             if text:
-                path = self._kept_log(job_id, state)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                await asyncio.to_thread(path.write_bytes, text)
+                kept = (self._kept_log(job_id, state), text, size)
+                limits = (self.logs_max_bytes, self.logs_max_age_days * 86400)
+                await asyncio.to_thread(jobpods.keep_log, Path(self.logs_dir or "."), *kept, *limits)
         except KubernetesError as e:
             self.log.warning("job %s: its log could not be kept: %s", job_id, e)
+        except OSError as e:
+            self.log.warning("job %s: its log could not be kept in %s: %s", job_id, self.logs_dir, e)
         await self._delete(state)
 
     def _kept_log(self, job_id: str, state: dict) -> Path:
         return Path(self.logs_dir or ".") / job_id / f"{state.get('name', 'attempt')}.log"
 
-    async def _pod_log(self, state: dict, limit: int) -> tuple[bytes, int]:
+    async def _pod_log(self, state: dict, limit: int, tail: bool = False) -> tuple[bytes, int]:
+        """Rank 0's log: its first ``limit`` bytes, or with ``tail`` its last ``limit`` bytes; and the size
+        of what the API returned (the kubelet serves only the current log file of the container)."""
         pods = await self._pods(state)
         if not pods:
             return b"", 0
         name = pods[0]["metadata"]["name"]
+        bounds = {"tail_lines": jobpods.LOG_LINES} if tail else {"limit_bytes": limit}
         text = await self._call(
             f"reading the log of pod {self.namespace}/{name}",
             "CoreV1Api.read_namespaced_pod_log",
             name,
             self.namespace,
             container=names.TRAINER_CONTAINER,
-            limit_bytes=limit,
             missing_ok=True,
             not_yet_ok=True,
+            **bounds,
         )  # 400: its container has not started yet
         data = (text or "").encode() if isinstance(text, str) else (text or b"")
-        return data[:limit], len(data)
+        return (data[-limit:] if tail else data[:limit]), len(data)
 
     async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
         kept = self._kept_log(job_id, state)

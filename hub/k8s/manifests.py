@@ -7,22 +7,18 @@ One function per object (``make_*(...) -> dict``), tested by comparing whole dic
 
 What is here: the ``danlu-torch`` ClusterTrainingRuntime every job runs on (Kubeflow Trainer
 v2.3.0, modelled on upstream's ``torch-distributed`` runtime), the MLflow tracking server and
-its PostgreSQL, their NetworkPolicies, the ConfigMap that carries danlu.yaml and profiles.yaml,
-and the Kueue manager Configuration Danlu needs (``config.kueue.x-k8s.io/v1beta2``, the
-Configuration API of Kueue v0.19).
+its PostgreSQL, their NetworkPolicies and the ConfigMap that carries danlu.yaml and profiles.yaml.
+What Danlu needs of Kueue's own configuration is :mod:`danlu.hub.k8s.kueueconfig`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import yaml
+from collections.abc import Mapping, Sequence
 
 from danlu import env
 from danlu.hub.k8s import names
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
-KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
 #: jovyan, the user of the Jupyter Docker Stacks images (and of the chart's singleuser default)
 USER_ID, GROUP_ID = 1000, 100
 #: the chart's own pod labels (Zero to JupyterHub 4.4.0)
@@ -71,7 +67,9 @@ def restricted_security_context(user: int = USER_ID) -> dict:
 # --- the training runtime -----------------------------------------------------------------
 
 
-def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) -> dict:
+def make_training_runtime(
+    image: str, shm_size: str, name: str = names.RUNTIME, image_pull_secrets: Sequence[str] = ()
+) -> dict:
     """The ClusterTrainingRuntime every Danlu job runs on: one replicated job ``node`` whose
     container ``node`` runs ``python -m danlu.runner --kubernetes``.
 
@@ -81,6 +79,8 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
     ``backoffLimit: 0``: Danlu retries a failed attempt itself, as a new TrainJob. Trainer v2.3.0's
     torch policy has no ``numProcPerNode`` (upstream's later ``torch-distributed`` sets ``auto``
     there); a TrainJob gives it in ``spec.trainer.numProcPerNode``, whose default is ``auto``.
+    ``image_pull_secrets`` (``kubernetes.image_pull_secrets``) are the pods' ``imagePullSecrets``: without
+    them a private image is never pulled and the job's pods wait until Kueue's waitForPodsReady evicts it.
     """
     pod_spec = {
         "restartPolicy": "Never",
@@ -106,6 +106,8 @@ def make_training_runtime(image: str, shm_size: str, name: str = names.RUNTIME) 
             {"name": "job", "emptyDir": {}},
         ],
     }
+    if image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": str(secret)} for secret in image_pull_secrets]
     replicated_job = {
         "name": "node",
         "template": {
@@ -131,51 +133,6 @@ def make_config_map(namespace: str, danlu_yaml: str, profiles_yaml: str) -> dict
         "kind": "ConfigMap",
         "metadata": metadata(names.CONFIG_MAP, namespace, names.HUB),
         "data": {"danlu.yaml": danlu_yaml, "profiles.yaml": profiles_yaml},
-    }
-
-
-def make_kueue_configuration(namespace: str) -> dict:
-    """Kueue's manager Configuration: upstream's defaults plus what Danlu needs.
-
-    TrainJobs (``trainer.kubeflow.org/trainjob``) and notebook pods (``pod``) are the two
-    integrations; v1beta2 has no ``integrations.podOptions`` any more, so the pod integration
-    is limited to the Danlu namespace by ``managedJobsNamespaceSelector`` (for pod-based
-    integrations a strong exemption: pods elsewhere are never managed, labelled or not).
-    Jobs without a queue label are left alone (``manageJobsWithoutQueueName: false``).
-    """
-    return {
-        "apiVersion": KUEUE_CONFIG_API,
-        "kind": "Configuration",
-        "health": {"healthProbeBindAddress": ":8081"},
-        "metrics": {"bindAddress": ":8443"},
-        "webhook": {"port": 9443},
-        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "controller": {
-            "groupKindConcurrency": {
-                "Job.batch": 5,
-                "Pod": 5,
-                "Workload.kueue.x-k8s.io": 5,
-                "LocalQueue.kueue.x-k8s.io": 1,
-                "Cohort.kueue.x-k8s.io": 1,
-                "ClusterQueue.kueue.x-k8s.io": 1,
-                "ResourceFlavor.kueue.x-k8s.io": 1,
-            }
-        },
-        "clientConnection": {"qps": 50, "burst": 100},
-        "manageJobsWithoutQueueName": False,
-        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "integrations": {"frameworks": ["trainer.kubeflow.org/trainjob", "pod"]},
-    }
-
-
-def make_kueue_config_map(namespace: str, kueue_namespace: str = "kueue-system") -> dict:
-    """The ``kueue-manager-config`` ConfigMap of a Kueue install from its release manifests."""
-    text = yaml.safe_dump(make_kueue_configuration(namespace), sort_keys=False, default_flow_style=False)
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": metadata("kueue-manager-config", kueue_namespace),
-        "data": {"controller_manager_config.yaml": text},
     }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from traitlets import Bool, Integer, Unicode
 
 from danlu.hub.options import DIGEST, DNS_LABEL, Section
-from danlu.hub.traits import Size, Text
+from danlu.hub.traits import List, Size, Text
 
 
 class KubernetesMlflowConfig(Section):
@@ -82,4 +82,15 @@ class KubernetesConfig(Section):
         min=0,
         help="How long a notebook with GPUs may take to start, waiting in its team's Kueue queue "
         "included, before JupyterHub gives up (other notebooks: the chart's singleuser.startTimeout, 300).",
+    ).tag(config=True)
+    image_pull_secrets = List(
+        Text(pattern=DNS_LABEL),
+        help="Secrets (in the Danlu namespace) that job pods pull their images with: the training runtime's "
+        "imagePullSecrets. Needed when the profile images are in a private registry.",
+    ).tag(config=True)
+    pods_ready_timeout = Integer(
+        600,
+        min=0,
+        help="Seconds an admitted job's pods may take to start (image pulls included) before Kueue evicts it and "
+        "Danlu ends the attempt with the reason (waitForPodsReady in kueue-config.yaml; 0: no limit).",
     ).tag(config=True)

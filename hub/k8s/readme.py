@@ -22,7 +22,7 @@ than editing these files. docs/kubernetes.md explains the architecture, sizing a
 |---|---|
 | `namespace.yaml` | the `{ns}` namespace, its Pod Security labels, the NetworkPolicy fencing job pods |
 | `kueue.yaml` | ResourceFlavors, ClusterQueues, LocalQueues, WorkloadPriorityClasses |
-| `kueue-config.yaml` | Kueue's manager Configuration (TrainJob and pod integrations, pods managed only in `{ns}`) |
+| `kueue-config.yaml` | what Danlu needs in Kueue's shared Configuration: merged into it (step 2), never applied |
 | `trainer.yaml` | the ClusterTrainingRuntime `{settings.kubernetes.runtime}` every job runs on |
 | `mlflow.yaml` | the `{names.CONFIG_MAP}` ConfigMap, PostgreSQL, MLflow, their NetworkPolicies |
 | `rbac.yaml` | the jobs service's Role (TrainJobs, workloads, pods, token Secrets), bound to `hub` |
@@ -34,29 +34,40 @@ Images still on a placeholder (an all-zero digest: replace with the digest you p
 ## Apply, in this order
 
 ```sh
-# 1. the controllers (once per cluster)
+# 1. the controllers (once per cluster; skip what it already runs). Trainer's manager overlay brings
+#    JobSet with it: never install JobSet on its own as well. Wait for each webhook to serve.
 kubectl apply --server-side -f https://github.com/kubernetes-sigs/kueue/releases/download/{KUEUE_VERSION}/manifests.yaml
-kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/{JOBSET_VERSION}/manifests.yaml
+kubectl -n kueue-system wait --for=condition=Available --timeout=300s deployment/kueue-controller-manager
 kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/manager?ref={TRAINER_VERSION}"
-kubectl apply -f kueue-config.yaml
-kubectl -n kueue-system rollout restart deployment/kueue-controller-manager
+kubectl -n kubeflow-system wait --for=condition=Available --timeout=300s \\
+  deployment/jobset-controller-manager deployment/kubeflow-trainer-controller-manager
 
-# 2. the namespace and the Secret (never in these files)
+# 2. Kueue's configuration is shared by every team: merge Danlu's needs into it, do not replace it
+kubectl -n kueue-system get configmap kueue-manager-config \\
+  -o jsonpath='{{.data.controller_manager_config\\.yaml}}' > kueue-current.yaml
+python -m danlu.hub.k8s.kueueconfig kueue-current.yaml kueue-config.yaml --namespace {ns} --patch \\
+  > kueue-patch.json
+kubectl -n kueue-system patch configmap kueue-manager-config --type merge --patch-file kueue-patch.json
+kubectl -n kueue-system rollout restart deployment/kueue-controller-manager
+kubectl -n kueue-system rollout status --timeout=300s deployment/kueue-controller-manager
+
+# 3. the namespace and the Secret (never in these files)
 kubectl apply -f namespace.yaml
 kubectl -n {ns} create secret generic {names.SECRET} \\
   --from-literal={names.SECRET_POSTGRES_PASSWORD}="$(openssl rand -hex 32)" \\
   --from-literal={names.SECRET_MLFLOW_AUTH}="$(openssl rand -hex 32)"
 
-# 3. Danlu's objects
+# 4. Danlu's objects (Kueue's and Trainer's webhooks validate them: step 1 waited for those)
 kubectl apply -f kueue.yaml -f trainer.yaml -f mlflow.yaml -f rbac.yaml
 
-# 4. the hub
+# 5. the hub
 helm repo add jupyterhub https://hub.jupyter.org/helm-chart/ && helm repo update
 helm upgrade --install danlu jupyterhub/jupyterhub --version {CHART_VERSION} -n {ns} -f values.yaml
 ```
 
-The Kueue manager Configuration must list `integrations.frameworks: [trainer.kubeflow.org/trainjob, pod]`;
-`kueue-config.yaml` replaces the release's `kueue-manager-config` with upstream's defaults plus those.
+`danlu.hub.k8s.kueueconfig` keeps every integration, namespace rule and setting the cluster has and adds
+`trainer.kubeflow.org/trainjob`, `pod` and `waitForPodsReady` (kept as it is where the cluster has one: it
+applies to every team); it refuses, naming the fix, a `managedJobsNamespaceSelector` that leaves out `{ns}`.
 Homes need a ReadWriteMany StorageClass (`kubernetes.home_storage_class`): job pods mount their owner's
 home on other nodes than the notebook's.
 """

@@ -27,7 +27,7 @@ import yaml
 from danlu.errors import ConfigError
 from danlu.hub import gpus, kueue
 from danlu.hub.config import Settings, secret_options
-from danlu.hub.k8s import auth, manifests, names, policies, readme, values
+from danlu.hub.k8s import auth, kueueconfig, manifests, names, policies, readme, values
 from danlu.hub.kueue import memory_quantity
 from danlu.hub.profiles import ProfileSet
 
@@ -197,8 +197,12 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
     return {
         "namespace.yaml": policies.namespace_objects(ns),
         "kueue.yaml": kueue.render(settings, gpus.inventory(settings.gpus), namespace=ns),
-        "kueue-config.yaml": [manifests.make_kueue_config_map(ns)],
-        "trainer.yaml": [manifests.make_training_runtime(notebook_image, memory_quantity(kube.shm_size), kube.runtime)],
+        "kueue-config.yaml": [kueueconfig.requirements(kube.pods_ready_timeout)],
+        "trainer.yaml": [
+            manifests.make_training_runtime(
+                notebook_image, memory_quantity(kube.shm_size), kube.runtime, kube.image_pull_secrets
+            )
+        ],
         "mlflow.yaml": mlflow_objects,
         "rbac.yaml": manifests.make_jobs_rbac(ns),
     }

@@ -57,6 +57,7 @@ class Kubelet:
         self.procs: dict[str, Process] = {}  # pod uid -> its process
         self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> log file (kept after exit)
         self._events: set[tuple[str, str]] = set()
+        self.unpullable: set[str] = set()  # images no registry serves: their pods wait in ErrImagePull
 
     # --- the API's side ---
 
@@ -183,6 +184,7 @@ class Kubelet:
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 if claim not in self.volumes:
                     self._event(pod, "FailedMount", f'persistentvolumeclaim "{claim}" not found')
+                    self._unschedulable(pod, f'0/1 nodes are available: persistentvolumeclaim "{claim}" not found.')
                     for d in dirs:
                         shutil.rmtree(d, ignore_errors=True)
                     return None
@@ -203,6 +205,16 @@ class Kubelet:
                 os.makedirs(folder, exist_ok=True)
             mounts.append((mount["mountPath"], folder))
         return sorted(mounts, key=lambda m: -len(m[0])), dirs
+
+    def _unschedulable(self, pod: dict, message: str) -> None:
+        """The scheduler's answer for a pod no node can take (here: one whose claim does not exist)."""
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        if cond not in [{k: c.get(k) for k in cond} for c in pod["status"].get("conditions") or []]:
+
+            def update(p):
+                p["status"]["conditions"] = [{**cond, "lastTransitionTime": now()}]
+
+            self.store.mutate("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"], update)
 
     def _write_secret(self, namespace: str, name: str, folder: str) -> None:
         secret = self.store.find("Secret", namespace, name) or {}
@@ -245,6 +257,13 @@ class Kubelet:
 
     def _start(self, pod: dict) -> None:
         meta, container = pod["metadata"], pod["spec"]["containers"][0]
+        if container.get("image") in self.unpullable:
+            message = f'rpc error: failed to pull and unpack image "{container["image"]}": not found'
+            self._event(pod, "Failed", f'Failed to pull image "{container["image"]}": {message}')
+            waiting = {"waiting": {"reason": "ErrImagePull", "message": message}}
+            if ((pod["status"].get("containerStatuses") or [{}])[0].get("state")) != waiting:
+                self._set_status(pod, "Pending", waiting)
+            return
         found = self._mounts(pod)
         if found is None:
             return

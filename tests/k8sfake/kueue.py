@@ -20,9 +20,11 @@ an admission check). Conditions and messages follow Kueue v0.19's wording. Nothi
 from __future__ import annotations
 
 import hashlib
+import time
 from fractions import Fraction
 
 from ..k8sschemas import parse_quantity as quantity
+from . import jobset
 from .quota import FIT, NO_FIT, Admitted, View, show
 from .store import Store, not_found, now
 
@@ -153,10 +155,68 @@ class Kueue:
         self.store = store
         self.admitted_at: dict[str, int] = {}  # workload uid -> admission order
         self.seq = 0
+        #: waitForPodsReady's timeout (seconds; None: not configured, as in Kueue's default configuration)
+        self.pods_ready_timeout: float | None = None
+        self.requeue_backoff = 60.0  # requeuingStrategy.backoffBaseSeconds
+        self._since: dict[str, float] = {}  # workload uid -> monotonic time of its admission
+        self._requeue_at: dict[str, float] = {}  # workload uid -> when a pods-ready eviction may be admitted again
 
     def reconcile(self) -> None:
         self._create_workloads()
+        self._pods_ready()
         self._admit()
+
+    def _pods_ready(self) -> None:
+        """``PodsReady`` of admitted workloads (all ``count`` pods running and ready, or succeeded) and, with a
+        timeout, the eviction of one whose pods are not ready in time (``workload_controller.go``:
+        ``reconcileNotReadyTimeout``): reason ``PodsReadyTimeout``, requeued after a backoff."""
+        for wl in self.store.list("Workload"):
+            uid, meta = wl["metadata"]["uid"], wl["metadata"]
+            if is_true(wl, "Finished") or not (wl.get("status") or {}).get("admission"):
+                continue
+            owner = next(
+                (j for j in self.store.list("TrainJob", meta["namespace"]) if j["metadata"]["uid"] == owner_uid(wl)),
+                None,
+            )
+            pods = jobset.pods_of(self.store, owner) if owner else []
+            ready = sum(
+                1
+                for p in pods
+                if (p.get("status") or {}).get("phase") == "Succeeded"
+                or any(c.get("ready") for c in (p.get("status") or {}).get("containerStatuses") or [])
+            )
+            if ready >= wl["spec"]["podSets"][0].get("count", 1):
+                if not is_true(wl, "PodsReady"):
+                    self.store.mutate(
+                        "Workload",
+                        meta["namespace"],
+                        meta["name"],
+                        lambda w: set_condition(w, "PodsReady", True, "Started", "All pods reached readiness"),
+                    )
+                continue
+            if condition(wl, "PodsReady") is None or is_true(wl, "PodsReady"):
+                self.store.mutate(
+                    "Workload",
+                    meta["namespace"],
+                    meta["name"],
+                    lambda w: set_condition(
+                        w, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded"
+                    ),
+                )
+            since = self._since.setdefault(uid, time.monotonic())
+            if self.pods_ready_timeout is not None and time.monotonic() - since > self.pods_ready_timeout:
+                self._requeue_at[uid] = time.monotonic() + self.requeue_backoff
+                self._since.pop(uid, None)
+                message = f"Exceeded the PodsReady timeout {meta['namespace']}/{meta['name']}"
+
+                def evict(w, message=message):
+                    w["status"].pop("admission", None)
+                    set_condition(w, "Evicted", True, "PodsReadyTimeout", message)
+                    set_condition(w, "QuotaReserved", False, "Pending", message)
+                    set_condition(w, "Admitted", False, "NoReservation", "The workload has no reservation")
+                    set_condition(w, "Requeued", False, "PodsReadyTimeout", message)
+
+                self.store.mutate("Workload", meta["namespace"], meta["name"], evict)
 
     def _create_workloads(self) -> None:
         store = self.store
@@ -211,6 +271,8 @@ class Kueue:
         queues: dict[str, list[dict]] = {}  # ClusterQueue -> its pending workloads, in queue order
         order = queue_order(store)
         for wl in sorted((w for w in live if not w.get("status", {}).get("admission")), key=order):
+            if self._requeue_at.get(wl["metadata"]["uid"], 0) > time.monotonic():
+                continue  # backing off after a pods-ready timeout
             ns, lq = wl["metadata"]["namespace"], wl["spec"].get("queueName")
             cq = local.get((ns, lq))
             if cq is None:
@@ -281,6 +343,7 @@ class Kueue:
         count = wl["spec"]["podSets"][0].get("count", 1)
         self.seq += 1
         self.admitted_at[wl["metadata"]["uid"]] = self.seq
+        self._since[wl["metadata"]["uid"]] = time.monotonic()
 
         def update(w):
             w.setdefault("status", {})["admission"] = {

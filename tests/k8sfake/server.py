@@ -4,8 +4,10 @@
 request, so watches stream while other requests are served) and a simulator thread that reconciles the
 Kueue, Trainer and kubelet simulators on every change and every :data:`TICK` seconds. The handler here
 maps the API server's paths and verbs onto the store: create (with schema validation by
-``tests.k8sschemas.errors``), get, list, watch, replace, merge/strategic/JSON patch (also on ``/status``),
-delete with ``propagationPolicy``, pod logs, and Kueue's visibility API. Every error is a ``kind: Status``.
+``tests.k8sschemas.errors`` and the API server's own pod validation, :mod:`.validation`), get, list, watch,
+replace, merge, strategic merge and JSON patch (also on ``/status``), delete with ``propagationPolicy``,
+pod logs, Kueue's visibility API and SelfSubjectAccessReview. A service account's requests are authorized
+by the stored Roles and RoleBindings (:mod:`.rbac`). Every error is a ``kind: Status``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,25 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from . import extras, kueue, trainer
+from . import extras, kueue, rbac, trainer, validation
 from .kubelet import Kubelet
-from .store import KINDS, RESOURCES, ApiError, Store, api_version, json_patch, label_matcher, merge_patch, now
+from .store import (
+    KINDS,
+    RESOURCES,
+    ApiError,
+    Store,
+    api_version,
+    json_patch,
+    label_matcher,
+    merge_patch,
+    now,
+    strategic_merge_patch,
+)
 
 TICK = 0.2
 TOKEN = "danlu-fake-token"
 VISIBILITY = ("apis", "visibility.kueue.x-k8s.io", "v1beta1")
+ACCESS_REVIEW = ("apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews")
 
 
 def _validation_errors(obj: dict) -> list[str]:
@@ -85,8 +99,10 @@ class Handler(BaseHTTPRequestHandler):
             cluster.requests.append((method, url.path))
         try:
             body = self._body()
-            if self.headers.get("Authorization") != f"Bearer {cluster.token}":
+            token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if token != cluster.token and token not in cluster.accounts:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
+            self.who = cluster.accounts.get(token)  # None: the cluster admin
             self._route(method, url.path, query, body)
         except ApiError as e:
             self._send(e.code, e.status())
@@ -99,6 +115,8 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method, path, query, body):
         cluster = self.server.cluster
         parts = [p for p in path.split("/") if p]
+        if tuple(parts) == ACCESS_REVIEW and method == "POST":
+            return self._send(201, rbac.access_review(cluster.store, self.who, body or {}))
         if cluster.extras.route(self, method, parts, body):  # the doctor's endpoints (extras.py)
             return
         if tuple(parts[:3]) == VISIBILITY:
@@ -110,6 +128,7 @@ class Handler(BaseHTTPRequestHandler):
                 and rest[2] == "localqueues"
                 and rest[4] == "pendingworkloads"
             ):
+                rbac.check(cluster.store, self.who, "get", VISIBILITY[1], "localqueues/pendingworkloads", rest[1])
                 cluster.check_failure("get", "PendingWorkloadsSummary")
                 return self._send(200, cluster.kueue.pending_summary(rest[1], rest[3]))
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -142,6 +161,8 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(405, "MethodNotAllowed", "POST to a named object is not allowed")
         if method in ("PUT", "PATCH", "DELETE") and name is None:
             raise ApiError(405, "MethodNotAllowed", f"{method} on a collection is not supported by the fake")
+        plural = KINDS[kind][2] + (f"/{sub}" if sub else "")
+        rbac.check(cluster.store, self.who, verb, group, plural, namespace)
         cluster.check_failure(verb, kind)
         store = cluster.store
 
@@ -182,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
                         "error decoding patch: json: cannot unmarshal "
                         f"{type(body).__name__} into Go value of type map[string]interface {{}}",
                     )
-                new = merge_patch(current, body)
+                new = (strategic_merge_patch if "strategic" in content_type else merge_patch)(current, body)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the fake does not support {content_type!r} patches")
             new["metadata"]["resourceVersion"] = (
@@ -238,6 +259,8 @@ class Handler(BaseHTTPRequestHandler):
                     ],
                 },
             )
+        if problems := validation.errors_of(obj):
+            raise validation.invalid(obj, problems, KINDS[kind][0])
         return obj
 
     def _watch(self, kind, namespace, query):
@@ -310,6 +333,7 @@ class FakeCluster:
         self.store = Store()
         self.token = token
         self.volumes: dict[str, str] = {}
+        self.accounts: dict[str, rbac.Subject] = {}  # bearer token -> service account (RBAC applies)
         self.requests: list[tuple[str, str]] = []
         self.errors: list[str] = []
         self.stopping = False
@@ -364,13 +388,20 @@ class FakeCluster:
     def __exit__(self, *exc):
         self.stop()
 
-    def write_kubeconfig(self, path) -> str:
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token for the service account: its requests are authorized by the Roles and RoleBindings
+        in the store (:mod:`.rbac`), as the jobs service's are on a cluster."""
+        token = f"sa-{namespace}-{name}"
+        self.accounts[token] = rbac.Subject(namespace, name)
+        return token
+
+    def write_kubeconfig(self, path, token: str | None = None) -> str:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "fake",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": self.token}}],
+            "users": [{"name": "fake", "user": {"token": token or self.token}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "danlu"}}],
         }
         with open(path, "w") as f:
@@ -424,9 +455,15 @@ class FakeCluster:
             obj = self.store.mutate(kind, namespace, name, mark)
         else:
             self.store.remove(kind, namespace, name)
-        for dep in dependents:
+        for dep in dependents:  # the garbage collector deletes them in the foreground when the owner waits
             try:
-                self.delete(dep["kind"], dep["metadata"].get("namespace"), dep["metadata"]["name"], "Background", grace)
+                self.delete(
+                    dep["kind"],
+                    dep["metadata"].get("namespace"),
+                    dep["metadata"]["name"],
+                    "Foreground" if policy == "Foreground" else "Background",
+                    grace,
+                )
             except ApiError:
                 pass  # already gone
         return obj

@@ -22,6 +22,11 @@ RESOURCES = {
     ("", "v1", "secrets"): ("Secret", True),
     ("", "v1", "events"): ("Event", True),
     ("", "v1", "namespaces"): ("Namespace", False),
+    ("batch", "v1", "jobs"): ("Job", True),
+    ("networking.k8s.io", "v1", "networkpolicies"): ("NetworkPolicy", True),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
+    ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True),
     ("kueue.x-k8s.io", "v1beta2", "workloads"): ("Workload", True),
     ("kueue.x-k8s.io", "v1beta2", "localqueues"): ("LocalQueue", True),
     ("kueue.x-k8s.io", "v1beta2", "clusterqueues"): ("ClusterQueue", False),
@@ -135,7 +140,7 @@ def field_matcher(selector: str | None):
 
 
 def merge_patch(target, patch):
-    """RFC 7386 (also used for strategic merge patches: lists are replaced, not merged by key)."""
+    """RFC 7386: maps merge, lists are replaced."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     out = dict(target) if isinstance(target, dict) else {}
@@ -144,6 +149,62 @@ def merge_patch(target, patch):
             out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+#: the patchMergeKey of the lists a strategic merge patch merges (k8s.io/api core/v1 and meta/v1 types);
+#: any other list is replaced, as in a merge patch
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "env": "name",
+    "ports": "containerPort",
+    "imagePullSecrets": "name",
+    "tolerations": None,  # atomic in the API: replaced
+    "conditions": "type",
+    "ownerReferences": "uid",
+}
+
+
+def strategic_merge_patch(target, patch):
+    """A strategic merge patch: maps merge as in RFC 7386; lists named in :data:`MERGE_KEYS` merge item by
+    item on their key (``$patch: delete`` in an item removes it, ``$patch: replace`` replaces the list);
+    ``$retainKeys`` and ``$deleteFromPrimitiveList`` directives are not modelled."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$"):
+            continue
+        merge_key = MERGE_KEYS.get(key)
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, list) and merge_key and isinstance(out.get(key), list):
+            out[key] = _merge_list(out[key], value, merge_key)
+        else:
+            out[key] = strategic_merge_patch(out.get(key), value)
+    return out
+
+
+def _merge_list(current: list, patch: list, key: str) -> list:
+    if any(isinstance(i, dict) and i.get("$patch") == "replace" for i in patch):
+        return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and "$patch" in i)]
+    out = [copy.deepcopy(i) for i in current]
+    for item in patch:
+        if not isinstance(item, dict) or key not in item:
+            raise ApiError(422, "Invalid", f"the patch's list item {item!r} has no merge key {key!r}")
+        at = next((n for n, i in enumerate(out) if isinstance(i, dict) and i.get(key) == item[key]), None)
+        if item.get("$patch") == "delete":
+            if at is not None:
+                del out[at]
+        elif at is None:
+            out.append({k: v for k, v in copy.deepcopy(item).items() if not k.startswith("$")})
+        else:
+            out[at] = strategic_merge_patch(out[at], item)
     return out
 
 

@@ -2,25 +2,25 @@
 
 A TrainJob queued on Kueue (its ``kueue.x-k8s.io/queue-name`` names a LocalQueue) runs while its Workload
 is admitted: ``spec.suspend`` is set to match, and an evicted one is suspended again, its pods deleted
-with their grace period. An unqueued TrainJob runs unless ``spec.suspend``. Running means ``numNodes``
-pods named like JobSet's (``<trainjob>-node-0-<i>-xxxxx``) built from the runtime's replicatedJob
-``node``, overridden by ``spec.trainer`` and the ``runtimePatches``, with the torch plugin's ``PET_*``
-environment. The TrainJob gets ``Complete``/``Failed`` (``TrainJobFailed``, ``DeadlineExceeded``) and its
+with their grace period. An unqueued TrainJob runs unless ``spec.suspend``. Running means a JobSet and
+its Job (:mod:`.jobset`) and ``numNodes`` pods made as the Job controller makes them
+(``<trainjob>-node-0-<i>-xxxxx``, owned by the Job, labelled with the JobSet's name and the completion
+index; no ``trainer.kubeflow.org/trainjob-name`` label), built from the runtime's replicatedJob ``node``,
+overridden by ``spec.trainer`` and the ``runtimePatches``, with the torch plugin's ``PET_*`` environment.
+The TrainJob gets ``Complete``/``Failed`` (``TrainJobFailed``, ``DeadlineExceeded``) and its
 Workload ``Finished``. The pods themselves are run by :mod:`.kubelet`.
 """
 
 from __future__ import annotations
 
 import copy
-import secrets
 import socket
-import string
 import time
 
-from .kueue import QUEUE_LABEL, TRAINJOB_API, is_true, owner_uid, set_condition
+from . import jobset, validation
+from .kueue import QUEUE_LABEL, is_true, owner_uid, set_condition
 from .store import Store
 
-TRAINJOB_LABEL = "trainer.kubeflow.org/trainjob-name"
 JOB = "node"
 CONTAINER = "node"
 
@@ -31,16 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _suffix() -> str:
-    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-
-
 def _named(items: list[dict], name: str) -> dict | None:
     return next((i for i in items or [] if i.get("name") == name), None)
 
 
 def build_pods(trainjob: dict, runtime: dict, node_selector: dict, tolerations: list, port: int) -> list[dict]:
-    """The pods of a running TrainJob (pure: the names get a random suffix, like Job's)."""
+    """The pods of a running TrainJob by completion index, before the Job controller names and owns them
+    (:func:`.jobset.pod_of_job`); pure."""
     meta, spec = trainjob["metadata"], trainjob["spec"]
     trainer = spec.get("trainer") or {}
     policy = runtime["spec"].get("mlPolicy") or {}
@@ -93,33 +90,11 @@ def build_pods(trainjob: dict, runtime: dict, node_selector: dict, tolerations: 
         ]
         if not pod_container["env"]:
             del pod_container["env"]
-        labels = {
-            **(meta.get("labels") or {}),
-            **(pod_meta.get("labels") or {}),
-            TRAINJOB_LABEL: meta["name"],
-            "jobset.sigs.k8s.io/jobset-name": meta["name"],
-            "jobset.sigs.k8s.io/replicatedjob-name": JOB,
-            "jobset.sigs.k8s.io/job-index": "0",
-            "batch.kubernetes.io/job-completion-index": str(index),
-        }
+        labels = {**(meta.get("labels") or {}), **(pod_meta.get("labels") or {})}
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {
-                "name": f"{meta['name']}-{JOB}-0-{index}-{_suffix()}",
-                "namespace": meta["namespace"],
-                "labels": labels,
-                "ownerReferences": [
-                    {
-                        "apiVersion": TRAINJOB_API,
-                        "kind": "TrainJob",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
+            "metadata": {"namespace": meta["namespace"], "labels": labels},
             "spec": {
                 **copy.deepcopy(pod_spec),
                 "containers": [
@@ -147,7 +122,7 @@ class Trainer:
             ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
             if "deletionTimestamp" in meta:
                 continue
-            pods = [p for p in store.list("Pod", ns, f"{TRAINJOB_LABEL}={name}") if owner_uid(p) == uid]
+            pods = jobset.pods_of(store, job)
             if is_true(job, "Complete") or is_true(job, "Failed"):
                 self._finish_workload(workloads.get(uid), job)
                 continue
@@ -219,8 +194,31 @@ class Trainer:
             rf = self.store.find("ResourceFlavor", None, flavor) or {}
             node_selector.update((rf.get("spec") or {}).get("nodeLabels") or {})
             tolerations += (rf.get("spec") or {}).get("tolerations") or []
-        for pod in build_pods(job, runtime, node_selector, tolerations, free_port()):
+        pods = build_pods(job, runtime, node_selector, tolerations, free_port())
+        owner = jobset.ensure_jobset(self.store, job, JOB, len(pods))
+        for index, pod in enumerate(pods):
+            pod = jobset.pod_of_job(owner, pod, index)
+            if problems := validation.errors_of(pod):  # the Job controller's create is refused: an event, no pod
+                self._failed_create(owner, validation.invalid(pod, problems).message)
+                continue
             self.store.create(pod)
+
+    def _failed_create(self, job: dict, message: str) -> None:
+        meta = job["metadata"]
+        if any(e["involvedObject"]["uid"] == meta["uid"] for e in self.store.list("Event", meta["namespace"])):
+            return
+        self.store.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.failedcreate", "namespace": meta["namespace"]},
+                "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]},
+                "reason": "FailedCreate",
+                "message": f"Error creating: {message}",
+                "type": "Warning",
+                "source": {"component": "job-controller"},
+            }
+        )
 
     def _stop(self, pods: list[dict]) -> None:
         for pod in pods:
