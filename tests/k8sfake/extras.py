@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 from urllib.parse import urlsplit
 
+from .rbac import decide as allowed
 from .store import KINDS, RESOURCES, ApiError, now
 
 #: (group, version, plural) -> (kind, namespaced): added to the store's tables, unless already there
@@ -50,45 +51,6 @@ for _key, (_kind, _namespaced) in EXTRA_RESOURCES.items():
         KINDS.setdefault(_kind, (*_key, _namespaced))
 
 SAR_PATH = ("apis", "authorization.k8s.io", "v1", "subjectaccessreviews")
-
-
-def _matches(values: list, value: str) -> bool:
-    return "*" in values or value in values
-
-
-def _subject_is(subject: dict, user: str, groups: list[str]) -> bool:
-    kind = subject.get("kind")
-    if kind == "User":
-        return subject.get("name") == user
-    if kind == "Group":
-        return subject.get("name") in groups
-    if kind == "ServiceAccount":
-        return user == f"system:serviceaccount:{subject.get('namespace')}:{subject.get('name')}"
-    return False
-
-
-def allowed(store, user: str, groups: list[str], attrs: dict) -> tuple[bool, str]:
-    """RBAC's answer for one request (what a SubjectAccessReview returns), from the stored objects."""
-    ns = attrs.get("namespace") or None
-    resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
-    bindings = store.list("ClusterRoleBinding") + (store.list("RoleBinding", ns) if ns else [])
-    for binding in bindings:
-        if not any(_subject_is(s, user, groups) for s in binding.get("subjects") or []):
-            continue
-        ref = binding.get("roleRef") or {}
-        role = store.find(ref.get("kind"), ns if ref.get("kind") == "Role" else None, ref.get("name"))
-        for rule in (role or {}).get("rules") or []:
-            if (
-                _matches(rule.get("verbs") or [], attrs.get("verb", ""))
-                and _matches(rule.get("apiGroups") or [], attrs.get("group", ""))
-                and (
-                    _matches(rule.get("resources") or [], resource)
-                    or ("/" in resource and "*/" + resource.split("/", 1)[1] in (rule.get("resources") or []))
-                )
-            ):
-                where = f'{binding["kind"]} "{binding["metadata"]["name"]}"'
-                return True, f'RBAC: allowed by {where} of {ref.get("kind")} "{ref.get("name")}"'
-    return False, ""
 
 
 class Extras:

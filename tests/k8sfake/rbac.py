@@ -7,7 +7,9 @@ namespace binds it to a Role with a rule matching the API group, the resource (`
 resource/subresource) and the verb (``*`` matches any) — what ``danlu render k8s`` writes in rbac.yaml.
 Otherwise 403 ``Forbidden`` with the API server's message. :func:`access_review` answers a
 ``SelfSubjectAccessReview`` (``kubectl auth can-i``) by the same rules. ClusterRoles, ClusterRoleBindings,
-groups and ``resourceNames`` are not modelled (tests/k8sfake/README.md).
+``resourceNames``, aggregated ClusterRoles and non-resource URLs are not modelled (tests/k8sfake/README.md).
+:func:`decide` is the one evaluator: Roles and ClusterRoles through RoleBindings and ClusterRoleBindings, for
+users, groups and service accounts; the doctor's ``SubjectAccessReview`` (:mod:`.extras`) asks it too.
 """
 
 from __future__ import annotations
@@ -31,29 +33,49 @@ def _matches(values: list, value: str) -> bool:
     return "*" in values or value in values
 
 
-def allowed(store: Store, who: Subject, verb: str, group: str, resource: str, namespace: str | None) -> bool:
-    """Whether a RoleBinding in ``namespace`` lets ``who`` do ``verb`` on ``resource`` (``plural[/sub]``)."""
-    if namespace is None:
-        return False  # cluster-scoped: only ClusterRoles grant it, and they are not modelled
-    for binding in store.list("RoleBinding", namespace):
-        bound = any(
-            s.get("kind") == "ServiceAccount"
-            and s.get("name") == who.name
-            and (s.get("namespace") or namespace) == who.namespace
-            for s in binding.get("subjects") or []
-        )
-        ref = binding.get("roleRef") or {}
-        if not bound or ref.get("kind") != "Role":
+def _subject_is(subject: dict, user: str, groups: list[str]) -> bool:
+    kind = subject.get("kind")
+    if kind == "User":
+        return subject.get("name") == user
+    if kind == "Group":
+        return subject.get("name") in groups
+    if kind == "ServiceAccount":
+        return user == f"system:serviceaccount:{subject.get('namespace')}:{subject.get('name')}"
+    return False
+
+
+def decide(store: Store, user: str, groups: list[str], attrs: dict) -> tuple[bool, str]:
+    """RBAC's answer for one request (what a SubjectAccessReview returns), from the stored objects: a
+    ClusterRoleBinding, or a RoleBinding in the request's namespace, binding the user (or one of its groups)
+    to a rule matching the verb, the API group and the resource (``plural/sub``; ``*/sub`` too)."""
+    ns = attrs.get("namespace") or None
+    resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+    bindings = store.list("ClusterRoleBinding") + (store.list("RoleBinding", ns) if ns else [])
+    for binding in bindings:
+        if not any(_subject_is(s, user, groups) for s in binding.get("subjects") or []):
             continue
-        role = store.find("Role", namespace, ref.get("name"))
+        ref = binding.get("roleRef") or {}
+        role = store.find(ref.get("kind"), ns if ref.get("kind") == "Role" else None, ref.get("name"))
         for rule in (role or {}).get("rules") or []:
             if (
-                _matches(rule.get("apiGroups") or [], group)
-                and _matches(rule.get("resources") or [], resource)
-                and _matches(rule.get("verbs") or [], verb)
+                _matches(rule.get("verbs") or [], attrs.get("verb", ""))
+                and _matches(rule.get("apiGroups") or [], attrs.get("group", ""))
+                and (
+                    _matches(rule.get("resources") or [], resource)
+                    or ("/" in resource and "*/" + resource.split("/", 1)[1] in (rule.get("resources") or []))
+                )
             ):
-                return True
-    return False
+                where = f'{binding["kind"]} "{binding["metadata"]["name"]}"'
+                return True, f'RBAC: allowed by {where} of {ref.get("kind")} "{ref.get("name")}"'
+    return False, ""
+
+
+def allowed(store: Store, who: Subject, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+    """Whether ``who`` may do ``verb`` on ``resource`` (``plural[/sub]``) in ``namespace`` (:func:`decide`)."""
+    plural, _, sub = resource.partition("/")
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{who.namespace}", "system:authenticated"]
+    attrs = {"verb": verb, "group": group, "resource": plural, "subresource": sub, "namespace": namespace}
+    return decide(store, who.user, groups, attrs)[0]
 
 
 def check(store: Store, who: Subject | None, verb: str, group: str, resource: str, namespace: str | None) -> None:

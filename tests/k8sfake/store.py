@@ -27,6 +27,8 @@ RESOURCES = {
     ("jobset.x-k8s.io", "v1alpha2", "jobsets"): ("JobSet", True),
     ("rbac.authorization.k8s.io", "v1", "roles"): ("Role", True),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("RoleBinding", True),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"): ("ClusterRole", False),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"): ("ClusterRoleBinding", False),
     ("kueue.x-k8s.io", "v1beta2", "workloads"): ("Workload", True),
     ("kueue.x-k8s.io", "v1beta2", "localqueues"): ("LocalQueue", True),
     ("kueue.x-k8s.io", "v1beta2", "clusterqueues"): ("ClusterQueue", False),
