@@ -25,7 +25,7 @@ import yaml
 
 from danlu.hub.cli import main as danlu
 from danlu.hub.config import load_settings
-from danlu.hub.k8s import doctor, doctor_checks, doctor_io, jobs, manifests, render
+from danlu.hub.k8s import doctor, doctor_checks, doctor_io, jobs, kueueconfig, render
 from danlu.hub.profiles import builtin_profiles
 
 from .k8sfake import FakeCluster
@@ -46,7 +46,13 @@ CONFIG = {
     },
     "groups": {"vision": ["alice"]},
     "teams": {"vision": {"quota": {"gpus": {"a100": 2}}}},
-    "kubernetes": {"hub_image": "registry.example/danlu/hub@sha256:" + "1" * 64},
+    "kubernetes": {"hub_image": "registry.example/danlu/hub@sha256:" + "1" * 64, "trial": True},
+}
+#: Kueue's Configuration as its release manifests install it (the part the doctor reads)
+KUEUE_AS_INSTALLED = {
+    "apiVersion": kueueconfig.API_VERSION,
+    "kind": "Configuration",
+    "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
 }
 
 
@@ -132,9 +138,11 @@ def setup(tmp_path, mlflow):
     cluster.services[(NS, "danlu-mlflow")] = f"http://127.0.0.1:{port}"
     store = cluster.store
     objects = render.objects(settings, builtin_profiles())
-    for name in ("kueue.yaml", "kueue-config.yaml", "trainer.yaml", "rbac.yaml"):
+    for name in ("kueue.yaml", "trainer.yaml", "rbac.yaml"):
         for o in objects[name]:
             store.create(o)
+    merged, _notes = kueueconfig.merge(KUEUE_AS_INSTALLED, objects["kueue-config.yaml"][0], NS)  # the README's step 2
+    store.create(kueue_config_map(merged))
     store.create(obj("v1", "ServiceAccount", "hub", NS))
     for plural in doctor_checks.KUEUE_CRDS:
         versions = [{"name": "v1beta1", "served": True}, {"name": "v1beta2", "served": True, "storage": True}]
@@ -210,11 +218,20 @@ def break_rbac(cluster, exp):
     cluster.store.remove("RoleBinding", NS, "danlu-jobs")
 
 
-def break_kueue_config(cluster, exp):
-    config = manifests.make_kueue_configuration("someone-else")
-    config["integrations"]["frameworks"] = ["batch/job"]
+def kueue_config_map(config: dict) -> dict:
     data = {doctor_checks.KUEUE_CONFIG_KEY: yaml.safe_dump(config)}
-    cluster.store.mutate("ConfigMap", "kueue-system", "kueue-manager-config", lambda o: o.update(data=data))
+    return obj("v1", "ConfigMap", doctor_checks.KUEUE_CONFIG_MAP, "kueue-system", data=data)
+
+
+def break_kueue_config(cluster, exp):
+    config = kueue_config_map(KUEUE_AS_INSTALLED)  # as installed: Danlu's needs never merged
+    cluster.store.mutate("ConfigMap", "kueue-system", "kueue-manager-config", lambda o: o.update(data=config["data"]))
+
+
+def break_pods_ready(cluster, exp):
+    required = {**kueueconfig.requirements(0)}  # the frameworks merged, waitForPodsReady not
+    config = kueue_config_map(kueueconfig.merge(KUEUE_AS_INSTALLED, required, NS)[0])
+    cluster.store.mutate("ConfigMap", "kueue-system", "kueue-manager-config", lambda o: o.update(data=config["data"]))
 
 
 def break_cluster_queue(cluster, exp):
@@ -268,7 +285,8 @@ def break_policy(cluster, exp):
     [
         (break_api, 1, "unreachable", "kubeconfig"),
         (break_rbac, 2, "may not: create trainjobs.trainer.kubeflow.org", "kubectl apply -f rbac.yaml"),
-        (break_kueue_config, 3, "lacks trainer.kubeflow.org/trainjob, pod", "kubectl apply -f kueue-config.yaml"),
+        (break_kueue_config, 3, "lacks trainer.kubeflow.org/trainjob, pod", "python -m danlu.hub.k8s.kueueconfig"),
+        (break_pods_ready, 3, "waitForPodsReady is off", "python -m danlu.hub.k8s.kueueconfig"),
         (break_cluster_queue, 3, "ClusterQueue vision is not active (Active=False: FlavorNotFound", "kueue.yaml"),
         (break_visibility, 4, "is not Available (Available=False: FailedDiscoveryCheck", "apiservice"),
         (break_webhook, 5, "no ready endpoint behind Service kubeflow-system/jobset-webhook-service", "every TrainJob"),
@@ -333,7 +351,8 @@ def test_the_cli_prints_each_check_and_exits_non_zero_on_a_failure(setup, capsys
 
 def test_no_cluster_configuration_is_a_failed_first_check(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    settings = load_settings(None, environ={})
+    (tmp_path / "danlu.yaml").write_text(yaml.safe_dump({"kubernetes": {"trial": True}}))
+    settings = load_settings(tmp_path / "danlu.yaml", environ={})
     exp = doctor.expected(settings, builtin_profiles())
     results = doctor_io.diagnose(exp, kubeconfig=str(tmp_path / "missing"))
     assert results[0].status == "failed" and "--kubeconfig" in results[0].problems[0].fix
@@ -387,6 +406,10 @@ def backend_calls() -> set[tuple[str, str, str]]:
         verb = verbs[name.split("_")[0]]
         if api == "CoreV1Api":
             found.add((verb, "", core[name.split("namespaced_", 1)[1]]))
+        elif api == "NetworkingV1Api":
+            found.add(
+                (verb, "networking.k8s.io", {"network_policy": "networkpolicies"}[name.split("namespaced_", 1)[1]])
+            )
         else:  # CustomObjectsApi: group, version, namespace, plural
             group, plural = node.args[2], node.args[5]
             group = jobs.GROUP if isinstance(group, ast.Attribute) else group.value
@@ -395,8 +418,9 @@ def backend_calls() -> set[tuple[str, str, str]]:
     return found
 
 
-def test_the_rbac_the_doctor_checks_covers_every_call_of_the_backend():
-    exp = doctor.expected(load_settings(None, environ={}), builtin_profiles())
+def test_the_rbac_the_doctor_checks_covers_every_call_of_the_backend(tmp_path):
+    (tmp_path / "danlu.yaml").write_text(yaml.safe_dump({"kubernetes": {"trial": True}}))
+    exp = doctor.expected(load_settings(tmp_path / "danlu.yaml", environ={}), builtin_profiles())
     calls = backend_calls()
     assert ("create", "trainer.kubeflow.org", "trainjobs") in calls and ("get", "", "pods/log") in calls
     assert calls <= set(exp.rules), calls - set(exp.rules)

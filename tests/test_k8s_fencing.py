@@ -5,24 +5,19 @@ The NetworkPolicies are tested by evaluating them: :func:`allowed` is the Networ
 destination's ingress both allow it; a pod no policy selects for a direction is open in it; rules
 of all the policies that select it add up), run on the rendered policies for a job pod talking to
 the cloud metadata address, the API server, another job, a notebook, DNS, the hub, MLflow and its
-own peers. With helm (``helm`` on PATH or beside the interpreter) the chart's own policies join in,
-and the Pod Security level the namespace enforces is checked against every pod the chart renders
-and the notebook pods ``DanluKubeSpawner`` builds after the chart's own hub configuration.
+own peers. The chart tier (tests/chart/test_pod_security.py) adds the chart's own policies and checks
+the Pod Security level the namespace enforces against every pod the chart renders and the notebook
+pods ``DanluKubeSpawner`` builds after the chart's own hub configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import ipaddress
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from danlu import env
 from danlu.hub.backends.base import Launch
@@ -322,143 +317,3 @@ def test_a_multi_node_attempt_gets_its_peers_policy_owned_by_its_trainjob():
     assert policy == policies.make_peer_policy("danlu-j1-1", NS, jobs.labels("j1", 1, "ana", "vision"), "uid-1")
     assert errors(policy) == []
     assert not any(m.endswith("network_policy") for m, _ in started(nnodes=1))
-
-
-# --- the namespace enforces what the chart's pods pass ---------------------------------------
-
-
-def helm() -> str | None:
-    found = shutil.which("helm") or next(
-        (str(p) for p in (ROOT / ".venv" / "bin" / "helm", Path(sys.executable).parent / "helm") if p.exists()), None
-    )
-    return found
-
-
-needs_helm = pytest.mark.skipif(helm() is None or not CHART.exists(), reason="helm or the z2jh chart is not here")
-
-
-@pytest.fixture(scope="module")
-def chart(tmp_path_factory):
-    """The chart rendered by helm with the rendered values; the values the hub pod reads; Danlu's config."""
-    folder = tmp_path_factory.mktemp("render")
-    settings, profiles = example()
-    files = render.render(settings, profiles)
-    render.write(files, folder)
-    out = subprocess.run(
-        [helm(), "template", "danlu", str(CHART), "-n", NS, "-f", str(folder / "values.yaml")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    objects = [o for o in yaml.safe_load_all(out) if o]
-    (secret,) = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "hub"]
-    secrets = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    values = yaml.safe_load(secrets["values.yaml"])
-    (hub_names,) = [o["data"] for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "hub"]
-    config_map = render.objects(settings, profiles)["mlflow.yaml"][0]
-    (folder / "profiles.yaml").write_text(config_map["data"]["profiles.yaml"])
-    danlu_yaml = yaml.safe_load(config_map["data"]["danlu.yaml"])
-    danlu_yaml.pop("profiles_file")  # /etc/danlu/profiles.yaml on the cluster: beside danlu.yaml here
-    (folder / "danlu.yaml").write_text(yaml.safe_dump(danlu_yaml))
-    return SimpleNamespace(objects=objects, values=values, secrets=secrets, names=hub_names, folder=folder)
-
-
-def notebook_pods(chart, monkeypatch, tmp_path) -> list[dict]:
-    """User pods as the hub builds them: the chart's jupyterhub_config.py (its hub.extraConfig runs Danlu's
-    configure(c)), then DanluKubeSpawner for each profile."""
-    import kubernetes_asyncio.client  # deferred: only the chart tier needs the client
-    from jupyterhub.objects import Hub  # deferred: as above
-    from kubernetes_asyncio.config import kube_config  # deferred: as above
-    from tornado.httpclient import AsyncHTTPClient  # deferred: as above
-    from traitlets.config import Config  # deferred: as above
-
-    from danlu.hub.k8s.spawner import DanluKubeSpawner  # deferred: imports kubespawner
-
-    kubeconfig = tmp_path / "kubeconfig"
-    cluster = {"name": "none", "cluster": {"server": "https://127.0.0.1:9"}}
-    context = {"name": "none", "context": {"cluster": "none", "user": "none"}}
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "none",
-                "clusters": [cluster],
-                "users": [{"name": "none", "user": {"token": "unused"}}],
-                "contexts": [context],
-            }
-        )
-    )
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("DANLU_CONFIG", str(chart.folder / "danlu.yaml"))
-    monkeypatch.setenv("POD_NAMESPACE", NS)
-    for service in (o for o in chart.objects if o["kind"] == "Service"):  # what the kubelet sets in the hub pod
-        prefix = service["metadata"]["name"].upper().replace("-", "_")
-        monkeypatch.setenv(f"{prefix}_SERVICE_HOST", "10.96.0.10")
-        monkeypatch.setenv(f"{prefix}_SERVICE_PORT", str(service["spec"]["ports"][0]["port"]))
-    monkeypatch.setattr(AsyncHTTPClient, "configure", classmethod(lambda cls, *a, **k: None))  # no pycurl here
-    monkeypatch.syspath_prepend(str(CHART / "files" / "hub"))
-    import z2jh  # deferred: the chart's own module, importable once its folder is on the path
-
-    monkeypatch.setattr(z2jh, "_load_config", lambda: chart.values)  # the hub Secret's values.yaml
-    monkeypatch.setattr(z2jh, "_get_config_value", chart.names.__getitem__)  # the hub ConfigMap's names
-    monkeypatch.setattr(z2jh, "get_secret_value", lambda key, default=None: chart.secrets.get(key, default))
-    c = Config()
-    source = (CHART / "files" / "hub" / "jupyterhub_config.py").read_text()
-    exec(compile(source, "jupyterhub_config.py", "exec"), {"get_config": lambda: c, "__file__": "x"})
-    if c.KubeSpawner.get("profile_list") == []:  # the chart's empty list beats Danlu's (issue 16, fault 1)
-        del c.KubeSpawner["profile_list"]
-
-    async def build(profile):
-        user = SimpleNamespace(name="ana", escaped_name="ana", id=1, admin=False, url="/user/ana/", server=None)
-        user.groups = []
-        s = DanluKubeSpawner(config=c, _mock=True, user=user, hub=Hub())
-        s.user_options = {"profile": profile}
-        await s._run_apply_user_options(s.user_options)
-        await s.load_user_options()
-        async with kubernetes_asyncio.client.ApiClient() as api:
-            return api.sanitize_for_serialization(await s.get_pod_manifest())
-
-    profiles = [p.slug for p in c.DanluKubeSpawner.profiles if p.environment.get("image")]
-    assert profiles
-    return {p: asyncio.run(build(p)) for p in profiles}
-
-
-@needs_helm
-def test_the_namespace_enforces_the_strictest_level_every_pod_in_it_passes(chart, monkeypatch, tmp_path):
-    """Every pod the chart renders, the notebook pods of every profile, and Danlu's own (MLflow, PostgreSQL,
-    jobs) pass the enforced level; ``restricted`` is the level only warned about because a pod fails it."""
-    settings, profiles = example()
-    ours = [o for objs in render.objects(settings, profiles).values() for o in objs]
-    pods = [(n, s, a) for n, s, a in pod_specs(chart.objects)]
-    notebooks = notebook_pods(chart, monkeypatch, tmp_path)
-    for pod in notebooks.values():  # the labels the policy tests give a notebook are a real one's
-        assert NOTEBOOK["labels"].items() <= pod["metadata"]["labels"].items()
-    pods += [(f"notebook/{slug}", p["spec"], p["metadata"].get("annotations")) for slug, p in notebooks.items()]
-    pods += [(n, s, a) for n, s, a in pod_specs(ours)]
-    pods += [(p["metadata"]["name"], p["spec"], None) for p in job_pods(nnodes=2)]
-    enforced = policies.POD_SECURITY["enforce"]
-    assert {name: violations(spec, enforced, ann) for name, spec, ann in pods} == {n: [] for n, _, _ in pods}
-    stricter = {"baseline": "restricted", "restricted": None}[enforced]
-    if stricter:
-        assert any(violations(spec, stricter, ann) for _, spec, ann in pods), f"every pod passes {stricter}"
-    assert policies.POD_SECURITY["warn"] == policies.POD_SECURITY["audit"] == "restricted"
-
-
-@needs_helm
-def test_with_the_charts_policies_the_runner_api_and_mlflow_let_job_pods_in(chart):
-    """The other end: the hub's (chart-rendered) ingress admits job pods on the runner API only."""
-    netpols = [o for o in chart.objects if o["kind"] == "NetworkPolicy"] + danlu_policies()
-    for p in netpols:
-        p["metadata"].setdefault("namespace", NS)
-    a = job_pod("danlu-j1-1")
-    assert allowed(netpols, a, HUB, names.JOBS_SERVICE_PORT)
-    assert allowed(netpols, a, MLFLOW, names.MLFLOW_PORT)
-    assert not allowed(netpols, a, HUB, 8081)
-    assert not allowed(netpols, a, PROXY, 8000)
-    assert not allowed(netpols, a, {"ip": METADATA_IP}, 80)
-    assert not allowed(netpols, NOTEBOOK, a, 29400)  # the chart's notebook egress meets the job fence
-    # notebooks: the chart's policy, not its privileged iptables init container, keeps the metadata address out
-    assert not allowed(netpols, NOTEBOOK, {"ip": METADATA_IP}, 80)
-    assert allowed(netpols, NOTEBOOK, {"ip": "8.8.8.8"}, 443)

@@ -70,6 +70,7 @@ class Expected:
     mlflow_url: str
     probe_image: str | None
     probe_targets: list[ProbeTarget]
+    pods_ready_timeout: int = 0  # kubernetes.pods_ready_timeout: Kueue's waitForPodsReady must be on
 
 
 def expected(settings, profiles) -> Expected:
@@ -113,6 +114,7 @@ def expected(settings, profiles) -> Expected:
             ProbeTarget("mlflow", mlflow.netloc, False),
             ProbeTarget("jobs", f"hub.{ns}.svc:{names.JOBS_SERVICE_PORT}", False),
         ],
+        pods_ready_timeout=kube.pods_ready_timeout,
     )
 
 

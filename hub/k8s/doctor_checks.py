@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from danlu.hub.k8s import names, readme
+from danlu.hub.k8s import kueueconfig, names, readme
 
 if TYPE_CHECKING:
     from danlu.hub.k8s.doctor import Expected
 
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_CONFIG_MAP = "kueue-manager-config"
-KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
-KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob", "pod")
+KUEUE_CONFIG_KEY = kueueconfig.CONFIG_KEY
+KUEUE_FRAMEWORKS = kueueconfig.FRAMEWORKS
 #: Kueue's default managedJobsNamespaceSelector (the Configuration leaves it out)
 KUEUE_DEFAULT_SELECTOR = {
     "matchExpressions": [
@@ -187,8 +187,9 @@ def check_kueue(facts: dict, exp: Expected):
         problems.append(Problem(f"Kueue's CRDs do not serve v1beta2 ({', '.join(old)})", f"upgrade Kueue to {install}"))
     config = facts["config"]
     apply_config = (
-        "kubectl apply -f kueue-config.yaml (or add it to your Kueue configuration), then "
-        f"kubectl -n {KUEUE_NAMESPACE} rollout restart deployment/kueue-controller-manager"
+        "merge kueue-config.yaml into it with python -m danlu.hub.k8s.kueueconfig (the rendered README's step 2: "
+        f"it keeps other teams' settings), then kubectl -n {KUEUE_NAMESPACE} rollout restart "
+        "deployment/kueue-controller-manager"
     )
     if config is None:
         problems.append(
@@ -203,6 +204,14 @@ def check_kueue(facts: dict, exp: Expected):
         if not selects(selector, facts["namespace_labels"]):
             problems.append(
                 Problem(f"Kueue's managedJobsNamespaceSelector does not select namespace {exp.namespace}", apply_config)
+            )
+        if exp.pods_ready_timeout and not config.get("waitForPodsReady"):
+            problems.append(
+                Problem(
+                    "Kueue's waitForPodsReady is off: a job whose pods never start (an image that cannot be "
+                    "pulled, a missing claim) holds its team's quota until its deadline",
+                    apply_config,
+                )
             )
         if config.get("manageJobsWithoutQueueName"):
             problems.append(
