@@ -113,7 +113,7 @@ def test_training_runtime():
 def test_a_private_registry_gives_the_runtime_its_image_pull_secrets(tmp_path):
     """Without them a private image is never pulled: the pods wait and (issue 16) held the team's quota."""
     config = tmp_path / "danlu.yaml"
-    config.write_text("kubernetes: {image_pull_secrets: [regcred]}\n")
+    config.write_text("kubernetes: {image_pull_secrets: [regcred], trial: true}\n")
     settings = load_settings(config, environ={env.BASE_DIR: str(ROOT)})
     files = render.render(settings, load_profiles(settings.profiles_file))
     (runtime,) = yaml.safe_load_all(files["trainer.yaml"])

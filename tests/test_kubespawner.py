@@ -45,7 +45,7 @@ SETTINGS_YAML = {
     },
     "teams": {"vision": {"quota": {"gpus": {"a100": 4}}}, "nlp": {"quota": {"gpus": {"h100": 4}}}},
     "priority_classes": {"normal": {"value": 0, "default": True}, "urgent": {"value": 100}},
-    "kubernetes": {"namespace": "research", "shm_size": "16G"},
+    "kubernetes": {"namespace": "research", "shm_size": "16G", "trial": True},
     "jobs": {"backend": "kubernetes"},
 }
 PROFILES_YAML = {
@@ -358,12 +358,12 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
         names.PROFILES_FILE: str(config_dir / "profiles.yaml"),
         names.BASE_DIR: str(config_dir),
         names.STATE_DIR: "/srv/jupyterhub/danlu",
-        names.MLFLOW_URL: "http://danlu-mlflow:5000",
+        names.MLFLOW_URL: "http://danlu-mlflow.research.svc:5000/services/mlflow",
     }
     # users reach MLflow through the gateway (hub login); jobs reach it in the namespace
     assert gateway["url"] == "http://hub:10102"
     assert gateway["command"][1:] == ["-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"]
-    assert gateway["environment"] == {names.MLFLOW_URL: "http://danlu-mlflow:5000"}
+    assert gateway["environment"] == {names.MLFLOW_URL: "http://danlu-mlflow.research.svc:5000/services/mlflow"}
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert set(roles) == {"jupyterhub-idle-culler", "user", "danlu-admin", "danlu-service"}
     assert roles["user"]["scopes"] == [
@@ -389,7 +389,7 @@ def test_configure_refuses_local_jobs_and_a_missing_folder(config_dir, tmp_path)
     with pytest.raises(ConfigError, match="jobs.backend is local"):
         configure(Config(), config_dir, environ={})
     other = config_dir / "elsewhere.yaml"
-    other.write_text(yaml.safe_dump({"kubernetes": {"namespace": "x"}}))
+    other.write_text(yaml.safe_dump({"kubernetes": {"namespace": "x", "trial": True}}))
     assert configure(Config(), config_dir, environ={names.CONFIG: str(other)}).kubernetes.namespace == "x"
 
 

@@ -11,7 +11,7 @@ those two services their URLs, ports and roles, and open the network paths they 
 from __future__ import annotations
 
 from danlu import env
-from danlu.hub.k8s import manifests, names
+from danlu.hub.k8s import manifests, mlflowserver, names
 from danlu.hub.scopes import WRITE
 
 CHART_VERSION = "4.4.0"
@@ -132,7 +132,7 @@ def make_values(
     idle_timeout: int,
 ) -> dict:
     """The chart values (keys sorted on output). Quantities are strings."""
-    mlflow_url = f"http://{names.MLFLOW_SERVICE}.{namespace}.svc:{names.MLFLOW_PORT}/services/mlflow"
+    mlflow_url = mlflowserver.url(namespace)
     dynamic: dict = {"storageAccessModes": ["ReadWriteMany"]}  # job pods mount their owner's home elsewhere
     if home_storage_class:
         dynamic["storageClass"] = home_storage_class
