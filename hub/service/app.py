@@ -31,7 +31,7 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
 from jupyterhub.traitlets import EntryPointType
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Instance, Integer, Type, Unicode, default
+from traitlets import Bool, Float, Instance, Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from danlu import __version__, env
@@ -43,7 +43,8 @@ from danlu.hub.config import Settings, load_settings
 from danlu.hub.profiles import builtin_profiles, load_profiles
 from danlu.hub.service import culling, validation
 from danlu.hub.service.api.routes import routes
-from danlu.hub.service.api.web import MAX_BODY, NotFoundHandler
+from danlu.hub.service.api.runner import RateBounds
+from danlu.hub.service.api.web import ANONYMOUS_BODY, MAX_BODY, NotFoundHandler
 from danlu.hub.service.auth import GroupDirectory
 from danlu.hub.service.jobs import provenance
 from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
@@ -121,6 +122,45 @@ class JobsServiceApp(Application):
         help="Stop users' servers idle for danlu.yaml's hub.idle_timeout_seconds (off "
         "where the hub has a culler of its own: the chart's, on Kubernetes).",
     ).tag(config=True)
+    config_file = Unicode(
+        help="A traitlets configuration file of this service (c.JobsServiceApp.<option> = ...), read at start if "
+        "it exists. Default: danlu_service_config.py beside danlu.yaml."
+    ).tag(config=True)
+    anonymous_max_body = Integer(
+        ANONYMOUS_BODY,
+        min=0,
+        help="The most bytes of request body a caller no one has authenticated may send (413 beyond, before "
+        "anything is buffered); authenticated callers keep each route's own bound (64 MiB for a submission).",
+    ).tag(config=True)
+    max_html_renders = Integer(
+        2,
+        min=1,
+        help="Notebooks rendered as HTML at once (format=html); a request beyond gets a 503 with Retry-After "
+        "rather than waiting. Each render takes a CPU core and up to a few hundred MiB of memory.",
+    ).tag(config=True)
+    runner_api_rate = Float(
+        5.0,
+        min=0.01,
+        help="Requests per second each attempt's runner (and its job's code) may make to the runner API, on "
+        "average; a spec read counts as 10. Beyond it: 429 with Retry-After.",
+    ).tag(config=True)
+    runner_api_burst = Integer(
+        60,
+        min=10,
+        help="Requests an attempt may make to the runner API at once before runner_api_rate applies.",
+    ).tag(config=True)
+    dataset_scan_timeout = Float(
+        3600.0,
+        min=1,
+        help="Seconds a dataset registration may spend reading the data (it runs in a child process, killed "
+        "then); a registration that takes longer is refused, naming the limit.",
+    ).tag(config=True)
+    dataset_max_bytes = Integer(
+        16 * 2**40,
+        min=1,
+        help="The most bytes (apparent size: a sparse file counts in full) a dataset version may hold; larger "
+        "data is refused before any of it is read.",
+    ).tag(config=True)
     settings_ = Instance(Settings)
 
     @default("log_level")
@@ -151,6 +191,9 @@ class JobsServiceApp(Application):
         super().initialize(argv)
         logging.getLogger("tornado.access").setLevel(logging.WARNING)
         self.settings_ = settings = load_settings()
+        config_file = self.config_file or str(settings.base_dir / "danlu_service_config.py")
+        if os.path.isfile(config_file):
+            self.load_config_file(os.path.basename(config_file), path=[os.path.dirname(config_file)])
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         inventory = gpu_inventory.inventory(settings.gpus)
@@ -179,6 +222,7 @@ class JobsServiceApp(Application):
             log=self.log,
         )
         self.manager.audit.record_profiles(profiles)
+        self.manager.datasets.bound(timeout=self.dataset_scan_timeout, max_bytes=self.dataset_max_bytes)
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
@@ -191,7 +235,10 @@ class JobsServiceApp(Application):
             hub_auth=self.hub_auth,
             danlu_manager=self.manager,
             cookie_secret=os.urandom(32),
-            xsrf_cookies=False,
+            xsrf_cookies=False,  # JupyterHub's own check, in HubOAuth, for every cookie-authenticated request
+            danlu_anonymous_max_body=self.anonymous_max_body,
+            danlu_html_renders=asyncio.Semaphore(self.max_html_renders),
+            danlu_runner_rate=RateBounds(self.runner_api_rate, self.runner_api_burst),
             log_function=self._log_request,
         )
 

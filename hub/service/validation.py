@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import json
 import keyword
 import math
 import re
@@ -34,6 +35,9 @@ USAGE_GROUPINGS = ("user", "team", "queue", "profile")
 #: an executed notebook a runner hands over (the same bound as a submitted one)
 MAX_OUTPUT = MAX_BODY
 MAX_SIZE = 2**60
+#: the most bytes of JSON one job parameter's value may take, and all of them together
+MAX_PARAMETER = 16 * 1024
+MAX_PARAMETERS = 64 * 1024
 MAX_SAFE_INT = 2**53 - 1  # the largest integer every JSON client (JavaScript included) reads exactly
 EARLIEST = dt.datetime(1970, 1, 1)
 LATEST = dt.datetime(9999, 12, 30, 23, 59, 59, 999999)  # a day short of datetime.max: end + 1 day still works
@@ -370,11 +374,32 @@ def check_team_change(changes, flavors) -> None:
 
 
 def check_parameters(params: dict) -> None:
-    for key in params:
+    """Names that are Python identifiers, and values of bounded size: a parameter is injected into the notebook
+    and kept in the job's row and every view of it, so at most :data:`MAX_PARAMETER` bytes of JSON each and
+    :data:`MAX_PARAMETERS` together (data belongs in a dataset)."""
+    total = 0
+    for key, value in params.items():
+        field = f"parameters.{key if len(key) <= 64 else key[:60] + '...'}"
         if not key.isidentifier() or keyword.iskeyword(key):
             raise ValidationError(
                 f"parameter name {show(key)} is not a Python identifier",
-                field=f"parameters.{key if len(key) <= 64 else key[:60] + '...'}",
+                field=field,
                 reason="bad_parameter",
                 fix="use letters, digits and _ (not starting with a digit)",
+            )
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size > MAX_PARAMETER:
+            raise ValidationError(
+                f"parameter {key[:64]} is {size} bytes as JSON, over the limit of {MAX_PARAMETER} bytes a value",
+                field=field,
+                reason="too_large",
+                fix="pass large values as a dataset (or a file) and give the job its name",
+            )
+        total += size + len(key)
+        if total > MAX_PARAMETERS:
+            raise ValidationError(
+                f"parameters are over {MAX_PARAMETERS} bytes together (as JSON), at parameter {key[:64]}",
+                field=field,
+                reason="too_large",
+                fix="pass fewer or smaller parameters; large values belong in a dataset",
             )

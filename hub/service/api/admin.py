@@ -2,7 +2,9 @@
 
 One handler class per route, so a method a route does not have is a 405 that
 says which it has; the manager decides who may call what (admins, or the
-hub's own token for allocations and logins).
+hub's own token for logins). An admin-only route refuses anyone else (403)
+before it reads the body or the path: authorization before validation, so a
+refusal never depends on, or tells anything about, what was sent.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from danlu.hub.service.formats import HOLDER, QUEUE
 
 class AllocationsHandler(APIHandler):
     async def get(self):
-        self.write_json(await self.manager.allocations(self.principal()))
+        self.write_json(await self.manager.allocations(self.admin()))
 
     async def post(self):
-        who = self.principal()
+        who = self.admin()
         body = self.json_body()
         validation.check_schema("AllocationRequest", body)
         self.write_json({"devices": await self.manager.allocate_server(who, body)}, 201)
@@ -25,7 +27,7 @@ class AllocationsHandler(APIHandler):
 
 class ServerAllocationHandler(APIHandler):
     async def delete(self, holder):
-        who = self.principal()
+        who = self.admin()
         await self.manager.release_server(who, self.path_arg(holder, "holder", HOLDER, "a server (user or user:name)"))
         self.set_status(204)
         self.finish()
@@ -41,27 +43,27 @@ class WarmHandler(APIHandler):
 
 class QueueHandler(APIHandler):
     async def patch(self, name):
-        who = self.principal()
+        who = self.admin()
         name = self.path_arg(name, "name", QUEUE, "a queue name")
         body = self.json_body()
         validation.check_schema("QueueChange", body)
         self.write_json(await self.manager.queues.change(who, name, body))
 
     async def delete(self, name):
-        who = self.principal()
+        who = self.admin()
         self.write_json(await self.manager.queues.reset(who, self.path_arg(name, "name", QUEUE, "a queue name")))
 
 
 class QueueHoldHandler(APIHandler):
     async def post(self, name, action):
-        who = self.principal()
+        who = self.admin()
         name = self.path_arg(name, "name", QUEUE, "a queue name")
         self.write_json(await self.manager.queues.hold(who, name, action == "hold"))
 
 
 class DrainHandler(APIHandler):
     async def post(self):
-        who = self.principal()
+        who = self.admin()
         body = self.json_body()
         validation.check_schema("Drain", body)
         self.write_json(await self.manager.queues.drain(who, body["on"]))
@@ -69,7 +71,7 @@ class DrainHandler(APIHandler):
 
 class AuditHandler(APIHandler):
     async def get(self):
-        who = self.principal()
+        who = self.admin()
         self.write_json(
             {
                 "records": await self.manager.audit.records(
@@ -91,7 +93,7 @@ class AuditHandler(APIHandler):
 
 class AuditVerifyHandler(APIHandler):
     async def get(self):
-        self.write_json(await self.manager.audit.verify(self.principal()))
+        self.write_json(await self.manager.audit.verify(self.admin()))
 
 
 class MetricsHandler(APIHandler):

@@ -9,7 +9,9 @@ as JupyterLab does for untrusted notebooks) and serves the page with a
 Content-Security-Policy ``sandbox`` without ``allow-same-origin`` and without
 ``allow-scripts``: the page gets an opaque origin and runs no script at all,
 whatever got past the sanitizer. Rendering runs off the event loop, on at
-most :data:`MAX_HTML` bytes.
+most :data:`MAX_HTML` bytes, and at most ``JobsServiceApp.max_html_renders``
+at once: a request beyond gets a 503 with ``Retry-After`` at once, never a
+wait behind someone else's renders.
 """
 
 from __future__ import annotations
@@ -57,7 +59,18 @@ async def render_notebook(handler: APIHandler, data: bytes) -> None:
             reason="too_large",
             fix="download it as ipynb (leave out format=html)",
         )
-    page = await asyncio.get_running_loop().run_in_executor(None, notebook_html, data)
+    slots: asyncio.Semaphore = handler.settings.get("danlu_html_renders") or asyncio.Semaphore(1)
+    if slots.locked():
+        busy = DanluError(
+            "the service is rendering as many notebooks as it may at once",
+            status=503,
+            reason="renders_busy",
+            fix="try again in a few seconds, or download the notebook as ipynb (leave out format=html)",
+        )
+        busy.retry_after = 5
+        raise busy
+    async with slots:
+        page = await asyncio.get_running_loop().run_in_executor(None, notebook_html, data)
     handler.set_header("Content-Type", "text/html; charset=utf-8")
     handler.set_header("Content-Security-Policy", CSP)
     handler.set_header("X-Frame-Options", "DENY")

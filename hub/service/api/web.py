@@ -5,8 +5,12 @@
 its status, reason, field and fix; a method a route does not have is a 405
 that lists the allowed ones (an unknown route is a 404 whatever the method);
 anything unexpected is a logged 500 with no traceback in the response.
-Request bodies go through :func:`~danlu.hub.service.jsonbody.parse_json` (size, depth,
-non-finite numbers, surrogates, NUL) and must be JSON objects; path and
+Request bodies are streamed (``stream_request_body``): the caller is identified in ``prepare``, before
+a byte of the body is read, and a caller no one has authenticated may send at most
+:data:`ANONYMOUS_BODY` bytes (``JobsServiceApp.anonymous_max_body``), a 413 that says so as soon as the
+headers announce more; authenticated callers keep their route's bound (``max_body``). Bodies then go
+through :func:`~danlu.hub.service.jsonbody.parse_json` (size, depth, non-finite numbers, surrogates, NUL)
+and must be JSON objects; path and
 query parameters are read as sent (UTF-8, given once, no control character
 quietly turned into a space, as tornado's ``get_argument`` would) through
 typed, bounded readers, and each refusal names the parameter and the fix.
@@ -27,11 +31,13 @@ from tornado.log import app_log
 from danlu.errors import DanluError, Forbidden, UsageError, ValidationError
 from danlu.hub.hubauth import AsyncHubAuthenticated
 from danlu.hub.service import jsonbody, validation
-from danlu.hub.service.auth import Principal
+from danlu.hub.service.auth import Principal, require_admin
 from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.manager import JobManager
 
 MAX_BODY = jsonbody.MAX_BODY
+#: what a caller no one has authenticated may send, unless the app says otherwise (anonymous_max_body)
+ANONYMOUS_BODY = 64 * 1024
 MAX_QUERY = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 METHODS = ("get", "post", "put", "patch", "delete", "head", "options")
@@ -47,10 +53,59 @@ _JSON_TYPES = {
 PATH_NAMES = {"job_id": "id"}
 
 
+def too_large(limit: int, who: str) -> DanluError:
+    amount = f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit // 1024} KiB"
+    return DanluError(
+        f"the request body is larger than {amount}, the most {who} may send here",
+        status=413,
+        reason="too_large",
+        field="body",
+        fix="authenticate first ('Authorization: token <JupyterHub token>'), and send less"
+        if who == "an unauthenticated caller"
+        else "send less: large data belongs in a dataset, not in the request",
+    )
+
+
+@web.stream_request_body
 class BaseHandler(web.RequestHandler):
-    """JSON in, JSON out, errors as JSON; no authentication of its own."""
+    """JSON in, JSON out, errors as JSON; no authentication of its own.
+
+    The body is streamed: :meth:`prepare` runs once the headers are in, identifies the caller
+    (:meth:`authenticate`) and bounds what may follow (:meth:`body_limit`), before anything is buffered.
+    """
 
     max_body = MAX_BODY
+    _body: bytearray | None = None
+
+    async def authenticate(self) -> bool:
+        """Identify the caller before the body is read; True if someone is authenticated (none here)."""
+        return False
+
+    def body_limit(self, authenticated: bool) -> int:
+        if authenticated:
+            return self.max_body
+        return min(self.max_body, self.settings.get("danlu_anonymous_max_body", ANONYMOUS_BODY))
+
+    async def prepare(self):
+        authenticated = await self.authenticate()
+        limit = self.body_limit(authenticated)
+        who = "you" if authenticated else "an unauthenticated caller"
+        length = self.request.headers.get("Content-Length")
+        if length is not None and (not length.strip().isdigit() or int(length) > limit):
+            raise too_large(limit, who)
+        # a chunked body is cut off by tornado itself past the limit (400, connection closed)
+        self.request.connection.set_max_body_size(limit)
+        self._body_limit = limit
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._body is None:
+            self._body = bytearray()
+        self._body += chunk
+
+    @property
+    def body(self) -> bytes:
+        """The whole request body, as received (within :meth:`body_limit`)."""
+        return bytes(self._body) if self._body else b""
 
     @property
     def manager(self) -> JobManager:
@@ -82,7 +137,7 @@ class BaseHandler(web.RequestHandler):
     def json_body(self, *, anything: bool = False):
         """The request body: a JSON object (any JSON value with ``anything``, for a caller that refuses
         the rest itself) within every bound of :func:`~danlu.hub.service.jsonbody.parse_json`."""
-        body = jsonbody.parse_json(self.request.body, max_bytes=self.max_body)
+        body = jsonbody.parse_json(self.body, max_bytes=self.max_body)
         if not anything and not isinstance(body, dict):
             raise ValidationError(
                 f"the request body must be a JSON object, not {_JSON_TYPES[type(body)]}",
@@ -166,6 +221,8 @@ class BaseHandler(web.RequestHandler):
             if exc.fix:
                 body["fix"] = exc.fix
             self.set_status(exc.status)
+            if getattr(exc, "retry_after", None):  # a 429 or 503 says when to come back
+                self.set_header("Retry-After", str(int(exc.retry_after)))
         elif status_code == 405 and not allowed:  # a method tornado does not know, on a route that has none
             body = NotFoundHandler.missing(self.request).to_dict()
             self.set_status(404)
@@ -229,14 +286,18 @@ class APIHandler(AsyncHubAuthenticated, BaseHandler):
 
     login_redirect = False
 
-    async def prepare(self):
-        await self.identify()  # never the hub's round trip on the event loop (danlu.hub.hubauth)
+    async def authenticate(self) -> bool:
+        # never the hub's round trip on the event loop (danlu.hub.hubauth). XSRF is JupyterHub's check: it is
+        # skipped only for a request its token authenticated, so a cookie is checked whatever other headers
+        # come with it (an Authorization header that authenticates no one included)
+        await self.identify()
+        return bool(self.current_user)
 
-    def check_xsrf_cookie(self):
-        # token-authenticated API calls are exempt; cookie-authenticated writes are checked by HubOAuth
-        if self.request.headers.get("Authorization"):
-            return
-        return super().check_xsrf_cookie()
+    def admin(self) -> Principal:
+        """The caller, if an admin; a 403 otherwise, before the request's body or arguments are looked at."""
+        who = self.principal()
+        require_admin(who)
+        return who
 
     def wants_html(self) -> bool:
         return self.request.method == "GET" and "text/html" in self.request.headers.get("Accept", "")

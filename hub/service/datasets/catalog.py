@@ -9,13 +9,19 @@ has a version of answers that version (200); new content is version n+1 (201). A
 changes: the catalog does not copy the data (datasets can be far larger than the state folder is
 sized for); instead a job that uses a version re-verifies its digest when it starts and fails, naming
 the changed files, on a mismatch (:meth:`Catalog.resolve` for submission, ``danlu.digests.verify`` in
-the runner). Hashing runs on a thread, one registration at a time, and refuses a folder of more than
-:data:`~.scan.MAX_FILES` files before reading any; a file that is a symbolic link out of the dataset's folder
-is refused the same way (:mod:`.scan`).
+the runner). Hashing runs in a child process (:func:`.scan.hash_as`: as the user with Unix accounts),
+killed past the scan's time bound, whose answer is read bounded and checked; there is no global lock:
+registrations of one dataset wait for each other (a lock per dataset, with its own digest cache file),
+and a user has one registration reading at a time (a second is a 429). A folder of more than
+:data:`~.scan.MAX_FILES` files, or of more bytes than the bound (apparent sizes: a sparse file counts in
+full), is refused before any is read; a file that is a symbolic link out of the dataset's folder is
+refused the same way (:mod:`.scan`).
 
-Groups: ``read_groups`` and ``register_groups`` (empty: everyone) are set by the first registration;
+Groups: ``read_groups`` (empty: everyone) and ``register_groups`` are set by the first registration;
 admins may do anything. Someone outside ``read_groups`` gets a 404 for the dataset, never a 403, as
-for another user's job; a reader outside ``register_groups`` gets a 403 that says whom to ask.
+for another user's job. New versions, and so what ``@latest`` names, come from the dataset's owner (who
+registered it first) and members of ``register_groups`` only (empty: the owner alone); another reader gets
+a 403 that says whom to ask.
 
 Uses: every catalog version a job names at submission, and every one its code asks for through the
 runner API (``danlu.dataset``), is a ``dataset_uses`` row (:func:`record_uses`, one per job, version and
@@ -32,7 +38,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import defer
 
 from danlu.digests import TRAINING
-from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub.service import paths, validation
 from danlu.hub.service.datasets import scan
 from danlu.hub.service.formats import DATASET_REF
@@ -95,19 +101,24 @@ def member(principal, groups: set[str], allowed) -> bool:
     return principal.admin or not allowed or bool(groups & set(allowed))
 
 
+def may_register(principal, groups: set[str], ds: Dataset) -> bool:
+    """Whether the caller may add a version: the owner, a member of ``register_groups``, or an admin."""
+    return principal.admin or principal.name == ds.created_by or bool(groups & set(ds.register_groups or []))
+
+
 def check_registrant(principal, groups: set[str], ds: Dataset) -> None:
     """Refuse someone who may not add a version to ``ds``: 409 if they may not see it, else 403."""
     if not member(principal, groups, ds.read_groups):
         raise Conflict(
             f"a dataset named {ds.name} already exists", reason="name_taken", field="name", fix="choose another name"
         )
-    if not member(principal, groups, ds.register_groups):
+    if not may_register(principal, groups, ds):
+        who = ", ".join([ds.created_by, *(f"members of {g}" for g in ds.register_groups or [])])
         raise Forbidden(
-            f"only members of {', '.join(ds.register_groups)} may add versions to {ds.name}",
+            f"only {who} may add versions to {ds.name}",
             reason="not_a_registrant",
             field="name",
-            fix=f"ask a member of {', '.join(ds.register_groups)} or an admin to register it, "
-            "or register the data under a new name",
+            fix=f"ask {who} or an admin to register it, or register the data under a new name",
         )
 
 
@@ -129,7 +140,15 @@ class Catalog:
         self.settings = settings
         self.groups = groups
         self.log = log
-        self._hashing = asyncio.Lock()  # one registration reads the disk at a time; the digest cache has one writer
+        self.scan_timeout = scan.SCAN_TIMEOUT
+        self.max_bytes = scan.MAX_BYTES
+        # one registration of a dataset at a time (its digest cache has one writer): name -> [lock, users]
+        self._datasets: dict[str, list] = {}
+        self._scanning: set[str] = set()  # users with a registration reading now
+
+    def bound(self, *, timeout: float, max_bytes: int) -> None:
+        """A registration's time bound (seconds) and the most bytes a version may hold."""
+        self.scan_timeout, self.max_bytes = timeout, max_bytes
 
     # who may do what ----------------------------------------------------------------------------
     async def _groups(self, principal) -> set[str]:
@@ -164,16 +183,38 @@ class Catalog:
             check_groups(body, ds)
         home = settings.user_home(principal.name)
         account = settings.account(principal.name)
-        async with self._hashing:
-            if account is None:  # one account for everything: this process reads, with a digest cache
-                cache = settings.state_dir / "dataset-digests.json"
-                real, found, manifest, tables = await asyncio.to_thread(
-                    scan.digest_of, body["path"], home, settings.dataset_roots, cache
+        if principal.name in self._scanning:
+            busy = DanluError(
+                "you have a dataset registration reading its data already",
+                status=429,
+                reason="registration_in_progress",
+                field="path",
+                fix="wait for it to finish, then register this one",
+            )
+            busy.retry_after = 10
+            raise busy
+        self._scanning.add(principal.name)
+        held = self._datasets.setdefault(name, [asyncio.Lock(), 0])
+        held[1] += 1
+        try:
+            async with held[0]:
+                # with one account for everything the child reads as the service, with the dataset's digest cache;
+                # as the user otherwise: the service never reads for them what they could not read themselves
+                cache = settings.state_dir / "dataset-digests" / f"{name}.json" if account is None else None
+                real, found, manifest, tables = await scan.hash_as(
+                    account,
+                    body["path"],
+                    home,
+                    settings.dataset_roots,
+                    cache=cache,
+                    timeout=self.scan_timeout,
+                    max_bytes=self.max_bytes,
                 )
-            else:  # as the user: the service never reads for them what they could not read themselves
-                real, found, manifest, tables = await asyncio.to_thread(
-                    scan.hash_as, account, body["path"], home, settings.dataset_roots
-                )
+        finally:
+            self._scanning.discard(principal.name)
+            held[1] -= 1
+            if not held[1]:
+                del self._datasets[name]
         status, row = await self.database.write(
             _record, principal, groups, body, source, str(real), found, manifest, tables
         )

@@ -61,7 +61,11 @@ class RunnerApi:
         self.mlflow = mlflow
 
     async def spec(self, job_id: str, attempt: int, token: str) -> dict:
-        spec = await self.database.write(_spec, job_id, attempt, _hash(token))
+        digest = _hash(token)
+        # the notebook is read and parsed on a reader thread; the writer only notes the first fetch
+        spec = await self.database.read(_spec, job_id, attempt, digest)
+        if not spec.pop("fetched"):
+            await self.database.write(_fetched, job_id, attempt, digest)
         owner = spec["owner"]
         home = self.backend.user_home(owner) or str(self.settings.user_home(owner))
         spec.update(
@@ -170,13 +174,15 @@ def _nproc(s, job_id: str, number: int, digest: str) -> int:
 
 
 def _spec(s, job_id: str, number: int, digest: str) -> dict:
+    found = s.get(Job, job_id)
+    admitting = found is not None and handed_over(found)  # the write (_fetched) records the admission
     job, attempt = _attempt(s, job_id, number, digest)
     notebook = s.get(JobInput, job_id)
     if notebook is None:
         raise DanluError(f"job {job_id} has no notebook on record", status=409, reason="no_input")
-    job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
     tracking = job.tracking if isinstance(job.tracking, dict) else {}
     return {
+        "fetched": bool((job.backend_state or {}).get("spec_fetched")) and not admitting,
         "job_id": job.id,
         "attempt": attempt.number,
         "name": job.name,
@@ -203,6 +209,11 @@ def _spec(s, job_id: str, number: int, digest: str) -> dict:
             "experiment_id": tracking.get("experiment_id"),
         },
     }
+
+
+def _fetched(s, job_id: str, number: int, digest: str) -> None:
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
 
 
 def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float]:

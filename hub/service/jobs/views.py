@@ -29,6 +29,9 @@ from danlu.hub.service.store.rows import ATTEMPT_COLUMNS, JSON_COLUMNS, VIEW_COL
 #: 200 users with 20 each poll, and an admin's page of 1000; beyond that, the least recently read are built
 #: again when read
 MAX_CACHED = 5_000
+#: the most bytes of encoded views the cache keeps, and the largest one it keeps at all
+MAX_CACHED_BYTES = 64 * 2**20
+MAX_CACHED_VIEW = 256 * 1024
 _FINAL = frozenset(s.value for s in FINAL)
 
 
@@ -201,11 +204,14 @@ class ViewCache:
     and most of a listing is jobs that ended long ago. An entry is served only while what the database
     holds equals what it was built from, so a runner's late report, an admin's change or a migration
     shows at the next read, with no invalidation to forget. The least recently used go first beyond
-    ``size``. Used from the reader threads, hence the lock.
+    ``size`` entries or ``max_bytes`` of text; a view over :data:`MAX_CACHED_VIEW` is never kept. Used from
+    the reader threads, hence the lock.
     """
 
-    def __init__(self, size: int = MAX_CACHED):
+    def __init__(self, size: int = MAX_CACHED, max_bytes: int = MAX_CACHED_BYTES):
         self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[str, tuple[Stored, str]] = OrderedDict()
@@ -228,14 +234,15 @@ class ViewCache:
         for i, stored in enumerate(jobs):
             if out[i] is None:
                 out[i] = text = json.dumps(build(stored))
-                if stored.state in _FINAL:
+                if stored.state in _FINAL and len(text) <= MAX_CACHED_VIEW:
                     built.append((stored, text))
         if built:
             with self._lock:
                 self.misses += len(built)
                 for stored, text in built:
+                    old = self._entries.pop(stored.id, None)
+                    self.bytes += len(text) - (len(old[1]) if old else 0)
                     self._entries[stored.id] = (stored, text)
-                    self._entries.move_to_end(stored.id)
-                while len(self._entries) > self.size:
-                    self._entries.popitem(last=False)
+                while self._entries and (len(self._entries) > self.size or self.bytes > self.max_bytes):
+                    self.bytes -= len(self._entries.popitem(last=False)[1][1])
         return typing.cast(list[str], out)  # every one built above
