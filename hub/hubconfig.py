@@ -111,7 +111,8 @@ def oidc(c, section, auth) -> None:
     found = discover(auth.issuer, where=auth.where("issuer")) if auth.issuer else {}
     section.authorize_url = auth.authorize_url or found["authorize_url"]
     section.token_url = auth.token_url or found["token_url"]
-    section.userdata_url = auth.userdata_url or found["userdata_url"]
+    if not auth.options.get("userdata_from_id_token"):  # Azure AD: groups are in the ID token, not userinfo
+        section.userdata_url = auth.userdata_url or found["userdata_url"]
     if found:
         section.basic_auth = found["basic_auth"]
     section.username_claim = auth.username_claim

@@ -34,6 +34,8 @@ from danlu.hub.testing import Workbench, free_port
 from .conftest import cannot_run
 from .test_hubconfig import authenticator, hub_config
 
+pytestmark = pytest.mark.service
+
 ROOT = Path(__file__).resolve().parents[1]
 OIDC = ROOT / "tests" / "oidc"
 CHROMIUM = os.environ.get("DANLU_UI_CHROMIUM", "/usr/bin/chromium")
