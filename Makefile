@@ -103,10 +103,18 @@ $(UNIX_ENV)/.danlu-installed: $(PACKAGE_SOURCES) Makefile $(LABEXT)/package.json
 	chmod -R a+rX $(UNIX_ENV)
 	touch $@
 
+# The OIDC tests' own packages (tests/test_oidc.py): oidc-provider, a real OpenID provider run on loopback,
+# and playwright-core, which drives the system's Chromium (it never downloads a browser).
+OIDC_TESTS := tests/oidc
+$(OIDC_TESTS)/node_modules/.danlu-installed: $(OIDC_TESTS)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is required for the OIDC tests' provider: install Node.js >= 20 (e.g. apt-get install nodejs npm)"; exit 2; }
+	npm ci --prefix $(OIDC_TESTS) --no-audit --no-fund --loglevel=error
+	touch $@
+
 up: install
 	$(BIN)/danlu up
 
-test: install $(LAB)/ui-tests/node_modules/.danlu-installed
+test: install $(LAB)/ui-tests/node_modules/.danlu-installed $(OIDC_TESTS)/node_modules/.danlu-installed
 	npm run lint:check --prefix $(LAB)
 	npm test --prefix $(LAB)
 	$(BIN)/ruff check hub magics tests benchmarks examples extensions
@@ -143,4 +151,4 @@ benchmarks: install
 
 clean:
 	rm -rf $(VENV) .danlu build *.egg-info
-	rm -rf $(LAB)/node_modules $(LAB)/ui-tests/node_modules $(LAB)/lib $(LAB)/tsconfig.tsbuildinfo $(LABEXT)
+	rm -rf $(LAB)/node_modules $(LAB)/ui-tests/node_modules $(OIDC_TESTS)/node_modules $(LAB)/lib $(LAB)/tsconfig.tsbuildinfo $(LABEXT)

@@ -408,16 +408,17 @@ def load_settings(
 def _check(settings: Settings) -> None:
     """What the traits cannot say: combinations of options, and the backend's name."""
     auth = settings.auth
-    if (auth.manage_groups or auth.allowed_groups) and settings.groups:
+    if (auth.manage_groups or auth.allowed_groups or auth.admin_groups) and settings.groups:
         raise ConfigError(
             f"{settings.where('groups')}: groups cannot be listed when the identity provider "
-            "manages them (auth.manage_groups or auth.allowed_groups)",
+            "manages them (auth.manage_groups, auth.allowed_groups or auth.admin_groups)",
             fix="its groups claim decides membership then; remove 'groups'",
         )
-    if auth.allowed_groups and auth.type != "oidc":
+    if (auth.allowed_groups or auth.admin_groups or auth.issuer) and auth.type != "oidc":
+        key = "allowed_groups" if auth.allowed_groups else "admin_groups" if auth.admin_groups else "issuer"
         raise ConfigError(
-            f"{auth.where('allowed_groups')}: auth.allowed_groups is for oidc",
-            fix="use allowed_organizations (github) or allowed_gitlab_groups (gitlab)",
+            f"{auth.where(key)}: auth.{key} is for oidc",
+            fix="set auth.type: oidc, or remove it (github: allowed_organizations; gitlab: allowed_gitlab_groups)",
         )
     defaults = settings.priority_classes.defaults
     if len(defaults) > 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from danlu import env as names
 from danlu.errors import ConfigError
 from danlu.hub import mlflow_auth
 from danlu.hub.config import Settings, load_settings
+from danlu.hub.oidc import discover
 from danlu.hub.scopes import ADMIN, CULLER_SCOPES, CUSTOM_SCOPES, WRITE
 
 AUTHENTICATORS = {
@@ -30,11 +32,13 @@ AUTHENTICATORS = {
     "shared-password": "jupyterhub.authenticators.shared.SharedPasswordAuthenticator",
     "github": "oauthenticator.github.GitHubOAuthenticator",
     "gitlab": "oauthenticator.gitlab.GitLabOAuthenticator",
-    "oidc": "oauthenticator.generic.GenericOAuthenticator",
+    "oidc": "danlu.hub.oidc.DanluOIDCAuthenticator",
     "dummy": "jupyterhub.auth.DummyAuthenticator",
 }
 #: where OAuthenticator reads its client's secret when auth.client_secret is not set
 OAUTH_CLIENT_SECRET = "OAUTH_CLIENT_SECRET"
+#: JupyterHub's key for users' auth state (auth_state_key keeps one in the state dir when unset)
+CRYPT_KEY = "JUPYTERHUB_CRYPT_KEY"
 
 #: scopes of the token a user's server gets ($JUPYTERHUB_API_TOKEN): enough for %%train and MLflow
 SERVER_TOKEN_SCOPES = [
@@ -77,9 +81,11 @@ def authenticator(c, settings: Settings, environ=os.environ) -> None:
             c.SharedPasswordAuthenticator.admin_password = auth.admin_password
         c.Authenticator.allow_all = not auth.allowed_users
     else:
-        section = {"github": c.GitHubOAuthenticator, "gitlab": c.GitLabOAuthenticator, "oidc": c.GenericOAuthenticator}[
-            kind
-        ]
+        section = {
+            "github": c.GitHubOAuthenticator,
+            "gitlab": c.GitLabOAuthenticator,
+            "oidc": c.DanluOIDCAuthenticator,
+        }[kind]
         section.client_id = auth.client_id
         if auth.client_secret:
             section.client_secret = auth.client_secret
@@ -92,28 +98,60 @@ def authenticator(c, settings: Settings, environ=os.environ) -> None:
             if auth.gitlab_url:
                 section.gitlab_url = auth.gitlab_url
         if kind == "oidc":
-            section.authorize_url = auth.authorize_url
-            section.token_url = auth.token_url
-            section.userdata_url = auth.userdata_url
-            section.username_claim = auth.username_claim
-            section.scope = auth.scope
-            if auth.allowed_groups or auth.manage_groups:
-                # OAuthenticator reads groups only when it manages them
-                section.manage_groups = True
-                section.auth_state_groups_key = "oauth_user.groups"
-            if auth.allowed_groups:
-                section.allowed_groups = set(auth.allowed_groups)
+            oidc(c, section, auth)
         if not (auth.allowed_users or auth.allowed_organizations or auth.allowed_gitlab_groups or auth.allowed_groups):
             c.Authenticator.allow_all = False  # OAuth with no allow-list admits only admin_users
     for key, value in auth.options.items():
         setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
 
 
+def oidc(c, section, auth) -> None:
+    """The OpenID Connect options (:mod:`danlu.hub.oidc`): endpoints from the issuer's discovery document unless
+    given, groups from the groups claim, and the auth state (tokens) kept so groups can be refreshed."""
+    found = discover(auth.issuer, where=auth.where("issuer")) if auth.issuer else {}
+    section.authorize_url = auth.authorize_url or found["authorize_url"]
+    section.token_url = auth.token_url or found["token_url"]
+    if not auth.options.get("userdata_from_id_token"):  # Azure AD: groups are in the ID token, not userinfo
+        section.userdata_url = auth.userdata_url or found["userdata_url"]
+    if found:
+        section.basic_auth = found["basic_auth"]
+    section.username_claim = auth.username_claim
+    section.scope = auth.scope
+    if auth.provider_groups:
+        section.manage_groups = True
+        section.auth_state_groups_key = f"oauth_user.{auth.groups_claim}"
+        if auth.allowed_groups:
+            section.allowed_groups = set(auth.allowed_groups)
+        if auth.admin_groups:
+            section.admin_groups = set(auth.admin_groups)
+        # groups at the provider decide, so the tokens are kept (encrypted: auth_state_key) to ask it again
+        c.Authenticator.enable_auth_state = True
+        c.Authenticator.refresh_pre_spawn = True
+        c.Authenticator.auth_refresh_age = auth.refresh_seconds or 300
+        section.refresh_seconds = auth.refresh_seconds
+        # a user once admitted by a group is not admitted for ever (JupyterHub's default keeps them allowed)
+        c.Authenticator.allow_existing_users = False
+
+
+def auth_state_key(c, state: Path, environ=os.environ) -> None:
+    """The key that encrypts users' auth state (their OAuth tokens) in jupyterhub.sqlite: ``$JUPYTERHUB_CRYPT_KEY``
+    when set, else one kept in the state dir, made once (a cluster's hub has the chart's, from its Secret)."""
+    if environ.get(CRYPT_KEY):
+        return
+    path = state / "jupyterhub_crypt_key"
+    if not path.exists():
+        state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    c.CryptKeeper.keys = [path.read_text().strip()]
+
+
 def admins_and_groups(c, settings: Settings) -> None:
     """Admins and groups from danlu.yaml; groups only when the identity provider does not own membership."""
     # JupyterHub's own admin list: admins may log in (OAuth's check_allowed admits them) and are hub admins
     c.Authenticator.admin_users = set(settings.admin_users)
-    if not (settings.auth.manage_groups or settings.auth.allowed_groups):
+    if not settings.auth.provider_groups:
         c.JupyterHub.load_groups = {name: {"users": members} for name, members in settings.groups.items()}
 
 
@@ -150,6 +188,8 @@ def roles(settings: Settings, services, *, service_culls: bool = True) -> list[d
             "description": "Operate Danlu: every job, the queue and GPU allocations.",
             "scopes": [ADMIN, "access:services"],
             "users": settings.admin_users,
+            # oidc: members of the admin groups, for as long as the provider lists them (danlu.hub.oidc)
+            "groups": list(settings.auth.admin_groups) if settings.auth.provider_groups else [],
             "services": automation,
         },
     ]
@@ -220,6 +260,7 @@ def configure(c, environ=os.environ) -> Settings:
         c.ConfigurableHTTPProxy.command = [chp]
 
     authenticator(c, settings, environ)
+    auth_state_key(c, state, environ)
     admins_and_groups(c, settings)
 
     admin_token = environ[names.ADMIN_TOKEN]

@@ -282,14 +282,22 @@ class AuthConfig(Section):
         pattern=URL,
         help="gitlab: a self-hosted GitLab (default OAuthenticator's, https://gitlab.com).",
     ).tag(config=True)
-    authorize_url = Text(
-        None, allow_none=True, pattern=URL, help="oidc (required): the provider's authorization endpoint."
+    issuer = Text(
+        None,
+        allow_none=True,
+        pattern=URL,
+        help="oidc: the provider's issuer URL. The hub reads the authorization, token and userinfo endpoints "
+        "from <issuer>/.well-known/openid-configuration when it starts (OpenID Connect Discovery), so "
+        "authorize_url, token_url and userdata_url are needed only for a provider without discovery.",
     ).tag(config=True)
-    token_url = Text(None, allow_none=True, pattern=URL, help="oidc (required): the provider's token endpoint.").tag(
-        config=True
-    )
+    authorize_url = Text(
+        None, allow_none=True, pattern=URL, help="oidc without issuer (required): the authorization endpoint."
+    ).tag(config=True)
+    token_url = Text(
+        None, allow_none=True, pattern=URL, help="oidc without issuer (required): the token endpoint."
+    ).tag(config=True)
     userdata_url = Text(
-        None, allow_none=True, pattern=URL, help="oidc (required): the provider's userinfo endpoint."
+        None, allow_none=True, pattern=URL, help="oidc without issuer (required): the userinfo endpoint."
     ).tag(config=True)
     username_claim = Unicode("preferred_username", help="oidc: the claim that becomes the hub user name.").tag(
         config=True
@@ -297,15 +305,34 @@ class AuthConfig(Section):
     scope = List(Unicode(), ["openid", "profile", "email", "groups"], help="oidc: the scopes requested.").tag(
         config=True
     )
+    groups_claim = Text(
+        "groups",
+        pattern=r"^[^.\s]+(\.[^.\s]+)*$",
+        help="oidc: the userinfo claim that lists the user's groups; a dotted path reaches into an object "
+        "(realm_access.roles for Keycloak's realm roles).",
+    ).tag(config=True)
     allowed_groups = List(
         Unicode(),
-        help="oidc: values of the groups claim that may log in. Turns manage_groups "
-        "on (OAuthenticator reads groups only when it manages them).",
+        help="oidc: members of these groups (values of the groups claim) may log in. Turns manage_groups on.",
+    ).tag(config=True)
+    admin_groups = List(
+        Unicode(),
+        help="oidc: members of these groups are admins (JupyterHub's and Danlu's), for as long as the provider "
+        "says they are members. Turns manage_groups on.",
     ).tag(config=True)
     manage_groups = Bool(
         False,
-        help="oidc: take JupyterHub group membership (teams) from the groups claim of the "
-        "userinfo response at every login.",
+        help="oidc: the user's JupyterHub groups (teams, profiles, dataset and approver rights) are the values "
+        "of the groups claim, at login and at every refresh (refresh_seconds).",
+    ).tag(config=True)
+    refresh_seconds = Integer(
+        30,
+        min=0,
+        max=86400,
+        help="oidc: how often the hub asks the provider again about each logged-in user (renewing expired "
+        "access tokens with refresh tokens), so a group removed at the provider is removed here within this "
+        "time plus the jobs service's cache (15 s for groups, 60 s for admin rights). 0: only when the "
+        "user's own requests reach the hub, every 5 minutes.",
     ).tag(config=True)
     user_password = Text(
         None,
@@ -325,6 +352,11 @@ class AuthConfig(Section):
         'configuration, e.g. {scope: ["read:org"]} for GitHub.'
     ).tag(config=True)
 
+    @property
+    def provider_groups(self) -> bool:
+        """Whether the identity provider's groups claim decides JupyterHub group membership (oidc)."""
+        return self.type == "oidc" and bool(self.manage_groups or self.allowed_groups or self.admin_groups)
+
     json_schema = {
         "allOf": [
             {
@@ -332,8 +364,13 @@ class AuthConfig(Section):
                 "then": {"required": ["client_id", "oauth_callback_url"]},
             },
             {
-                "if": {"properties": {"type": {"const": "oidc"}}, "required": ["type"]},
-                "then": {"required": ["authorize_url", "token_url", "userdata_url"]},
+                # the issuer (discovery), unless all three endpoints are given
+                "if": {
+                    "properties": {"type": {"const": "oidc"}},
+                    "required": ["type"],
+                    "not": {"required": ["authorize_url", "token_url", "userdata_url"]},
+                },
+                "then": {"required": ["issuer"]},
             },
             {
                 "if": {"properties": {"type": {"const": "shared-password"}}, "required": ["type"]},

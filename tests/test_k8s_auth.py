@@ -15,12 +15,12 @@ from unittest import mock
 
 import pytest
 import yaml
-from oauthenticator.generic import GenericOAuthenticator
 from traitlets.config import Config
 
 from danlu.errors import ConfigError
 from danlu.hub.k8s import render
 from danlu.hub.k8s.hubconfig import configure
+from danlu.hub.oidc import DanluOIDCAuthenticator
 
 from .k8shub import SECRETS, deployment, hub_pod_environment, load_example
 from .k8sschemas import values_errors, with_chart_defaults
@@ -85,9 +85,9 @@ def test_the_hub_sets_the_oauthenticator_which_reads_the_secret(tmp_path):
     dep = deployment(tmp_path, *load_example("two-flavors"))  # the example logs in with OIDC
     hub_env = hub_pod_environment(dep)
     c = hub(dep)
-    assert c.JupyterHub.authenticator_class == "oauthenticator.generic.GenericOAuthenticator"
+    assert c.JupyterHub.authenticator_class == "danlu.hub.oidc.DanluOIDCAuthenticator"
     with mock.patch.dict(os.environ, hub_env, clear=True):  # the hub process's environment
-        authenticator = GenericOAuthenticator(config=c)
+        authenticator = DanluOIDCAuthenticator(config=c)
         assert authenticator.client_secret == SECRETS["oauth-client-secret"]
     assert authenticator.client_id == dep.cluster_yaml["auth"]["client_id"]
     assert authenticator.token_url == dep.cluster_yaml["auth"]["token_url"]
