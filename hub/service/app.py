@@ -206,7 +206,9 @@ class JobsServiceApp(Application):
         # with Unix accounts each job's folder belongs to its user; the parent only lets them reach it
         os.chmod(settings.jobs_dir, 0o711 if settings.unix_accounts else 0o700)
         backend = self.backend_class(parent=self, settings=settings, profiles=profiles)
-        self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=60)
+        # a token's answer (admin or not) is kept 30 s: with the OIDC refresh (30 s) a right taken away at the
+        # provider is gone within a minute (issue 17); groups have their own 15 s cache (auth.GroupDirectory)
+        self.hub_auth = HubOAuth(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""), cache_max_age=30)
         service_api = f"{self.service_url.rstrip('/')}{self.service_prefix.rstrip('/')}/api/v1"
         mlflow = MlflowAccess(self.mlflow_url, env.MLFLOW_AUTH_SECRET.get(), log=self.log)
         self.manager = JobManager(
