@@ -3,7 +3,8 @@ only that user's), running jobs' are never pruned (the upload is refused instead
 a pruned output answers 410 and the job's view says so, and the totals survive a restart.
 
 Unit tier on the manager with a fake backend (jobs as rows); then the hostile user through the HTTP runner
-API of a running workbench: a job's own code uploads with its attempt's token.
+API of a running workbench: a job's own code uploads with its attempt's token. Last, the runner's side: a
+refused upload is reported in the job's log at once, not retried, not a crash.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
+import http.server
+import json
 import re
+import threading
+import time
 
 import pytest
 
@@ -19,6 +24,7 @@ from danlu.errors import DanluError
 from danlu.hub.service.jobs.outputs import OutputStore
 from danlu.hub.service.store.orm import AuditRecord, Job, utcnow
 from danlu.hub.testing import Workbench
+from danlu.runner.link import LaunchMessage, ServiceLink
 
 from .conftest import CONFIG, PROFILES
 from .fakes import FakeBackend, admin, make_manager
@@ -199,3 +205,34 @@ def test_a_jobs_uploads_are_bounded_through_the_runner_api(tmp_path):
         assert view["outputs_pruned"] and "bound" in view["outputs_pruned"]["why"], view
     finally:
         assert wb.stop() == 0, wb.log_tail()
+
+
+def test_the_runner_reports_a_refused_upload_in_the_jobs_log_at_once(capsys):
+    """A 413 is the runner's to report, not to retry (a 5xx such as 507 would be retried for two minutes)."""
+    answer = json.dumps({"message": "over the bound (outputs_per_user_bytes)", "reason": "outputs_bound"})
+    calls = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            calls.append(self.path)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(413)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = f"http://127.0.0.1:{server.server_port}/api"
+        link = ServiceLink(LaunchMessage("0123456789ab", 1, api, "t" * 43, "/tmp"))
+        started = time.monotonic()
+        assert link.upload_output(0, b'{"cells": []}') is False
+    finally:
+        server.shutdown()
+    assert len(calls) == 1 and time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "could not hand rank 0's notebook" in err and "outputs_per_user_bytes" in err, err
