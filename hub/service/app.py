@@ -46,7 +46,7 @@ from danlu.hub.service.api.routes import routes
 from danlu.hub.service.api.runner import RateBounds
 from danlu.hub.service.api.web import ANONYMOUS_BODY, MAX_BODY, NotFoundHandler
 from danlu.hub.service.auth import GroupDirectory
-from danlu.hub.service.jobs import provenance
+from danlu.hub.service.jobs import outputs, provenance
 from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_client import MlflowAccess
@@ -161,6 +161,19 @@ class JobsServiceApp(Application):
         help="The most bytes (apparent size: a sparse file counts in full) a dataset version may hold; larger "
         "data is refused before any of it is read.",
     ).tag(config=True)
+    outputs_per_user_bytes = Integer(
+        outputs.PER_USER_DEFAULT,
+        min=1,
+        help="The most bytes of executed notebooks that runners hand over (job pods) the service keeps for one "
+        "user, all their jobs together. An upload beyond prunes that user's oldest ended jobs' outputs first; "
+        "if their running jobs' outputs alone are too many, it is refused (413, in the job's log).",
+    ).tag(config=True)
+    outputs_max_age_days = Float(
+        outputs.MAX_AGE_DEFAULT,
+        min=0,
+        help="Days an ended job's handed-over notebooks are kept (0: no age limit); older ones are pruned hourly "
+        "and reading them answers 410 Gone. The job's view shows outputs_pruned.",
+    ).tag(config=True)
     settings_ = Instance(Settings)
 
     @default("log_level")
@@ -225,6 +238,9 @@ class JobsServiceApp(Application):
         )
         self.manager.audit.record_profiles(profiles)
         self.manager.datasets.bound(timeout=self.dataset_scan_timeout, max_bytes=self.dataset_max_bytes)
+        self.manager.runner_api.outputs.bound(
+            per_user_bytes=self.outputs_per_user_bytes, max_age_days=self.outputs_max_age_days
+        )
 
     def make_app(self) -> web.Application:
         prefix = self.service_prefix
@@ -265,6 +281,7 @@ class JobsServiceApp(Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.manager.recover()  # before anyone, runners included, is answered
+        await self.manager.runner_api.outputs.rebuild()  # each user's stored outputs, counted once
         server = HTTPServer(self.make_app(), max_body_size=MAX_BODY + 1024, xheaders=True)
         server.listen(url.port or 80, self.ip or url.hostname or "")
         self.log.info("Danlu jobs service listening on %s%s", self.service_url, self.service_prefix)
@@ -278,6 +295,7 @@ class JobsServiceApp(Application):
             )
         )
         tasks.append(asyncio.ensure_future(asyncio.to_thread(validation.warm)))
+        tasks.append(asyncio.ensure_future(self.manager.runner_api.outputs.prune_forever()))
         idle = self.settings_.hub.idle_timeout_seconds
         if idle and self.cull_idle_servers:
             tasks.append(

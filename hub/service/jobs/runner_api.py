@@ -59,6 +59,7 @@ class RunnerApi:
         self.settings = settings
         self.profiles = profiles
         self.mlflow = mlflow
+        self.outputs = outputs.OutputStore(settings.state_dir, database)
 
     async def spec(self, job_id: str, attempt: int, token: str) -> dict:
         digest = _hash(token)
@@ -84,13 +85,13 @@ class RunnerApi:
 
     async def output(self, job_id: str, attempt: int, token: str, rank: int, body: bytes) -> dict:
         """Keep rank ``rank``'s executed notebook, from a runner whose folder the service cannot read (a pod)."""
-        nproc = await self.database.read(_nproc, job_id, attempt, _hash(token))
+        nproc, owner = await self.database.read(_nproc, job_id, attempt, _hash(token))
         if rank >= nproc:
             raise ValidationError(f"job {job_id} has ranks 0-{nproc - 1}", field="rank", reason="no_such_rank")
         notebook = await asyncio.to_thread(jsonbody.parse_json, body, max_bytes=validation.MAX_OUTPUT)
         if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
             raise ValidationError("the output is not a notebook (a JSON object with a list of cells)", field="body")
-        await asyncio.to_thread(outputs.keep, self.settings.state_dir, job_id, rank, body)
+        await self.outputs.keep(job_id, owner, rank, body)  # within the owner's bound (413 beyond)
         return {"kept": len(body)}
 
     async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
@@ -167,10 +168,10 @@ def _use(s, job_id: str, number: int, digest: str, entry: dict) -> None:
     record_uses(s, job_id, number, [entry])
 
 
-def _nproc(s, job_id: str, number: int, digest: str) -> int:
-    """The job's ranks (processes on every node)."""
+def _nproc(s, job_id: str, number: int, digest: str) -> tuple[int, str]:
+    """The job's ranks (processes on every node) and its owner."""
     job, _attempt_row = _attempt(s, job_id, number, digest)
-    return int(job.nproc) * int(job.nnodes or 1)
+    return int(job.nproc) * int(job.nnodes or 1), job.owner
 
 
 def _spec(s, job_id: str, number: int, digest: str) -> dict:

@@ -163,6 +163,7 @@ class Views:
                 else None
             ),
             "output_url": f"{base}/output",
+            "outputs_pruned": state.get("outputs_pruned"),  # the jobs service's bounds pruned it (jobs.outputs)
             "logs_url": f"{base}/logs",
             # where the user's own server finds the job's TensorBoard files (the lab extension's tabs), if anywhere
             "tensorboard_dir": self.backend.tensorboard_dir(job.id),
