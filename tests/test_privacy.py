@@ -16,10 +16,12 @@ import os
 import socketserver
 import threading
 import time
+from pathlib import Path
 from unittest import mock
 
 import pytest
 import requests
+import yaml
 
 from danlu import env
 from danlu.hub import hubconfig
@@ -244,3 +246,72 @@ def test_without_news_the_page_turns_off_the_announcements_plugin():
     quiet = hook(None, {"news": {"disabled": True}, "disabledExtensions": ["x"]})
     assert quiet["disabledExtensions"] == ["x", ANNOUNCEMENTS] and chained == [1]
     assert hook(None, {"news": {"disabled": False}, "disabledExtensions": []})["disabledExtensions"] == []
+
+
+# Kubernetes: the same switches in every rendered pod ------------------------------------------------------------
+
+
+def _container_env(container: dict) -> dict:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _k8s(tmp_path, allow: bool):
+    from danlu.hub.config import load_settings  # deferred: only the Kubernetes tests
+    from danlu.hub.profiles import load_profiles  # deferred: as above
+
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "examples" / "config" / "two-flavors.yaml").read_text())
+    data["privacy"] = {"allow_outbound": allow}
+    (tmp_path / "danlu.yaml").write_text(yaml.safe_dump(data))
+    settings = load_settings(tmp_path / "danlu.yaml", environ={env.BASE_DIR: str(root)})
+    return settings, load_profiles(settings.profiles_file)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_rendered_hub_mlflow_and_job_pods_carry_the_switches_unless_allowed(tmp_path, allow):
+    from danlu.hub.k8s import jobs, render  # deferred: only the Kubernetes tests
+
+    settings, profiles = _k8s(tmp_path, allow)
+    off = dict(env.TELEMETRY_OFF)
+    hub = render.chart_values(settings, profiles)["hub"]["extraEnv"]
+    [mlflow] = [o for o in render.objects(settings, profiles)["mlflow.yaml"] if o["kind"] == "Deployment"]
+    [container] = mlflow["spec"]["template"]["spec"]["containers"]
+    job = jobs.trainjob(
+        job_id="abcdefabcdef",
+        attempt=1,
+        owner="ana",
+        queue="vision",
+        priority_class="",
+        namespace="research",
+        image="img",
+        nproc=1,
+        api_url="http://hub:10101/services/danlu/api/v1",
+        allow_outbound=settings.privacy.allow_outbound,
+    )
+    for environment in (hub, _container_env(container), _container_env(job["spec"]["trainer"])):
+        carried = {k: environment.get(k) for k in off}
+        assert carried == (dict.fromkeys(off) if allow else off)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_on_the_cluster_services_and_notebook_pods_carry_the_switches_unless_allowed(tmp_path, allow):
+    from traitlets.config import Config
+
+    from danlu.hub.k8s.hubconfig import configure  # deferred: only the Kubernetes tests
+
+    profile = {
+        "slug": "python",
+        "display_name": "Python",
+        "default": True,
+        "environment": {"image": "img@sha256:" + "a" * 64},
+    }
+    (tmp_path / "profiles.yaml").write_text(yaml.safe_dump({"profiles": [profile]}))
+    cluster = {"namespace": "research", "trial": True}  # a throwaway trial: its dummy login needs no secret
+    config = {"kubernetes": cluster, "jobs": {"backend": "kubernetes"}, "privacy": {"allow_outbound": allow}}
+    (tmp_path / "danlu.yaml").write_text(yaml.safe_dump(config))
+    c = Config()
+    configure(c, tmp_path, environ={})
+    environments = [s["environment"] for s in c.JupyterHub.services] + [c.DanluKubeSpawner.extra_env]
+    for environment in environments:
+        assert ("MLFLOW_DISABLE_TELEMETRY" in environment) is not allow
+    assert list(c.DanluKubeSpawner.args) == ([] if allow else list(hubconfig.LAB_PRIVATE_ARGS))
