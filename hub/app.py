@@ -320,6 +320,8 @@ class DanluUp(Application):
             "PATH": f"{Path(chp).parent}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
             f"{os.environ.get('PATH', '')}",
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+            # MLflow and JupyterHub, and through them every process: no telemetry unless allowed
+            **env.private_environment(settings.privacy.allow_outbound),
         }
         procs: list[tuple[str, subprocess.Popen]] = []
         stop = {"signal": None}

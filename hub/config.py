@@ -51,6 +51,7 @@ from danlu.hub.options import (
     Options,
     PriorityClasses,
     PriorityClassTable,
+    PrivacyConfig,
     ResourcesConfig,
     UsageConfig,
     UsersConfig,
@@ -89,6 +90,7 @@ class Settings(Options):
         "datasets": DatasetsConfig,
         "models": ModelsConfig,
         "hub": HubConfig,
+        "privacy": PrivacyConfig,
         "kubernetes": KubernetesConfig,
     }
     auth: AuthConfig
@@ -101,6 +103,7 @@ class Settings(Options):
     datasets: DatasetsConfig
     models: ModelsConfig
     hub: HubConfig
+    privacy: PrivacyConfig
     kubernetes: KubernetesConfig
 
     ip = Unicode(

@@ -52,6 +52,21 @@ SERVER_TOKEN_SCOPES = [
 ]
 
 
+#: JupyterLab's own calls outside, off unless privacy.allow_outbound: its news feed (without one, the lab
+#: extension turns off the question whether to fetch it), its update check and its extension
+#: manager's listing (both pypi.org)
+LAB_PRIVATE_ARGS = (
+    "--LabApp.news_url=None",
+    "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
+    "--LabApp.extension_manager=readonly",
+)
+
+
+def lab_args(settings: Settings) -> list[str]:
+    """The arguments of every user server that keep JupyterLab from reaching outside (see privacy)."""
+    return [] if settings.privacy.allow_outbound else list(LAB_PRIVATE_ARGS)
+
+
 def authenticator(c, settings: Settings, environ=os.environ) -> None:
     """The authenticator danlu.yaml's ``auth`` names, and its options.
 
@@ -265,7 +280,9 @@ def configure(c, environ=os.environ) -> Settings:
 
     admin_token = environ[names.ADMIN_TOKEN]
     instance = {names.INSTANCE: environ[names.INSTANCE]} if names.INSTANCE in environ else {}
+    private = names.private_environment(settings.privacy.allow_outbound, environ)
     common_env = {
+        **private,
         names.CONFIG: environ.get(names.CONFIG, ""),
         names.STATE_DIR: str(state),
         names.BASE_DIR: str(settings.base_dir),
@@ -301,6 +318,7 @@ def configure(c, environ=os.environ) -> Settings:
     c.JupyterHub.spawner_class = "danlu.hub.spawner.DanluLocalSpawner"
     c.Spawner.cmd = [str(venv_bin / "jupyterhub-singleuser")]
     c.Spawner.default_url = "/lab"
+    c.Spawner.args = lab_args(settings)
     c.Spawner.server_token_scopes = SERVER_TOKEN_SCOPES
     c.Spawner.start_timeout = 120
     c.Spawner.http_timeout = 120
@@ -316,6 +334,7 @@ def configure(c, environ=os.environ) -> Settings:
         names.PUBLIC_URL: settings.public_url,
         "MLFLOW_TRACKING_URI": f"{settings.local_url}/services/mlflow",
         "JUPYTER_PATH": str(state / "share" / "jupyter"),
+        **private,
         **instance,
     }
     return settings

@@ -594,3 +594,17 @@ class HubConfig(Section):
         "JupyterHub option. A relative path starts where danlu up runs; a missing file "
         "stops start-up.",
     ).tag(config=True)
+
+
+class PrivacyConfig(Section):
+    """What the workbench's own processes tell the outside world: by default, nothing."""
+
+    allow_outbound = Bool(
+        False,
+        help="Let the workbench's own software reach the internet on its own: MLflow's usage telemetry "
+        "(its server, its UI and every client, jobs included), JupyterLab's news feed, its update check "
+        "and its extension manager's PyPI listing (pypi.org). Off (the default): every process runs with "
+        "MLFLOW_DISABLE_TELEMETRY, DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY set, and JupyterLab neither "
+        "fetches news nor asks users whether to. Either way the site's proxy variables (HTTPS_PROXY, ...) "
+        "reach every process. Users' own code is not limited by this: network policies do that.",
+    ).tag(config=True)

@@ -115,6 +115,7 @@ class Workbench:
     # life -----------------------------------------------------------------------
     def start(self, timeout: float = 240) -> "Workbench":
         env = {**os.environ, names.ADMIN_TOKEN: self.admin_token, "PYTHONUNBUFFERED": "1", **self.extra_env}
+        env = {name: value for name, value in env.items() if value is not None}  # extra_env's None: removed
         env.pop("JUPYTERHUB_API_TOKEN", None)
         if self.python != sys.executable:  # its own installation, not this one's import paths
             for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):

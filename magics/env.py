@@ -17,6 +17,9 @@ Who sets what:
   (``JOB_ID``, ``JOB_DIR``, ``CHECKPOINT_DIR``, and ``RUNNER_API``,
   ``ATTEMPT``, ``JOB_TOKEN`` for ``danlu.dataset``);
 - users set the client variables (``URL``, ``TOKEN``) outside a server.
+
+Besides the names, :func:`private_environment` is the one place that says what every process
+of the workbench carries so that none phones home (``privacy.allow_outbound``).
 """
 
 from __future__ import annotations
@@ -130,3 +133,42 @@ UI_DATASET = Var("DANLU_UI_DATASET", "Browser tests: the dataset the lineage tes
 UI_APPROVER_TOKEN = Var("DANLU_UI_APPROVER_TOKEN", "Browser tests: an admin's API token, to approve the model.")
 
 ALL: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
+
+# privacy: what every process of the workbench carries ----------------------------------------
+#: a site's way out of its network: passed on to every process, so whatever goes out goes through it
+PROXY_VARS = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+)
+#: where no proxy is ever asked: the workbench's own processes talk to each other there
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: the libraries' own switches against phoning home: MLflow 3's usage telemetry (its server, its UI's
+#: configuration and every client) reads the first two, Hugging Face Hub the last
+TELEMETRY_OFF = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def private_environment(allow_outbound: bool = False, environ=None) -> dict[str, str]:
+    """The environment every process of the workbench gets (``privacy.allow_outbound`` of danlu.yaml).
+
+    The supervisor, the hub's services, users' servers (and so their kernels and TensorBoards), job
+    runners (and so job kernels) and, on Kubernetes, every pod Danlu renders carry it, so no library
+    reaches outside on the workbench's behalf unless the admin allows it: with ``allow_outbound`` off,
+    :data:`TELEMETRY_OFF`. And the site's proxy variables of ``environ`` (default ``os.environ``), where
+    set, with :data:`LOOPBACK` added to ``NO_PROXY``: a site whose only way out is a proxy sees every
+    attempt there, and the processes' calls to each other never go to it.
+    """
+    environ = os.environ if environ is None else environ
+    out = {name: environ[name] for name in PROXY_VARS if environ.get(name)}
+    if out:
+        for name in ("NO_PROXY", "no_proxy"):
+            hosts = [h.strip() for h in out.get(name, "").split(",") if h.strip()]
+            out[name] = ",".join(hosts + [h for h in LOOPBACK if h not in hosts])
+    if not allow_outbound:
+        out.update(TELEMETRY_OFF)
+    return out

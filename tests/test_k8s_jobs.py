@@ -74,6 +74,10 @@ def test_a_trainjob_is_queued_suspended_for_its_team_with_its_token_kept_out_of_
                     {"name": "DANLU_JOB_DIR", "value": "/danlu/job"},
                     {"name": "HOME", "value": "/home/jovyan"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    # privacy.allow_outbound is off: no telemetry from the job's libraries
+                    {"name": "DO_NOT_TRACK", "value": "1"},
+                    {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+                    {"name": "MLFLOW_DISABLE_TELEMETRY", "value": "true"},
                 ],
             },
             "runtimePatches": [

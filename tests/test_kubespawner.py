@@ -354,6 +354,7 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
         "--JobsServiceApp.ip=0.0.0.0",
     ]
     assert danlu["environment"] == {
+        **names.TELEMETRY_OFF,  # privacy.allow_outbound is off
         names.CONFIG: str(config_dir / "danlu.yaml"),
         names.PROFILES_FILE: str(config_dir / "profiles.yaml"),
         names.BASE_DIR: str(config_dir),
@@ -363,7 +364,10 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     # users reach MLflow through the gateway (hub login); jobs reach it in the namespace
     assert gateway["url"] == "http://hub:10102"
     assert gateway["command"][1:] == ["-m", "danlu.hub.mlflow_gateway", "--ip=0.0.0.0"]
-    assert gateway["environment"] == {names.MLFLOW_URL: "http://danlu-mlflow.research.svc:5000/services/mlflow"}
+    assert gateway["environment"] == {
+        **names.TELEMETRY_OFF,
+        names.MLFLOW_URL: "http://danlu-mlflow.research.svc:5000/services/mlflow",
+    }
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert set(roles) == {"jupyterhub-idle-culler", "user", "danlu-admin", "danlu-service"}
     assert roles["user"]["scopes"] == [
@@ -376,7 +380,7 @@ def test_configure_adds_danlu_to_the_charts_configuration(config_dir):
     assert WRITE in c.JupyterHub.custom_scopes
     assert [p.slug for p in c.DanluKubeSpawner.profiles] == ["python", "cpu", "pytorch"]
     assert c.DanluKubeSpawner.namespace == "research"
-    assert c.DanluKubeSpawner.extra_env == {names.URL: "http://proxy-public.research.svc"}
+    assert c.DanluKubeSpawner.extra_env == {**names.TELEMETRY_OFF, names.URL: "http://proxy-public.research.svc"}
     # the service reads the same files through its environment
     same = load_settings(environ=danlu["environment"])
     assert same.profiles_file == config_dir / "profiles.yaml" and same.jobs.backend == "kubernetes"

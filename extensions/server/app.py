@@ -14,6 +14,7 @@ import sys
 from urllib.parse import urlparse
 
 from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import IOLoop
 from traitlets import Float, List, Unicode, default
 
 from danlu import env
@@ -21,6 +22,27 @@ from danlu.lab.handlers import ROUTES
 from danlu.lab.tensorboard import ROUTES as TENSORBOARD_ROUTES
 from danlu.lab.tensorboard import TensorBoardManager
 from danlu.lab.upstream import Upstream
+
+#: JupyterLab's plugin that asks every new user whether to fetch Jupyter news, and checks for updates
+ANNOUNCEMENTS = "@jupyterlab/apputils-extension:announcements"
+
+
+def without_news(previous=None):
+    """A ``page_config_hook``: where the server fetches no news (``LabApp.news_url`` None, as Danlu's
+    spawners set unless ``privacy.allow_outbound``), JupyterLab's announcements plugin is off too, so
+    nobody is asked whether to fetch news and the page never asks for an update check. ``previous``:
+    a hook already set, which runs first."""
+
+    def hook(handler, page_config):
+        if previous is not None:
+            page_config = previous(handler, page_config)
+        if (page_config.get("news") or {}).get("disabled"):
+            disabled = list(page_config.get("disabledExtensions") or [])
+            if ANNOUNCEMENTS not in disabled:
+                page_config["disabledExtensions"] = [*disabled, ANNOUNCEMENTS]
+        return page_config
+
+    return hook
 
 
 class DanluLab(ExtensionApp):
@@ -130,6 +152,13 @@ class DanluLab(ExtensionApp):
         )
         self._admin: bool | None = None
         self.settings.update({"danlu_lab": self, "danlu_tensorboards": self.tensorboards})
+        # JupyterHub's single-user server sets its own page_config_hook after the extensions load: wrap
+        # whichever hook is set once the server runs, before it answers any request
+        IOLoop.current().add_callback(self._quiet_news)
+
+    def _quiet_news(self) -> None:
+        settings = self.serverapp.web_app.settings
+        settings["page_config_hook"] = without_news(settings.get("page_config_hook"))
 
     def initialize_handlers(self):
         self.handlers.extend(ROUTES + TENSORBOARD_ROUTES)

@@ -308,6 +308,7 @@ class KubernetesBackend(Backend):
             gpu_resource=flavor.get("resource", "nvidia.com/gpu"),
             node_labels=flavor.get("node_labels"),
             tolerations=flavor.get("tolerations"),
+            allow_outbound=self.settings.privacy.allow_outbound if self.settings is not None else False,
         )
 
     async def admission(self, job_id: str, state: dict) -> Admission:

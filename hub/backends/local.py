@@ -68,7 +68,8 @@ class LocalBackend(Backend):
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
     runner_env = Dict(
         help="Extra environment for every runner. Default: the workbench's JUPYTER_PATH (its "
-        "kernels) and its instance marker."
+        "kernels), its instance marker, and the privacy switches and proxy variables every process "
+        "carries (danlu.env.private_environment)."
     ).tag(config=True)
 
     @default("jobs_root")
@@ -93,7 +94,10 @@ class LocalBackend(Backend):
 
     @default("runner_env")
     def _runner_env(self):
-        out = {"JUPYTER_PATH": str(self.settings.state_dir / "share" / "jupyter")}
+        out = {
+            "JUPYTER_PATH": str(self.settings.state_dir / "share" / "jupyter"),
+            **env.private_environment(self.settings.privacy.allow_outbound),
+        }
         if env.INSTANCE.get():
             out[env.INSTANCE] = env.INSTANCE.get()
         return out

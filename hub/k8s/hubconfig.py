@@ -35,7 +35,7 @@ from danlu.errors import ConfigError
 from danlu.hub.backends import backends
 from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.config import Settings, load_settings
-from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, roles
+from danlu.hub.hubconfig import SERVER_TOKEN_SCOPES, admins_and_groups, authenticator, jobs_service, lab_args, roles
 from danlu.hub.k8s import auth as k8s_auth
 from danlu.hub.k8s import mlflowserver
 from danlu.hub.k8s import names as k8s_names
@@ -111,7 +111,10 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     c.Authenticator.admin_users = chart_admins | set(c.Authenticator.admin_users)
     c.JupyterHub.load_groups = {**chart_groups, **_current(c.JupyterHub, "load_groups", {})}
 
+    # telemetry off unless privacy.allow_outbound (the way out, if any, is SERVICES_ENV's)
+    private = names.private_environment(settings.privacy.allow_outbound, {})
     service_env = {
+        **private,
         names.CONFIG: str(config_file),
         names.PROFILES_FILE: str(profiles_file),
         names.BASE_DIR: environ[names.BASE_DIR],
@@ -119,6 +122,7 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     }
     # MLflow in the namespace (mlflow.yaml); jobs reach it there, users through the gateway
     mlflow_env = {
+        **private,
         **passed_on(environ, SERVICES_ENV),
         names.MLFLOW_URL: names.MLFLOW_URL.get(environ=environ) or mlflowserver.url(namespace),
     }
@@ -158,7 +162,9 @@ def configure(c, config_dir: str | os.PathLike = "/etc/danlu", environ=os.enviro
     c.DanluKubeSpawner.profiles = load_profiles(profiles_file)
     c.DanluKubeSpawner.namespace = namespace
     c.DanluKubeSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
+    c.DanluKubeSpawner.args = lab_args(settings)
     c.DanluKubeSpawner.extra_env = {
+        **private,
         names.URL: f"http://{PROXY_SERVICE}.{namespace}.svc{base_url.rstrip('/')}",
         **({names.PUBLIC_URL: settings.public_url} if settings.is_set("public_url") else {}),
     }

@@ -73,8 +73,10 @@ def trainjob(
     node_labels: dict | None = None,
     tolerations: list | None = None,
     nnodes: int = 1,
+    allow_outbound: bool = False,
 ) -> dict:
-    """The TrainJob of one attempt (suspended: Kueue unsuspends it when it admits it)."""
+    """The TrainJob of one attempt (suspended: Kueue unsuspends it when it admits it). Unless
+    ``allow_outbound`` (``privacy``), its pods run with telemetry off."""
     name = names.trainjob_name(job_id, attempt)
     meta_labels = labels(job_id, attempt, owner, queue)
     meta_labels[names.QUEUE_NAME] = queue
@@ -89,6 +91,7 @@ def trainjob(
         {"name": env.JOB_DIR, "value": names.JOB_DIR},
         {"name": "HOME", "value": names.HOME},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *({"name": k, "value": v} for k, v in sorted(env.private_environment(allow_outbound, {}).items())),
     ]
     pod_spec: dict = {}
     if home_claim:

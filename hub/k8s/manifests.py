@@ -48,6 +48,11 @@ def metadata(name: str, namespace: str | None = None, component: str | None = No
     return meta
 
 
+def private_env(allow_outbound: bool) -> list[dict]:
+    """A container's ``env`` entries that keep its libraries from phoning home (none when allowed)."""
+    return [{"name": k, "value": v} for k, v in sorted(env.private_environment(allow_outbound, {}).items())]
+
+
 def secret_env(name: str, key: str) -> dict:
     """An environment variable read from the Secret the admin creates (never a value in the output)."""
     return {"name": str(name), "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": key}}}
@@ -143,9 +148,12 @@ def make_namespace(namespace: str) -> dict:
 # --- MLflow and PostgreSQL ----------------------------------------------------------------
 
 
-def make_mlflow_deployment(namespace: str, image: str, *, artifacts_claim: str | None) -> dict:
+def make_mlflow_deployment(
+    namespace: str, image: str, *, artifacts_claim: str | None, allow_outbound: bool = False
+) -> dict:
     """The MLflow tracking server: ``python -m danlu.hub.k8s.mlflowserver`` starts ``mlflow server``
-    with the arguments and the basic-auth configuration ``danlu up`` uses on one machine."""
+    with the arguments and the basic-auth configuration ``danlu up`` uses on one machine, and, unless
+    ``privacy.allow_outbound``, its telemetry off (:func:`danlu.env.private_environment`)."""
     mounts = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True}, {"name": "tmp", "mountPath": "/tmp"}]
     volumes = [{"name": "config", "configMap": {"name": names.CONFIG_MAP}}, {"name": "tmp", "emptyDir": {}}]
     if artifacts_claim:
@@ -167,6 +175,7 @@ def make_mlflow_deployment(namespace: str, image: str, *, artifacts_claim: str |
             {"name": str(env.CONFIG), "value": f"{names.CONFIG_DIR}/danlu.yaml"},
             secret_env(env.MLFLOW_AUTH_SECRET, names.SECRET_MLFLOW_AUTH),
             secret_env("PGPASSWORD", names.SECRET_POSTGRES_PASSWORD),
+            *private_env(allow_outbound),
         ],
         "ports": [{"name": "http", "containerPort": names.MLFLOW_PORT}],
         "readinessProbe": {**health, "periodSeconds": 10},

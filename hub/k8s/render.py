@@ -191,7 +191,12 @@ def objects(settings: Settings, profiles: ProfileSet) -> dict[str, list[dict]]:
         )
     mlflow_objects += [
         manifests.make_service(names.MLFLOW_SERVICE, ns, names.MLFLOW, manifests.MLFLOW_POD, names.MLFLOW_PORT),
-        manifests.make_mlflow_deployment(ns, mlflow.image or hub_image, artifacts_claim=artifacts_claim),
+        manifests.make_mlflow_deployment(
+            ns,
+            mlflow.image or hub_image,
+            artifacts_claim=artifacts_claim,
+            allow_outbound=settings.privacy.allow_outbound,
+        ),
         *manifests.make_mlflow_policies(ns),
     ]
     return {
@@ -217,6 +222,7 @@ def chart_values(settings: Settings, profiles: ProfileSet) -> dict:
         home_size=memory_quantity(kube.home_size),
         home_storage_class=kube.home_storage_class,
         idle_timeout=settings.hub.idle_timeout_seconds,
+        allow_outbound=settings.privacy.allow_outbound,
     )
     data["hub"]["extraEnv"].update(auth.chart_env(settings))
     return data

@@ -130,8 +130,11 @@ def make_values(
     home_size: str,
     home_storage_class: str | None,
     idle_timeout: int,
+    allow_outbound: bool = False,
 ) -> dict:
-    """The chart values (keys sorted on output). Quantities are strings."""
+    """The chart values (keys sorted on output). Quantities are strings. Unless ``allow_outbound``
+    (``privacy``), the hub pod's environment switches telemetry off (its services and the notebook
+    pods get the same from ``hubconfig.configure``)."""
     mlflow_url = mlflowserver.url(namespace)
     dynamic: dict = {"storageAccessModes": ["ReadWriteMany"]}  # job pods mount their owner's home elsewhere
     if home_storage_class:
@@ -154,6 +157,7 @@ def make_values(
                 "PGPASSWORD": {
                     "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": names.SECRET_POSTGRES_PASSWORD}}
                 },
+                **env.private_environment(allow_outbound, {}),
             },
             "services": hub_services(namespace),
             "loadRoles": hub_roles(),
