@@ -38,10 +38,10 @@ from danlu.errors import ConfigError
 from danlu.hub import accounts, yamlconfig
 from danlu.hub.backends import backends
 from danlu.hub.k8s.options import KubernetesConfig
+from danlu.hub.login_options import AuthConfig
 from danlu.hub.options import (
     DNS_LABEL,
     URL,
-    AuthConfig,
     DatasetsConfig,
     GpusConfig,
     HubConfig,
