@@ -30,6 +30,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from traitlets import Float, Integer, Unicode, default
 
@@ -452,7 +453,7 @@ class KubernetesBackend(Backend):
         if not pods:
             return b"", 0
         name = pods[0]["metadata"]["name"]
-        bounds = {"tail_lines": jobpods.LOG_LINES} if tail else {"limit_bytes": limit}
+        bounds: dict[str, Any] = {"tail_lines": jobpods.LOG_LINES} if tail else {"limit_bytes": limit}
         text = await self._call(
             f"reading the log of pod {self.namespace}/{name}",
             "CoreV1Api.read_namespaced_pod_log",

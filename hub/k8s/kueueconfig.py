@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        docs = []
+        docs: list[dict] = []
         for path in args:
             with open(path, encoding="utf-8") as f:
                 docs.append(next((d for d in yaml.safe_load_all(f) if d), {}))
