@@ -19,6 +19,8 @@ class DanluError(Exception):
 
     status: int = 500
     default_reason: str = "error"
+    #: seconds a refused caller should wait before trying again (the answer's Retry-After), when it may
+    retry_after: float | None = None
 
     def __init__(
         self,

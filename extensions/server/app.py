@@ -157,6 +157,8 @@ class DanluLab(ExtensionApp):
         IOLoop.current().add_callback(self._quiet_news)
 
     def _quiet_news(self) -> None:
+        if self.serverapp is None:  # not loaded by a server (never in a running lab)
+            return
         settings = self.serverapp.web_app.settings
         settings["page_config_hook"] = without_news(settings.get("page_config_hook"))
 

@@ -221,7 +221,7 @@ class BaseHandler(web.RequestHandler):
             if exc.fix:
                 body["fix"] = exc.fix
             self.set_status(exc.status)
-            if getattr(exc, "retry_after", None):  # a 429 or 503 says when to come back
+            if exc.retry_after:  # a 429 or 503 says when to come back
                 self.set_header("Retry-After", str(int(exc.retry_after)))
         elif status_code == 405 and not allowed:  # a method tornado does not know, on a route that has none
             body = NotFoundHandler.missing(self.request).to_dict()

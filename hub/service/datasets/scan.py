@@ -140,6 +140,7 @@ async def hash_as(
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), **_import_path()},
         **as_user,
     )
+    assert proc.stdin is not None  # stdin=PIPE
     try:
         proc.stdin.write(request.encode())
         proc.stdin.close()
