@@ -7,6 +7,10 @@ job runner and seven huey consumers, another ~1.7 GB) for MLflow's GenAI scorers
 which Danlu does not use. This entry point runs MLflow's own CLI, unchanged, with two
 differences:
 
+* it holds no token it does not need: :func:`server_environ` drops the hub's and the proxy's
+  tokens (JupyterHub's API token, Danlu's admin token, configurable-http-proxy's) from the
+  environment ``danlu up`` or a Deployment gives it, before MLflow is imported, so neither
+  MLflow nor any code it runs can act as the hub's admin;
 * job execution is off (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``) unless the environment
   that starts the workbench sets that variable itself;
 * the launcher *becomes* the server: where MLflow would start the server command as a child,
@@ -24,9 +28,37 @@ import logging
 import os
 import sys
 
+from danlu import env
+
 JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+#: variables of the hub, its proxy and its clients: their tokens, never the MLflow server's business
+FOREIGN_PREFIXES = ("JUPYTERHUB_", "JPY_", "CONFIGPROXY_")
+FOREIGN = frozenset({"MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"})
+#: the one secret of Danlu's the server needs (its basic-auth check, :mod:`danlu.hub.mlflow_auth`)
+KEPT = frozenset({str(env.MLFLOW_AUTH_SECRET)})
 
 log = logging.getLogger("danlu.mlflowserver")
+
+
+def server_environ(environ) -> dict:
+    """``environ`` without the tokens the MLflow server has no use for.
+
+    Dropped: every ``JUPYTERHUB_*``, ``JPY_*`` and ``CONFIGPROXY_*`` variable (the hub's API
+    token and crypt key, the proxy's auth token), MLflow's client credentials
+    (``MLFLOW_TRACKING_TOKEN``, ``_USERNAME``, ``_PASSWORD``), and every ``DANLU_*`` variable
+    whose name ends in ``_TOKEN``, ``_KEY`` or ``_SECRET`` (the admin token among them) except
+    the MLflow auth secret.
+    The artifact store's own credentials (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``) stay.
+    """
+
+    def foreign(name: str) -> bool:
+        if name in KEPT:
+            return False
+        if name in FOREIGN or name.startswith(FOREIGN_PREFIXES):
+            return True
+        return name.startswith("DANLU_") and name.endswith(("_TOKEN", "_KEY", "_SECRET"))
+
+    return {name: value for name, value in environ.items() if not foreign(name)}
 
 
 def _become(cmd, extra_env=None, **_ignored):
@@ -37,6 +69,8 @@ def _become(cmd, extra_env=None, **_ignored):
 
 
 def main(argv: list[str] | None = None) -> None:
+    for name in set(os.environ) - set(server_environ(os.environ)):
+        del os.environ[name]
     os.environ.setdefault(JOB_EXECUTION, "false")
     import mlflow.server  # deferred: MLflow (~2 s) after JOB_EXECUTION is set, which it reads at import
     from mlflow.cli import cli  # deferred: as mlflow.server above
