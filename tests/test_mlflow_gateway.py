@@ -24,12 +24,13 @@ import uuid
 
 import psutil
 import pytest
+import requests
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from danlu import env
-from danlu.hub import mlflow_routes, mlflowserver
+from danlu.hub import mlflow_auth, mlflow_routes, mlflowserver
 from danlu.hub.mlflow_auth import MlflowUsers
 from danlu.hub.mlflow_gateway import ProxyHandler
 from danlu.hub.mlflow_routes import decide, namespace_refusal, normalize
@@ -253,3 +254,181 @@ def test_an_upload_is_taken_no_faster_than_mlflow_takes_it():
     assert received > 0  # the request reached "MLflow"
     # what the client got rid of: socket buffers, a few queued 64 KiB chunks; never the 512 MiB body
     assert sent < 64 * 2**20, f"the gateway took {sent >> 20} MiB of an upload MLflow was not reading"
+
+
+# service: a hostile user through the running workbench ---------------------------------------------
+def gateway_process(wb) -> psutil.Process:
+    found = [p for p in wb.processes() if "danlu.hub.mlflow_gateway" in " ".join(p.cmdline())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def artifact_path(run: dict, name: str) -> str:
+    where = run["info"]["artifact_uri"].split("mlflow-artifacts:", 1)[1].strip("/")
+    return f"/api/2.0/mlflow-artifacts/artifacts/{where}/{name}"
+
+
+@pytest.fixture(scope="module")
+def alice_html_run(workbench):
+    """A run of alice's with an HTML artifact (a page with a <head>, as an evaluation report is)."""
+    wb, alice = workbench, workbench.tokens["alice"]
+    r = wb.mlflow(
+        "POST", "/api/2.0/mlflow/experiments/create", token=alice, json={"name": f"alice/gw-{uuid.uuid4().hex[:8]}"}
+    )
+    assert r.status_code == 200, r.text
+    r = wb.mlflow("POST", "/api/2.0/mlflow/runs/create", token=alice, json={"experiment_id": r.json()["experiment_id"]})
+    assert r.status_code == 200, r.text
+    run = r.json()["run"]
+    page = b'<!doctype html><html><head><meta charset="utf-8"><title>report</title></head><body>0.93</body></html>'
+    r = wb.mlflow("PUT", artifact_path(run, "report.html"), token=alice, data=page)
+    assert r.status_code == 200, r.text
+    return run, page
+
+
+@pytest.mark.service
+def test_the_ai_gateway_webhooks_and_prompts_are_refused(workbench):
+    wb, bob = workbench, workbench.tokens["bob"]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    target = f"http://127.0.0.1:{listener.getsockname()[1]}/steal"
+    for method, route, body, reason in (
+        (
+            "POST",
+            "/ajax-api/3.0/mlflow/gateway/secrets/create",
+            {"secret_name": "k", "secret_value": "v"},
+            "ai_gateway",
+        ),
+        ("POST", "/api/3.0/mlflow/gateway/endpoints/create", {"name": "e", "api_base": target}, "ai_gateway"),
+        ("POST", "/gateway/proxy/e/v1/chat", {}, "ai_gateway"),
+        ("POST", "/ajax-api/2.0/mlflow/gateway-proxy", {"gateway_path": target}, "ai_gateway"),
+        ("POST", "/api/2.0/mlflow/webhooks", {"name": "w", "url": target, "events": []}, "webhooks"),
+        ("POST", "/ajax-api/3.0/mlflow/assistant/message", {"message": "hi"}, "assistant"),
+        ("POST", "/api/3.0/mlflow/prompt-optimization/jobs", {}, "prompts"),
+        ("POST", "/api/2.0/mlflow/registered-models/create", {"name": "mine"}, "registry_writes"),
+    ):
+        r = wb.mlflow(method, route, token=bob, json=body)
+        assert r.status_code == 403, (route, r.status_code, r.text)
+        assert r.json()["reason"] == reason and r.json()["route"] == route, r.text
+    r = wb.mlflow("POST", "/api/2.0/mlflow/no-such-route", token=bob, json={})
+    assert (r.status_code, r.json()["reason"]) == (404, "route_not_forwarded")
+    with pytest.raises(TimeoutError):
+        listener.accept()  # the MLflow server never called out
+    listener.close()
+
+
+@pytest.mark.service
+def test_an_html_artifact_downloads_unchanged(workbench, alice_html_run):
+    wb, run, page = workbench, *alice_html_run
+    for who in ("alice", "bob"):
+        r = requests.get(
+            f"{wb.url}/services/mlflow{artifact_path(run, 'report.html')}",
+            headers={"Authorization": f"token {wb.tokens[who]}", "Accept": "text/html,*/*"},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.content == page, (who, r.content[:200])
+        assert r.headers.get("Cache-Control") != "no-store"  # the gateway did not treat it as its page
+    r = requests.get(
+        f"{wb.url}/services/mlflow/get-artifact",
+        params={"path": "report.html", "run_uuid": run["info"]["run_id"]},
+        headers={"Authorization": f"token {wb.tokens['bob']}", "Accept": "text/html"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.content == page
+
+
+@pytest.mark.service
+def test_a_large_artifact_streams_through_in_bounded_memory(workbench, alice_html_run, tmp_path):
+    wb, (run, _) = workbench, alice_html_run
+    alice = wb.tokens["alice"]
+    gateway = gateway_process(wb)
+    size = 64 * 2**20
+    block = bytes(range(256)) * 4096  # 1 MiB
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(size // len(block)):
+            f.write(block)
+    # put there past the gateway (as a job would), so that its memory is untouched by it
+    secret = (wb.state / mlflow_auth.SECRET_FILE).read_text().strip()
+    with open(big, "rb") as f:
+        r = requests.put(
+            f"{wb.info['mlflow_url']}{artifact_path(run, 'big.bin')}",
+            data=f,
+            auth=("alice", mlflow_auth.password(secret, "alice")),
+            timeout=300,
+        )
+    assert r.status_code == 200, r.text
+    # a client that asks for it and reads nothing: the gateway must not read all of it from MLflow
+    before = gateway.memory_info().rss
+    host, port = wb.url.removeprefix("http://").split(":")
+    slow = socket.create_connection((host, int(port)))
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    slow.sendall(
+        f"GET /services/mlflow{artifact_path(run, 'big.bin')} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Authorization: token {alice}\r\n\r\n".encode()
+    )
+    peak, deadline = 0, time.monotonic() + 6
+    while time.monotonic() < deadline:
+        peak = max(peak, gateway.memory_info().rss - before)
+        time.sleep(0.2)
+    slow.close()
+    assert peak < 24 * 2**20, f"the gateway read {peak >> 20} MiB ahead of a client that read nothing"
+    # a client that reads gets every byte
+    r = wb.mlflow("GET", artifact_path(run, "big.bin"), token=wb.tokens["bob"])
+    assert r.status_code == 200 and r.content == big.read_bytes()
+    # and an upload through the gateway streams (the in-process test shows it waits for a slow MLflow)
+    before = gateway.memory_info().rss
+    with open(big, "rb") as f:  # requests streams a file, with its Content-Length
+        r = requests.put(
+            f"{wb.url}/services/mlflow{artifact_path(run, 'again.bin')}",
+            data=f,
+            headers={"Authorization": f"token {alice}"},
+            timeout=300,
+        )
+    assert r.status_code == 200, r.text
+    assert gateway.memory_info().rss - before < 24 * 2**20, "the gateway held the upload"
+
+
+@pytest.mark.service
+def test_user_name_spaces_are_reserved(workbench):
+    wb, bob, suffix = workbench, workbench.tokens["bob"], uuid.uuid4().hex[:8]
+    for route in ("/api/2.0/mlflow/experiments/create", "/ajax-api/2.0/mlflow/experiments/create"):
+        for name in (f"alice/squat-{suffix}", f"newcomer-{suffix}/x"):
+            r = wb.mlflow("POST", route, token=bob, json={"name": name})
+            assert r.status_code == 403 and r.json()["reason"] == "experiment_not_yours", (route, name, r.text)
+    r = wb.mlflow(
+        "GET", "/api/2.0/mlflow/experiments/get-by-name", token=bob, params={"experiment_name": f"alice/squat-{suffix}"}
+    )
+    assert r.status_code == 404, r.text  # never created
+    r = wb.mlflow("POST", "/api/2.0/mlflow/experiments/create", token=bob, json={"name": f"bob/mine-{suffix}"})
+    assert r.status_code == 200, r.text
+    mine = r.json()["experiment_id"]
+    for body in (
+        {"experiment_id": mine, "new_name": f"alice/renamed-{suffix}"},
+        {"experiment_id": mine, "newName": f"alice/renamed-{suffix}"},
+    ):
+        r = wb.mlflow("POST", "/api/2.0/mlflow/experiments/update", token=bob, json=body)
+        assert r.status_code == 403 and r.json()["reason"] == "experiment_not_yours", r.text
+    r = wb.mlflow(
+        "POST",
+        "/api/2.0/mlflow/experiments/update",
+        token=bob,
+        json={"experiment_id": mine, "new_name": f"bob/b-{suffix}"},
+    )
+    assert r.status_code == 200, r.text
+    r = wb.mlflow(
+        "POST", "/api/2.0/mlflow/experiments/create", token=wb.tokens["alice"], json={"name": f"alice/own-{suffix}"}
+    )
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.service
+def test_the_mlflow_server_holds_no_hub_token(workbench):
+    servers = [p for p in workbench.processes() if "MLFLOW_AUTH_CONFIG_PATH" in p.environ()]
+    assert servers, [" ".join(p.cmdline())[:100] for p in workbench.processes()]
+    for proc in servers:
+        environ = proc.environ()
+        held = sorted(set(environ) & {str(env.ADMIN_TOKEN), "CONFIGPROXY_AUTH_TOKEN", "JUPYTERHUB_API_TOKEN"})
+        assert not held, f"{' '.join(proc.cmdline())[:100]} holds {held}"
+        assert environ[str(env.MLFLOW_AUTH_SECRET)]  # what its basic-auth check needs
