@@ -107,7 +107,7 @@ def inject_xsrf(html: bytes, token: str, prefix: str) -> bytes:
 #: request chunks (64 KiB each, tornado's) waiting for MLflow to take them: the upload's backpressure
 UPLOAD_QUEUE = 4
 #: the most bytes of an experiment create/rename body, read whole to check the name before MLflow sees it
-MAX_NAMING_BODY = 2**20
+MAX_NAMING_BODY = mlflow_routes.MAX_NAMING_BODY
 
 
 @web.stream_request_body
@@ -141,10 +141,7 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
     def _refuse(self, status: int, reason: str, message: str, route: str | None = None) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        body = {"status": status, "reason": reason, "message": message}
-        if route is not None:
-            body["route"] = route
-        self.finish(json.dumps(body))
+        self.finish(json.dumps(mlflow_routes.refusal(status, reason, message, route)))
 
     def _refuse_login(self) -> None:
         if self._wants_html():

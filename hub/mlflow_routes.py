@@ -1,4 +1,8 @@
-"""Which MLflow routes the gateway forwards: an allow-list taken from MLflow's own route table.
+"""Which MLflow routes Danlu's users may call: an allow-list taken from MLflow's own route table.
+
+The one rule, applied twice: by the gateway (:mod:`danlu.hub.mlflow_gateway`) to users' requests,
+and by the MLflow server itself (:mod:`danlu.hub.mlflowserver`) to every caller but the jobs
+service's own account, so a job holding its owner's MLflow credentials is held to it too.
 
 The MLflow server (3.17) answers some 540 routes. Danlu's users need those of the tracking
 UI and of MLflow's clients: experiments, runs, metrics, logged models, artifacts in both
@@ -184,6 +188,8 @@ REFUSED: list[tuple[str, str, tuple[str, ...]]] = [
 GRAPHQL_MUTATIONS = frozenset({"mlflow_search_datasets", "mlflow_search_runs", "testMutation"})
 
 #: where a request names an experiment, so :func:`namespace_refusal` checks the name
+#: (its body, at most :data:`MAX_NAMING_BODY` bytes, is read whole before it is passed on)
+MAX_NAMING_BODY = 2**20
 EXPERIMENT_NAMING = frozenset(p + name for p in (API, AJAX) for name in ("experiments/create", "experiments/update"))
 
 
@@ -215,6 +221,34 @@ class Decision:
         return self.status == 0
 
 
+def server_route(path: str, prefix: str) -> str:
+    """The MLflow route of a path as the MLflow server routes it (ASGI's ``scope["path"]``, decoded once).
+
+    Below ``--static-prefix`` the prefix is taken off; a path outside it is a route as it stands
+    (MLflow mounts its artifact router and ``/signup`` at the root as well).
+    """
+    prefix = prefix.rstrip("/")
+    if prefix and (path == prefix or path.startswith(prefix + "/")):
+        return path[len(prefix) :] or "/"
+    return path
+
+
+#: MLflow's own error code for each refusal status, so MLflow's clients show the refusal as one of theirs
+ERROR_CODES = {400: "BAD_REQUEST", 403: "PERMISSION_DENIED", 404: "ENDPOINT_NOT_FOUND", 413: "INVALID_PARAMETER_VALUE"}
+
+
+def refusal(status: int, reason: str, message: str, route: str | None = None) -> dict:
+    """The JSON body of a refusal, the same from the gateway and from the MLflow server.
+
+    Danlu's ``status``/``reason``/``message``, with MLflow's ``error_code`` beside them: an
+    MLflow client raises ``PERMISSION_DENIED: <message>`` rather than an internal error.
+    """
+    body = {"status": status, "reason": reason, "message": message, "error_code": ERROR_CODES.get(status, "")}
+    if route is not None:
+        body["route"] = route
+    return body
+
+
 def route_path(path: str, prefix: str) -> str | None:
     """The MLflow route of a request path below the gateway's ``prefix`` (decoded); None outside it."""
     path = unquote(path)
@@ -236,12 +270,12 @@ def decide(method: str, route: str) -> Decision:
             return Decision(route)
     for reason, why, prefixes in REFUSED:
         if route.startswith(prefixes):
-            return Decision(route, 403, reason, f"{method} {route} is refused by Danlu's MLflow gateway: {why}")
+            return Decision(route, 403, reason, f"{method} {route} is refused by Danlu: {why}")
     return Decision(
         route,
         404,
         "route_not_forwarded",
-        f"{method} {route} is not an MLflow route that Danlu's gateway forwards (the tracking UI and "
+        f"{method} {route} is not an MLflow route Danlu lets its users call (the tracking UI and "
         "clients, artifacts and registry reads are)",
     )
 
