@@ -15,8 +15,7 @@ differences:
   that starts the workbench sets that variable itself;
 * the launcher *becomes* the server: where MLflow would start the server command as a child,
   this process replaces itself with it (``exec``), so the process ``danlu up`` (or a cluster's
-  Deployment) started is the uvicorn server, and its memory is the server's alone.
-
+  Deployment) started is the uvicorn server, and its memory is the server's alone;
 * the basic-auth app is served inside :class:`Rules` (:func:`create_app`): every caller but the
   jobs service's own account is held to the gateway's allow-list and name-space rule
   (:mod:`danlu.hub.mlflow_routes`), so a job, whose runner and kernels hold their owner's MLflow

@@ -85,10 +85,12 @@ def call(method: str, path: str, user: str | None = None, body: bytes = b"", adm
         ("POST", PREFIX + "/api/2.0/mlflow/webhooks", 403, "webhooks"),
         ("POST", PREFIX + "/api/2.0/mlflow/registered-models/create", 403, "registry_writes"),
         ("PATCH", PREFIX + "/api/2.0/mlflow/users/update-admin", 403, "users_and_roles"),
-        ("GET", "/signup", 403, "users_and_roles"),
+        ("GET", "/signup", 403, "users_and_roles"),  # the routes MLflow mounts outside the prefix: these, and
+        ("GET", "/build/x.js", 403, "flask_static"),
         ("GET", PREFIX + "/no/such/route", 404, "route_not_forwarded"),
         ("POST", PREFIX + "/api/2.0/mlflow/runs/log-batch", 200, None),
         ("PUT", "/api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a.txt", 200, None),  # the artifact router
+        ("GET", "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a.txt", 200, None),
         ("GET", PREFIX + "/api/2.0/mlflow/registered-models/get", 200, None),
         ("GET", PREFIX + "/health", 200, None),
     ],
