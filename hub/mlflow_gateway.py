@@ -7,12 +7,18 @@ is what ``MLFLOW_TRACKING_TOKEN`` produces) and then streams it to the MLflow
 tracking server on loopback, which ``danlu up`` starts with
 ``--static-prefix /services/mlflow`` so UI links and the REST API keep their
 paths. Unauthenticated API requests get a JSON 401/403; nothing reaches MLflow
-without a hub identity. Each request reaches MLflow with its user's MLflow
-credentials (:mod:`danlu.hub.mlflow_auth`), so MLflow's own permissions decide
-what they may change. A cookie-authenticated request needs JupyterHub's XSRF
-token like any hub page; MLflow's UI does not send one, so its HTML pages get a
-small script that adds it to the UI's own requests. Jobs, which run on this
-machine, talk to MLflow directly on loopback and never pass through here.
+without a hub identity. Only the routes the tracking UI and MLflow's clients
+need are forwarded (:mod:`danlu.hub.mlflow_routes`); the AI gateway, webhooks,
+prompts, the assistant and the rest are refused with a JSON 403 that names the
+route. An experiment named ``<user>/...`` may be created, or renamed into, only
+by that user. Each request reaches MLflow with its user's MLflow credentials
+(:mod:`danlu.hub.mlflow_auth`), so MLflow's own permissions decide what they
+may change. A cookie-authenticated request needs JupyterHub's XSRF token like
+any hub page; MLflow's UI does not send one, so its page (the route ``/``) gets
+a small script that adds it to the UI's own requests; every other answer,
+artifacts included, passes through unchanged. Jobs and the jobs service talk to
+MLflow directly (loopback, or its Service on a cluster) and never pass through
+here.
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ import sys
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
-from tornado import httpclient, web
+from tornado import httpclient, iostream, web
 from tornado.httpserver import HTTPServer
 
 from danlu.env import MLFLOW_AUTH_SECRET, MLFLOW_URL
 from danlu.errors import DanluError
-from danlu.hub import mlflow_auth
+from danlu.hub import mlflow_auth, mlflow_routes
 from danlu.hub.hubauth import AsyncHubAuthenticated
 
 log = logging.getLogger("danlu.mlflow_gateway")
@@ -98,24 +104,44 @@ def inject_xsrf(html: bytes, token: str, prefix: str) -> bytes:
     return html[:at] + script + html[at:]
 
 
+#: request chunks (64 KiB each, tornado's) waiting for MLflow to take them: the upload's backpressure
+UPLOAD_QUEUE = 4
+#: the most bytes of an experiment create/rename body, read whole to check the name before MLflow sees it
+MAX_NAMING_BODY = mlflow_routes.MAX_NAMING_BODY
+
+
 @web.stream_request_body
 class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
+    """One request: authenticated, checked against :mod:`danlu.hub.mlflow_routes`, then streamed both ways.
+
+    Bodies flow with backpressure: a request chunk is taken from the client only when the
+    one before is on its way to MLflow (a bounded queue), and an answer's chunk is read from
+    MLflow only when the one before has been written to the client. Only the UI's page (the
+    route ``/``, by path, never by content type) is read whole, to add the XSRF script; every
+    other answer, artifacts included, passes through byte for byte.
+    """
+
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
-    def initialize(self, upstream: str, users: mlflow_auth.MlflowUsers):
+    def initialize(self, upstream: str, users: mlflow_auth.MlflowUsers, prefix: str = "/services/mlflow/"):
         self.upstream = upstream.rstrip("/")
         self.users = users
-        self._queue: asyncio.Queue | None = None
+        self.prefix = prefix
+        self._queue: asyncio.Queue | None = None  # request chunks on their way to MLflow (None: no body to send)
+        self._forward: asyncio.Future | None = None
+        self._sent = False  # MLflow's answer is in (no more request chunks are taken)
         self._refusal = None  # what to answer instead of MLflow, once the request body is read
-        self._html: bytearray | None = None  # an MLflow page being buffered to add the XSRF script
+        self._naming: bytearray | None = None  # a create/rename body, checked before it is forwarded
+        self._index = False  # the UI's page: the one answer the gateway edits
+        self._html: bytearray | None = None  # that page being read to add the XSRF script
 
     def _wants_html(self) -> bool:
         return self.request.method == "GET" and "text/html" in self.request.headers.get("Accept", "")
 
-    def _refuse(self, status: int, reason: str, message: str) -> None:
+    def _refuse(self, status: int, reason: str, message: str, route: str | None = None) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status, "reason": reason, "message": message}))
+        self.finish(json.dumps(mlflow_routes.refusal(status, reason, message, route)))
 
     def _refuse_login(self) -> None:
         if self._wants_html():
@@ -138,6 +164,14 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
         if not user:
             self._refusal = self._refuse_login
             return
+        route = mlflow_routes.route_path(self.request.path, self.prefix) or "/"
+        decision = mlflow_routes.decide(self.request.method, route)
+        if not decision.allowed:
+            log.info("refused %s %s for %s: %s", self.request.method, route, user["name"], decision.reason)
+            self._refusal = functools.partial(
+                self._refuse, decision.status, decision.reason, decision.message, decision.route
+            )
+            return
         self.user = user
         self.mlflow_user = mlflow_auth.mlflow_username(user)
         try:
@@ -145,23 +179,49 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
         except DanluError as e:
             self._refusal = functools.partial(self._refuse, e.status, e.reason, str(e))
             return
-        self._queue = asyncio.Queue()
+        self._index = route == "/" and self.request.method == "GET"
+        if route in mlflow_routes.EXPERIMENT_NAMING and not mlflow_auth.is_admin(user):
+            self._naming = bytearray()  # forwarded from the verb method, once its names are checked
+            return
+        self._start()
+
+    def _has_body(self) -> bool:
+        return self.request.method in ("POST", "PUT", "PATCH") or bool(
+            self.request.method == "DELETE" and self.request.headers.get("Content-Length")
+        )
+
+    def _start(self) -> None:
+        self._queue = asyncio.Queue(maxsize=UPLOAD_QUEUE) if self._has_body() else None
         self._forward = asyncio.ensure_future(self._proxy())
 
-    def data_received(self, chunk: bytes):
-        if self._queue is not None:
-            self._queue.put_nowait(chunk)
+    async def data_received(self, chunk: bytes):
+        if self._refusal is not None:
+            return
+        if self._naming is not None:
+            if len(self._naming) + len(chunk) > MAX_NAMING_BODY:
+                self._naming = None
+                self._refusal = functools.partial(
+                    self._refuse,
+                    413,
+                    "body_too_large",
+                    f"an experiment request body is at most {MAX_NAMING_BODY} bytes",
+                )
+                return
+            self._naming.extend(chunk)
+            return
+        if self._queue is not None and not self._sent:
+            await self._queue.put(chunk)  # waits while MLflow has not taken the chunks before it
 
     async def _body_producer(self, write):
         while True:
             chunk = await self._queue.get()
             if chunk is None:
                 return
-            await write(chunk)
+            await write(chunk)  # resolves once the chunk is written to MLflow's socket
 
     async def _proxy(self):
         # Content-Length travels: MLflow's server does not read chunked request bodies
-        drop = HOP_BY_HOP | (HTML_REQUEST_DROP if self._wants_html() else set())
+        drop = HOP_BY_HOP | (HTML_REQUEST_DROP if self._index else set())
         headers = {
             k: v for k, v in self.request.headers.get_all() if k.lower() not in drop or k.lower() == "content-length"
         }
@@ -169,14 +229,11 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
         headers["Authorization"] = mlflow_auth.basic_authorization(self.mlflow_user, self.users.secret)
         up = urlparse(self.upstream)
         headers["Host"] = up.netloc
-        has_body = self.request.method in ("POST", "PUT", "PATCH") or (
-            self.request.method == "DELETE" and self.request.headers.get("Content-Length")
-        )
         request = httpclient.HTTPRequest(
             f"{self.upstream}{self.request.uri}",
             method=self.request.method,
             headers=headers,
-            body_producer=self._body_producer if has_body else None,
+            body_producer=self._body_producer if self._queue is not None else None,
             allow_nonstandard_methods=True,
             follow_redirects=False,
             decompress_response=False,
@@ -184,11 +241,9 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
             header_callback=self._on_header,
             streaming_callback=self._on_chunk,
         )
-        if not has_body:
-            self._queue = None
         try:
             await httpclient.AsyncHTTPClient().fetch(request, raise_error=False)
-        except Exception as e:  # MLflow down
+        except Exception as e:  # MLflow down, or the client went away
             if not self._headers_written:
                 self.set_status(502)
                 self.set_header("Content-Type", "application/json")
@@ -201,6 +256,10 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
                         }
                     )
                 )
+        finally:
+            self._sent = True  # MLflow answered before it read the whole body: the rest is dropped
+            while self._queue is not None and not self._queue.empty():
+                self._queue.get_nowait()
 
     def _on_header(self, line: str):
         line = line.strip()
@@ -215,7 +274,7 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
         name, value = name.strip(), value.strip()
         if name.lower() in HOP_BY_HOP or name.lower() in ("server", "date"):
             return
-        if name.lower() == "content-type" and value.lower().startswith("text/html") and self._wants_html():
+        if name.lower() == "content-type" and value.lower().startswith("text/html") and self._index:
             self._html = bytearray()
         if name.lower() == "content-encoding":  # not asked for; leave such a page as it is
             self._html = None
@@ -224,16 +283,25 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
     def _on_chunk(self, chunk: bytes):
         if self._html is not None:
             self._html.extend(chunk)
-            return
+            return None
         self.write(chunk)
-        self.flush()
+        return self.flush()  # tornado's client reads MLflow's next chunk once this one is written
 
     async def _finish(self, *_path):
         if self._refusal is not None:
             self._refusal()
             return
+        if self._naming is not None:
+            why = mlflow_routes.namespace_refusal(bytes(self._naming), self.user["name"])
+            if why:
+                log.info("refused %s %s for %s: %s", self.request.method, self.request.path, self.user["name"], why)
+                self._refuse(403, "experiment_not_yours", why, mlflow_routes.route_path(self.request.path, self.prefix))
+                return
+            self._start()
+            if self._queue is not None:
+                await self._queue.put(bytes(self._naming))
         if self._queue is not None:
-            self._queue.put_nowait(None)
+            await self._queue.put(None)
         await self._forward
         if self._html is not None and not self._finished:
             for name in ("ETag", "Last-Modified"):
@@ -242,7 +310,10 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
             # tornado sets Content-Length for the edited body
             self.write(inject_xsrf(bytes(self._html), self.xsrf_token.decode(), self.hub_auth.base_url))
         if not self._finished:
-            self.finish()
+            try:
+                self.finish()
+            except iostream.StreamClosedError:  # the client went away mid-answer
+                pass
 
     get = head = post = put = patch = delete = options = _finish
 
@@ -269,14 +340,14 @@ def main(argv=None) -> int:
             (
                 f"{prefix.rstrip('/')}(/.*)?",
                 ProxyHandler,
-                {"upstream": origin, "users": mlflow_auth.MlflowUsers(upstream, secret)},
+                {"upstream": origin, "users": mlflow_auth.MlflowUsers(upstream, secret), "prefix": prefix},
             ),
         ],
         hub_auth=hub_auth,
         cookie_secret=os.urandom(32),
         log_function=lambda h: None,
     )
-    httpclient.AsyncHTTPClient.configure(None, max_body_size=2**34, max_buffer_size=2**30)
+    httpclient.AsyncHTTPClient.configure(None, max_clients=100, max_body_size=2**34, max_buffer_size=2**30)
 
     async def run():
         server = HTTPServer(app, max_body_size=2**34, xheaders=True)

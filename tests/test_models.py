@@ -35,7 +35,7 @@ from danlu.env import MLFLOW_AUTH_SECRET
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, ValidationError
 from danlu.hub import mlflow_auth
 from danlu.hub.config import load_settings
-from danlu.hub.mlflow_auth import MlflowUsers, password
+from danlu.hub.mlflow_auth import SERVICE_ACCOUNT, MlflowUsers, password
 from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.testing import free_port
 
@@ -434,9 +434,16 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
     suffix = uuid.uuid4().hex[:6]
     alices = await asyncio.to_thread(mlflow.run, "alice", logged_model="model")
     bare = await asyncio.to_thread(mlflow.run, "alice")
-    # bob made a registered model in MLflow himself: he would hold MANAGE on it
+    # bob may not make a registered model in MLflow himself (the server's rules, danlu.hub.mlflowserver) ...
     squat = f"squat-{suffix}"
-    await asyncio.to_thread(mlflow.ok, "bob", "POST", "/api/2.0/mlflow/registered-models/create", json={"name": squat})
+    r = await asyncio.to_thread(
+        mlflow.call, "bob", "POST", "/api/2.0/mlflow/registered-models/create", json={"name": squat}
+    )
+    assert (r.status_code, r.json()["reason"]) == (403, "registry_writes"), r.text
+    # ... but one Danlu did not create may be there (made before, or by MLflow's own admin)
+    await asyncio.to_thread(
+        mlflow.ok, SERVICE_ACCOUNT, "POST", "/api/2.0/mlflow/registered-models/create", json={"name": squat}
+    )
     async with service(tmp_path, mlflow, EvaluatingBackend({})) as manager:
         refusals = {}
         for key, who, body in (
@@ -467,7 +474,7 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
     squatted = await asyncio.to_thread(
         mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/get", params={"name": squat}
     )
-    assert not squatted["registered_model"].get("latest_versions")  # nothing was added to bob's model
+    assert not squatted["registered_model"].get("latest_versions")  # nothing was added to that model
 
 
 HOSTILE = [

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from danlu import env
 from danlu.errors import ConfigError
-from danlu.hub import mlflow_auth
+from danlu.hub import mlflow_auth, mlflowserver
 from danlu.hub.config import Settings, load_settings
 from danlu.hub.k8s import names
 
@@ -92,7 +92,8 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="mlflow-auth-"))
     config = mlflow_auth.write_auth_config(folder, settings, secret)
     command = server_command(settings)
-    os.execve(command[0], command, {**os.environ, **mlflow_auth.server_environment(config, secret)})
+    environ = mlflowserver.server_environ({**os.environ, **mlflow_auth.server_environment(config, secret)})
+    os.execve(command[0], command, environ)  # no hub or proxy token, as on one machine
 
 
 if __name__ == "__main__":
