@@ -65,7 +65,16 @@ HTML_REQUEST_DROP = {"accept-encoding", "if-none-match", "if-modified-since"}
 # Adds the hub's XSRF token to the MLflow UI's own requests (fetch and XMLHttpRequest, to this
 # gateway only): JupyterHub accepts a cookie-authenticated request only with it, and a browser's
 # fetch() needs it even for GET (Sec-Fetch-Mode: cors).
+#
+# It also opens the UI on its model-training view: MLflow 3.17 starts a browser that has no choice stored on
+# its GenAI view (the useLocalStorage key mlflow.workflowType, version 1, JSON); a user's own later choice
+# stays.
 XSRF_SCRIPT = """<script>(function () {
+  try {
+    if (!localStorage.getItem("mlflow.workflowType_v1")) {
+      localStorage.setItem("mlflow.workflowType_v1", JSON.stringify("machine_learning"));
+    }
+  } catch (e) {}
   var token = %(token)s, prefix = %(prefix)s;
   function ours(url) {
     try { var u = new URL(url, location.href); } catch (e) { return false; }

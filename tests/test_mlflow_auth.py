@@ -22,6 +22,7 @@ import stat
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
@@ -191,6 +192,19 @@ def test_xsrf_script_goes_first_in_the_head():
     assert out.index('var token = "2|abc", prefix = "/services/mlflow/"') < out.index("main.js")
     assert out.startswith('<!doctype html><html><head lang="en"><script>')
     assert inject_xsrf(b"<p>no head</p>", "t", "/p/").endswith(b"<p>no head</p>")
+
+
+def test_the_ui_opens_on_its_model_training_view_unless_the_user_chose():
+    """MLflow 3.17's UI starts on its GenAI view; Danlu's users train models (issue 17). The key and format are
+    those of the UI's own useLocalStorage hook, read from the bundle MLflow ships."""
+    import mlflow.server  # deferred: only this test reads MLflow's shipped UI
+
+    bundle = Path(mlflow.server.__file__).parent / "js" / "build" / "static" / "js"
+    shipped = "".join(p.read_text(errors="replace") for p in bundle.glob("*.js"))
+    assert 'key:"mlflow.workflowType",version:1' in shipped and "`${e}_v${t}`" in shipped
+    out = inject_xsrf(b"<html><head></head></html>", "t", "/p/").decode()
+    assert 'localStorage.setItem("mlflow.workflowType_v1", JSON.stringify("machine_learning"))' in out
+    assert out.index('getItem("mlflow.workflowType_v1")') < out.index("setItem")  # a stored choice stays
 
 
 # MlflowUsers against a fake MLflow ------------------------------------------------------------------
