@@ -61,6 +61,11 @@ MLFLOW_AUTH_SECRET = Var(
     "DANLU_MLFLOW_AUTH_SECRET",
     "The secret MLflow credentials are derived from; only the MLflow server, its gateway and the jobs service see it.",
 )
+AUDIT_KEY = Var(
+    "DANLU_AUDIT_KEY",
+    "The key of the audit log's HMAC chain (at least 32 characters; on Kubernetes from the danlu-secrets Secret); "
+    "unset: <state>/audit.key, made on first start. Only the jobs service and danlu up read it.",
+)
 HUB_PORT = Var("DANLU_HUB_PORT", "Loopback port of JupyterHub's own API.")
 PROXY_API_PORT = Var("DANLU_PROXY_API_PORT", "Loopback port of configurable-http-proxy's REST API.")
 SERVICE_PORT = Var("DANLU_SERVICE_PORT", "Loopback port of the jobs service.")
