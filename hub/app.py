@@ -109,6 +109,7 @@ class DanluUp(Application):
         profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
 
         quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
+        settings.check_unix_login()  # Unix accounts only with a login that proves the account
         if not settings.profiles_file.exists():
             self.log.warning(
                 "no profiles file at %s: offering only the built-in 'python' profile", settings.profiles_file
