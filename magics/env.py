@@ -78,6 +78,12 @@ PUBLIC_URL = Var("DANLU_PUBLIC_URL", "Where browsers reach the workbench (links 
 TOKEN = Var("DANLU_TOKEN", "A JupyterHub API token for the danlu CLI and %%train outside a server.")
 PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (the default for %%train).")
 
+TENSORBOARD_TOKEN = Var(
+    "DANLU_TENSORBOARD_TOKEN",
+    "The token a TensorBoard the lab extension starts requires on every request (its proxy adds it); "
+    "in that TensorBoard's environment only.",
+)
+
 # inside a job ----------------------------------------------------------------------------
 JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")
 RUNNER_ID = Var(
