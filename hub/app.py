@@ -45,7 +45,7 @@ from danlu.hub.environments import prepare_profiles
 from danlu.hub.profiles import builtin_profiles, load_profiles
 from danlu.hub.service.admission import quotas
 from danlu.hub.service.jobs.recovery import interrupt_running_jobs
-from danlu.hub.service.store import schema
+from danlu.hub.service.store import audit, schema
 from danlu.hub.service.store.database import make_sessionmaker
 from danlu.jobdir import write_json_atomic
 
@@ -109,6 +109,7 @@ class DanluUp(Application):
         profiles = load_profiles(settings.profiles_file) if settings.profiles_file.exists() else builtin_profiles()
 
         quotas.check(settings, gpus.inventory(settings.gpus))  # teams name GPU flavors this machine has
+        settings.check_unix_login()  # Unix accounts only with a login that proves the account
         if not settings.profiles_file.exists():
             self.log.warning(
                 "no profiles file at %s: offering only the built-in 'python' profile", settings.profiles_file
@@ -150,6 +151,7 @@ class DanluUp(Application):
 
     def upgrade_database(self, settings: Settings) -> None:
         """Bring the jobs database to this Danlu's schema (after a backup), and carry over old job inputs."""
+        audit.use_key(audit.load_key(settings.state_dir))  # the upgrade to 0009 keys the audit chain
         done = schema.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
         schema.make_private(settings.jobs_database_url)  # a database an older Danlu left readable is closed
         if done["from"] != done["to"]:

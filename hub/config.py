@@ -202,9 +202,20 @@ class Settings(Options):
         """Whether servers and jobs run as each user's Unix account (see danlu.hub.accounts)."""
         return accounts.enabled(self.users.unix_accounts)
 
+    @cached_property
+    def uid_range(self) -> tuple[int, int]:
+        """The UIDs hub users may be mapped to (users.uid_min/uid_max over /etc/login.defs)."""
+        low, high = accounts.login_defs_range()
+        return (self.users.uid_min or low, self.users.uid_max or high)
+
     def account(self, username: str) -> accounts.Account | None:
         """The Unix account a user's processes run as; None when everything runs as this account."""
-        return accounts.lookup(username) if self.unix_accounts else None
+        return accounts.lookup(username, self.uid_range) if self.unix_accounts else None
+
+    def check_unix_login(self) -> None:
+        """With Unix accounts, refuse a login that does not prove the account (a ConfigError naming the fix)."""
+        if self.unix_accounts:
+            accounts.check_login(self.auth.type, self.users.account_claim, self.auth.where("type"))
 
     @property
     def jobs_database_url(self) -> str:

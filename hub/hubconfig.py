@@ -117,7 +117,12 @@ def authenticator(c, settings: Settings, environ=os.environ) -> None:
         if not (auth.allowed_users or auth.allowed_organizations or auth.allowed_gitlab_groups or auth.allowed_groups):
             c.Authenticator.allow_all = False  # OAuth with no allow-list admits only admin_users
     for key, value in auth.options.items():
-        setattr(getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1]), key, value)
+        setattr(authenticator_section(c, kind), key, value)
+
+
+def authenticator_section(c, kind: str):
+    """The config section of the authenticator class of login ``kind``."""
+    return getattr(c, AUTHENTICATORS[kind].rsplit(".", 1)[1])
 
 
 def oidc(c, section, auth) -> None:
@@ -326,6 +331,11 @@ def configure(c, environ=os.environ) -> Settings:
     c.DanluLocalSpawner.profiles_file = str(settings.profiles_file)
     c.DanluLocalSpawner.home_root = str(state / "users")
     c.DanluLocalSpawner.unix_accounts = settings.unix_accounts
+    if settings.unix_accounts:  # the hub user name is the account: only a login that proves it
+        settings.check_unix_login()
+        c.DanluLocalSpawner.uid_range = settings.uid_range
+        if settings.auth.type != "pam":  # the provider's claim that holds the account's name
+            authenticator_section(c, settings.auth.type).username_claim = settings.users.account_claim
     c.DanluLocalSpawner.jobs_api_url = f"http://127.0.0.1:{service_port}/services/danlu/api/v1"
     c.DanluLocalSpawner.jobs_api_token = admin_token
     c.Authenticator.post_auth_hook = audit_logins(f"http://127.0.0.1:{service_port}/services/danlu/api/v1", admin_token)

@@ -254,6 +254,26 @@ class UsersConfig(Section):
         "<state_dir>/users; auto: on when danlu up runs as root and other accounts can run "
         "its Python.",
     ).tag(config=True)
+    uid_min = Integer(
+        None,
+        allow_none=True,
+        min=1,
+        help="With Unix accounts: the lowest UID a hub user may be mapped to (default UID_MIN of "
+        "/etc/login.defs, else 1000). System accounts, below it, are never mapped.",
+    ).tag(config=True)
+    uid_max = Integer(
+        None,
+        allow_none=True,
+        min=1,
+        help="With Unix accounts: the highest UID a hub user may be mapped to (default UID_MAX of "
+        "/etc/login.defs, else 60000).",
+    ).tag(config=True)
+    account_claim = Unicode(
+        "",
+        help="With Unix accounts and an OAuth login (oidc, github, gitlab): the claim (or user-data field) of "
+        "the identity provider whose value is the user's Unix account name; it becomes the hub user name. "
+        "Without it, Unix accounts refuse an OAuth login: a provider's user name proves no local account.",
+    ).tag(config=True)
 
 
 class GpusConfig(Section):

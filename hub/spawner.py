@@ -30,7 +30,7 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Any, Bool, Dict, Integer, Unicode, default
+from traitlets import Any, Bool, Dict, Integer, Tuple, Unicode, default
 
 from danlu import env as names
 from danlu.client import error_from
@@ -45,6 +45,9 @@ class DanluLocalSpawner(LocalProcessSpawner):
     profiles_file = Unicode(help="The governed profiles file (kernel-images/profiles.yaml).").tag(config=True)
     home_root = Unicode(help="Folder holding one home folder per user (when unix_accounts is off).").tag(config=True)
     unix_accounts = Bool(False, help="Run each server as the user's Unix account (needs root).").tag(config=True)
+    uid_range = Tuple(
+        Integer(), Integer(), default_value=(1000, 60000), help="The UIDs a user's Unix account may have."
+    ).tag(config=True)
     jobs_api_url = Unicode(help="The jobs service's API (for GPU allocations), on loopback.").tag(config=True)
     jobs_api_token = Unicode(help="A token with custom:danlu:admin, used to reserve GPUs.").tag(config=True)
     extra_env = Dict(help="Environment added to every server (DANLU_URL, MLflow, JUPYTER_PATH).").tag(config=True)
@@ -67,7 +70,7 @@ class DanluLocalSpawner(LocalProcessSpawner):
     # identity and home ----------------------------------------------------------
     @property
     def account(self) -> accounts.Account | None:
-        return accounts.lookup(self.user.name) if self.unix_accounts else None
+        return accounts.lookup(self.user.name, self.uid_range) if self.unix_accounts else None
 
     @property
     def home_dir(self) -> str:

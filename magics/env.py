@@ -64,6 +64,11 @@ MLFLOW_AUTH_SECRET = Var(
     "DANLU_MLFLOW_AUTH_SECRET",
     "The secret MLflow credentials are derived from; only the MLflow server, its gateway and the jobs service see it.",
 )
+AUDIT_KEY = Var(
+    "DANLU_AUDIT_KEY",
+    "The key of the audit log's HMAC chain (at least 32 characters; on Kubernetes from the danlu-secrets Secret); "
+    "unset: <state>/audit.key, made on first start. Only the jobs service and danlu up read it.",
+)
 HUB_PORT = Var("DANLU_HUB_PORT", "Loopback port of JupyterHub's own API.")
 PROXY_API_PORT = Var("DANLU_PROXY_API_PORT", "Loopback port of configurable-http-proxy's REST API.")
 SERVICE_PORT = Var("DANLU_SERVICE_PORT", "Loopback port of the jobs service.")
@@ -75,6 +80,12 @@ URL = Var("DANLU_URL", "Where clients reach the workbench (the hub's base URL); 
 PUBLIC_URL = Var("DANLU_PUBLIC_URL", "Where browsers reach the workbench (links in job cards).")
 TOKEN = Var("DANLU_TOKEN", "A JupyterHub API token for the danlu CLI and %%train outside a server.")
 PROFILE = Var("DANLU_PROFILE", "The governed profile a server was started from (the default for %%train).")
+
+TENSORBOARD_TOKEN = Var(
+    "DANLU_TENSORBOARD_TOKEN",
+    "The token a TensorBoard the lab extension starts requires on every request (its proxy adds it); "
+    "in that TensorBoard's environment only.",
+)
 
 # inside a job ----------------------------------------------------------------------------
 JOB_ID = Var("DANLU_JOB_ID", "The job's id, in every process of the job (the marker that ends them together).")

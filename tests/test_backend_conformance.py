@@ -21,10 +21,11 @@ import signal
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
-from danlu import env
+from danlu import env, proctree
 from danlu.errors import DanluError
 from danlu.hub.backends.base import Backend
 from danlu.hub.backends.local import LocalBackend
@@ -43,8 +44,10 @@ PATIENCE = 180.0  # bounds a hang on a busy machine; nothing here measures time
 
 
 def local_backend(settings: Settings) -> Backend:
-    """The local backend as the service builds it (runners find the profiles' kernelspecs on JUPYTER_PATH)."""
-    return LocalBackend(settings=settings, runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings))})
+    """The local backend as the service builds it (runners find the profiles' kernelspecs on JUPYTER_PATH, and
+    the code under test on the tests' PYTHONPATH, where one is set)."""
+    extra = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    return LocalBackend(settings=settings, runner_env={"JUPYTER_PATH": str(jupyter_path_of(settings)), **extra})
 
 
 CLUSTERS: dict[Path, object] = {}  # state folder -> the fake cluster of its service (kept across restarts)
@@ -270,6 +273,82 @@ def test_a_runner_that_dies_takes_its_kernel_with_it(service):
         "infrastructure failure: the job runner ended without reporting (killed by signal 9): killed or lost"
     )
     assert left == []
+
+
+DETACH = f"""import os, pathlib, subprocess
+mine = pathlib.Path(os.environ["{env.CHECKPOINT_DIR}"]) / "detached"
+pids = [subprocess.Popen(["setsid", "sleep", "600"]).pid]
+pids.append(subprocess.Popen(["setsid", "sleep", "601"], env={{"PATH": os.environ["PATH"]}}).pid)  # no marker
+r, w = os.pipe()
+child = os.fork()
+if child == 0:  # the classic daemon: fork, setsid, fork again, and an empty environment
+    os.setsid()
+    daemon = os.fork()
+    if daemon == 0:
+        os.execve("/bin/sleep", ["sleep", "602"], {{}})
+    os.write(w, str(daemon).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+os.close(w)
+pids.append(int(os.read(r, 32)))
+mine.write_text(" ".join(map(str, pids)))
+print("detached", flush=True)
+"""
+
+
+def detached_pids(svc: RunnerAPIService, job_id: str) -> list[int]:
+    text = (JobDir(svc.settings.jobs_dir / job_id).checkpoint_dir / "detached").read_text()
+    return [int(pid) for pid in text.split()]
+
+
+def still_alive(pids: list[int]) -> list[str]:
+    return [f"{pid} {' '.join(psutil.Process(pid).cmdline())}" for pid in pids if proctree.alive(pid)]
+
+
+@pytest.fixture(params=["cgroup", "runner"])
+def tracking(request, service):
+    """Each way an attempt's processes are held: its cgroup (where cgroup v2 is writable), or its runner alone."""
+    local_only(service, "starts local processes that detach from the job")
+    backend = service.manager.backend
+    if request.param == "cgroup" and proctree.own_cgroup() is None:
+        pytest.skip("cgroup v2 is not writable here")
+    backend.process_cgroups = request.param == "cgroup"
+    try:
+        yield request.param
+    finally:
+        backend.process_cgroups = True
+
+
+def test_processes_a_job_detaches_end_with_it(service, tracking):
+    job_id = submit(service, DETACH)
+    done = wait_final(service, job_id)
+    pids = detached_pids(service, job_id)
+
+    assert done["state"] == "succeeded", done["reason"]
+    assert len(pids) == 3
+    assert still_alive(pids) == []
+
+
+def test_processes_a_job_detaches_end_when_it_is_cancelled(service, tracking):
+    job_id = submit(service, DETACH, waiting(said="sleeping", then="woke up"))
+    state = wait_log(service, job_id, "sleeping")
+    pids = detached_pids(service, job_id)
+    cancelled = service.run(service.manager.cancel(ALICE, job_id))
+
+    assert cancelled["state"] == "cancelled"
+    assert bool(state.get("cgroup")) == (tracking == "cgroup")
+    assert still_alive(pids) == []
+
+
+def test_a_job_that_kills_its_runner_leaves_nothing_in_its_cgroup(service, tracking):
+    if tracking != "cgroup":
+        pytest.skip("without a cgroup, processes with no marker that outlive their runner are not found")
+    job_id = submit(service, DETACH, KILL_MY_RUNNER_ONCE, retries=0)
+    done = wait_final(service, job_id)
+    pids = detached_pids(service, job_id)
+
+    assert (done["state"], done["failure"]) == ("failed", "infrastructure")
+    assert still_alive(pids) == []
 
 
 HOSTILE = f"""import os

@@ -12,11 +12,14 @@ that are rolled up.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import random
 
 import pytest
 from sqlalchemy import delete, func, insert, select, update
 
+from danlu.errors import ConfigError
 from danlu.hub.config import load_settings
 from danlu.hub.service.store import audit, schema
 from danlu.hub.service.store.orm import Attempt, AuditRecord, GpuSample, Job, ServerUsage, UsageRollup
@@ -26,6 +29,7 @@ from danlu.hub.service.usage import rollups
 
 @pytest.fixture
 def sessions(tmp_path):
+    audit.use_key(audit.load_key(tmp_path))
     return schema.prepare(f"sqlite:///{tmp_path / 'danlu.sqlite'}")
 
 
@@ -34,6 +38,47 @@ def chain(sessions, n: int) -> None:
     with sessions() as s, s.begin():
         for i in range(n):
             audit.append(s, f"user{i % 3}", "submit", f"{i:012x}", after={"i": i})
+
+
+def unkeyed(prev_hash: str, record: AuditRecord) -> str:
+    """A record's hash as Mallory computes it: SHA-256 of the previous hash and the record's canonical JSON
+    (the chain as it was before it was keyed; the format is in the source, anyone can read it)."""
+    body = {
+        "seq": record.seq,
+        "at": record.at.isoformat() + "Z",
+        "actor": record.actor,
+        "action": record.action,
+        "target": record.target,
+        "before": record.before,
+        "after": record.after,
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{prev_hash}\n{text}".encode()).hexdigest()
+
+
+def test_a_rewrite_by_whoever_holds_only_the_database_is_found(sessions, tmp_path):
+    """Mallory can write the database, not the state folder's audit.key: she edits record 5 and recomputes
+    its hash and every one after it, as the chain was computed before it was keyed."""
+    chain(sessions, 8)
+    with sessions() as s, s.begin():
+        s.get(AuditRecord, 5).actor = "mallory"
+        prev = s.get(AuditRecord, 4).hash
+        for record in s.scalars(select(AuditRecord).where(AuditRecord.seq >= 5).order_by(AuditRecord.seq)):
+            record.prev_hash, record.hash = prev, unkeyed(prev, record)
+            prev = record.hash
+    with sessions() as s:
+        found = audit.verify(s)
+
+    assert found.to_dict() == {"ok": False, "records": 5, "problem": "record 5 was altered", "seq": 5}
+    assert (tmp_path / audit.KEY_FILE).stat().st_mode & 0o777 == 0o600
+
+
+def test_an_audit_key_others_can_read_is_refused(tmp_path):
+    audit.load_key(tmp_path)
+    (tmp_path / audit.KEY_FILE).chmod(0o644)
+    with pytest.raises(ConfigError, match="may be read or changed by other accounts") as e:
+        audit.load_key(tmp_path)
+    assert e.value.fix.startswith(f"chmod 600 {tmp_path / audit.KEY_FILE}")
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 7, 100])

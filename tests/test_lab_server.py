@@ -390,16 +390,16 @@ def upstream():
 class LabServer:
     """A Jupyter server at /user/alice/ with danlu.lab loaded, as the spawner starts it."""
 
-    def __init__(self, tmp: Path, upstream: FakeUpstream):
+    def __init__(self, tmp: Path, upstream: FakeUpstream, real_tensorboard: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/user/alice/"
         (tmp / "root").mkdir()
         fake_tb = tmp / "fake_tensorboard.py"
         fake_tb.write_text(FAKE_TENSORBOARD)
-        (tmp / "config.py").write_text(
-            f"c.DanluLab.tensorboard_command = [{sys.executable!r}, {str(fake_tb)!r}]\n"
-            "c.DanluLab.tensorboard_idle_seconds = 2\n"
+        command = (
+            "" if real_tensorboard else f"c.DanluLab.tensorboard_command = [{sys.executable!r}, {str(fake_tb)!r}]\n"
         )
+        (tmp / "config.py").write_text(command + "c.DanluLab.tensorboard_idle_seconds = 2\n")
         origin = f"http://127.0.0.1:{upstream.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "DANLU_", "MLFLOW_"))}
         env.update(
@@ -711,6 +711,30 @@ def test_tensorboard_is_reused_for_the_same_set_then_stopped_when_idle(lab):
     reopened = requests.get(f"http://127.0.0.1:{lab.port}{board['url']}", headers=lab.auth, timeout=30)
     assert reopened.status_code == 200  # an open tab starts it again under the same URL
     assert len(lab.tensorboards()) == 1
+
+
+def test_a_tensorboard_answers_only_its_owner_through_the_server(tmp_path, upstream):
+    """Bob, another account of the machine, finds alice's TensorBoard's loopback port and asks it directly."""
+    lab = LabServer(tmp_path, upstream, real_tensorboard=True)  # the real TensorBoard, as the lab starts it
+    try:
+        started = lab.post("api/tensorboard", json={"job_ids": [A]})
+        assert started.status_code == 200, started.text
+        board = started.json()
+        page = requests.get(f"http://127.0.0.1:{lab.port}{board['url']}", headers=lab.auth, timeout=120)
+        [proc] = [p for p in psutil.Process(lab.proc.pid).children() if "tensorboard" in " ".join(p.cmdline())]
+        [port] = [c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        cmdline = " ".join(proc.cmdline())
+
+        direct = requests.get(f"http://127.0.0.1:{port}{board['url']}", timeout=30)
+        data = requests.get(f"http://127.0.0.1:{port}{board['url']}data/runs", timeout=30)
+        anonymous = requests.get(f"http://127.0.0.1:{lab.port}{board['url']}", timeout=30, allow_redirects=False)
+    finally:
+        lab.stop()
+
+    assert page.status_code == 200 and "TensorBoard" in page.text, page.text[:300]
+    assert (direct.status_code, data.status_code) == (403, 403), direct.text[:300]
+    assert anonymous.status_code in (302, 403)
+    assert "--logdir_spec" in cmdline and "TOKEN" not in cmdline  # the token is not on its command line
 
 
 def test_another_set_is_another_tensorboard(lab):

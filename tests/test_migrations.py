@@ -27,7 +27,7 @@ from danlu.errors import ConfigError
 from danlu.hub.service.store import audit
 from danlu.hub.service.store import schema as db_schema
 from danlu.hub.service.store.database import make_sessionmaker
-from danlu.hub.service.store.orm import Allocation, Attempt, Base, Job, JobInput
+from danlu.hub.service.store.orm import Allocation, Attempt, AuditRecord, Base, Job, JobInput
 from danlu.hub.service.store.rows import cell_sha256
 
 from .conftest import NO_POSTGRES, cannot_run
@@ -48,6 +48,12 @@ BROKEN = {
     "folder-symlink": "c00000000007 is a symbolic link (not followed) or not a folder",
     "not-a-notebook": "not a notebook Danlu can run",
 }
+
+
+@pytest.fixture(autouse=True)
+def audit_key():
+    """The key danlu up loads before it upgrades (0009 keys the audit chain with it)."""
+    audit.use_key(b"k" * 32)
 
 
 def load_previous(path: Path) -> str:
@@ -181,12 +187,12 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     before = dump(url)
     previous_sql = list(writer.iterdump())
     assert len(before["jobs"]) == 15 and len(before["audit"]) == 19 and len(before["flags"]) == 2
-    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0008"):
+    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0009"):
         db_schema.check(url)
 
     result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0008"
+    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0009"
     assert "no schema revision: Danlu 0.1.0 made it" in caplog.text
     backup = Path(result["backup"])
     assert backup.parent == tmp_path / "backups"
@@ -197,7 +203,9 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     copy.close()
     after = dump(url)
     for table, rows in before.items():
-        assert [{k: row[k] for k in rows[0]} for row in after[table]] == rows, table
+        assert [{k: row[k] for k in rows[0]} for row in after[table]][: len(rows)] == rows or table == "audit", table
+    assert unchained(after["audit"][:19]) == unchained(before["audit"])
+    assert after["audit"][19]["action"] == "key_audit_chain" and '"whole"' in after["audit"][19]["before"]
     assert after["job_inputs"] == []
     with make_sessionmaker(url)() as s:
         for job in s.scalars(select(Job)):
@@ -205,7 +213,8 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
         for attempt in s.scalars(select(Attempt)):
             assert (attempt.token_hash, attempt.stop_reason, attempt.stop_grace, attempt.report) == ("", "", None, {})
         verified = audit.verify(s)
-        assert verified.ok and verified.records == 19, verified.problem
+        assert verified.ok and verified.records == 20, verified.problem
+        assert not audit.verify(s, key=b"").ok  # the chain is keyed now
     assert differences(url) == []
     db_schema.check(url)
     writer.close()
@@ -255,6 +264,26 @@ def make_job_folders(jobs: Path, outside: Path) -> dict[str, str]:
     return good
 
 
+def unchained(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("hash", "prev_hash")} for row in rows]
+
+
+def test_a_rewrite_before_the_upgrade_is_on_record_after_it(tmp_path):
+    url = load_previous(tmp_path / "danlu.sqlite")
+    db = sqlite3.connect(tmp_path / "danlu.sqlite")
+    with db:
+        db.execute("UPDATE audit SET actor = 'mallory' WHERE seq = 4")
+    db.close()
+
+    db_schema.upgrade(url, backup_dir=None, log=LOG)
+
+    with make_sessionmaker(url)() as s:
+        assert audit.verify(s).ok  # the chain goes on, keyed ...
+        last = audit.to_dict(s.get(AuditRecord, 20))
+    assert last["action"] == "key_audit_chain"  # ... and says what it found when it was keyed
+    assert last["before"] == {"unkeyed_chain": "record 4 was altered"} and last["after"] == {"records": 19}
+
+
 @pytest.mark.timeout(60)  # a FIFO must not block the upgrade
 def test_import_legacy_inputs_carries_notebooks_over_and_fails_what_it_cannot(tmp_path):
     url = load_previous(tmp_path / "danlu.sqlite")
@@ -290,7 +319,7 @@ def test_migrated_schema_equals_the_models(url):
 
 def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     sessions = db_schema.prepare(url)
-    unchanged = {"from": "0008", "to": "0008", "backup": None}
+    unchanged = {"from": "0009", "to": "0009", "backup": None}
     assert db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == unchanged
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
@@ -316,7 +345,7 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
         assert [{k: row[k] for k in at_0001[table][0]} for row in before[table]] == at_0001[table]
     if url.startswith("sqlite"):
         assert schema(url) == schema(load_previous(tmp_path / "previous.sqlite"))
-    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0008"):
+    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0009"):
         db_schema.check(url)
 
     assert db_schema.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
@@ -335,7 +364,7 @@ def test_check_refuses_an_old_and_an_unknown_revision(url):
     set_revision(url, "0001")
     with pytest.raises(ConfigError) as e:
         db_schema.check(url)
-    assert "revision 0001, and this Danlu needs 0008 (start it with danlu up, which upgrades it)" in str(e.value)
+    assert "revision 0001, and this Danlu needs 0009 (start it with danlu up, which upgrades it)" in str(e.value)
     assert e.value.reason == "db_schema"
     set_revision(url, "0999")
     for refuse in (lambda: db_schema.check(url), lambda: db_schema.upgrade(url, backup_dir=None, log=LOG)):
@@ -368,7 +397,7 @@ def test_upgrade_of_danlu_0_1_0_rows_on_postgres(postgres_url, tmp_path, caplog)
 
     result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result == {"from": "0001", "to": "0008", "backup": None}
+    assert result == {"from": "0001", "to": "0009", "backup": None}
     assert "pg_dump" in caplog.text and not (tmp_path / "backups").exists()
     after = dump(url)
     for table, rows in before.items():

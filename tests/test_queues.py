@@ -7,6 +7,8 @@ cohort with nominal 2 and borrowing limit 2, priority classes low/normal/high.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
 import threading
 import time
@@ -446,6 +448,30 @@ def test_logins_and_profile_changes_are_audited(wb):
     assert profiles and "python" in profiles[-1]["after"]
 
 
+def forge_unkeyed_chain(db: sqlite3.Connection, seq: int, actor: str) -> None:
+    """Set record ``seq``'s actor and recompute its hash and every later one as SHA-256 of the previous hash and
+    the record's canonical JSON: what the chain was before it was keyed, all a database writer can compute."""
+    db.execute("UPDATE audit SET actor = ? WHERE seq = ?", (actor, seq))
+    prev = db.execute("SELECT hash FROM audit WHERE seq = ?", (seq - 1,)).fetchone()[0]
+    rows = db.execute(
+        "SELECT seq, at, actor, action, target, before, after FROM audit WHERE seq >= ? ORDER BY seq", (seq,)
+    ).fetchall()
+    for number, at, who, action, target, before, after in rows:
+        body = {
+            "seq": number,
+            "at": at.replace(" ", "T") + "Z",
+            "actor": who,
+            "action": action,
+            "target": target,
+            "before": json.loads(before),
+            "after": json.loads(after),
+        }
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        digest = hashlib.sha256(f"{prev}\n{text}".encode()).hexdigest()
+        db.execute("UPDATE audit SET prev_hash = ?, hash = ? WHERE seq = ?", (prev, digest, number))
+        prev = digest
+
+
 def test_audit_chain_verifies_and_detects_tampering(wb):
     assert wb.api("GET", "/audit/verify").json()["ok"] is True
     db = sqlite3.connect(wb.state / "danlu.sqlite")
@@ -457,6 +483,16 @@ def test_audit_chain_verifies_and_detects_tampering(wb):
         assert result == {"ok": False, "records": 2, "problem": "record 2 was altered", "seq": 2}
         with db:
             db.execute("UPDATE audit SET actor = ? WHERE seq = 2", (original,))
+        assert wb.api("GET", "/audit/verify").json()["ok"] is True
+        kept = db.execute("SELECT seq, actor, prev_hash, hash FROM audit WHERE seq >= 2").fetchall()
+        with db:  # Mallory holds the database only: she rewrites record 2 and recomputes the chain after it
+            forge_unkeyed_chain(db, 2, actor="mallory")
+        result = wb.api("GET", "/audit/verify").json()
+        assert result == {"ok": False, "records": 2, "problem": "record 2 was altered", "seq": 2}
+        with db:
+            db.executemany(
+                "UPDATE audit SET actor = ?, prev_hash = ?, hash = ? WHERE seq = ?", [r[1:] + r[:1] for r in kept]
+            )
         assert wb.api("GET", "/audit/verify").json()["ok"] is True
         with db:
             db.execute("DELETE FROM audit WHERE seq = 3")

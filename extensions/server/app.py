@@ -94,7 +94,9 @@ class DanluLab(ExtensionApp):
     tensorboard_command = List(
         Unicode(),
         help="The command that starts TensorBoard; Danlu appends --logdir_spec, "
-        "--host 127.0.0.1, --port and --path_prefix.",
+        "--host 127.0.0.1, --port and --path_prefix, and sets $DANLU_TENSORBOARD_TOKEN, which every "
+        "request must carry (the default, python -m danlu.lab.tensorboard_main, refuses others: a "
+        "loopback port is open to every account of the machine).",
     ).tag(config=True)
 
     @default("jobs_api_url")
@@ -131,7 +133,7 @@ class DanluLab(ExtensionApp):
 
     @default("tensorboard_command")
     def _tensorboard_command(self):
-        return [sys.executable, "-m", "tensorboard.main"]
+        return [sys.executable, "-m", "danlu.lab.tensorboard_main"]
 
     # wiring ---------------------------------------------------------------------
     def initialize_settings(self):

@@ -8,7 +8,10 @@ it is started again, with the same id and URL, when its page asks for anything
 (an open tab keeps working). Every process is stopped with the server, and dies
 with it if the server is killed (Linux's parent-death signal).
 :class:`TensorBoardProxyHandler` forwards GET and POST to it after Jupyter's own
-authentication.
+authentication. TensorBoard has no login of its own, and a loopback port is
+open to every account of the machine: each TensorBoard gets a random token in
+its environment and answers only requests that carry it
+(:mod:`danlu.lab.tensorboard_main`), which only this proxy adds.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import asyncio
 import ctypes
 import hashlib
 import json
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,7 +36,9 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.ioloop import PeriodicCallback
 
+from danlu import env
 from danlu.errors import DanluError, NotFound, Unreachable
+from danlu.lab.tensorboard_main import HEADER
 
 HOP_BY_HOP = {
     "connection",
@@ -48,6 +55,7 @@ HOP_BY_HOP = {
     "authorization",
     "cookie",
     "set-cookie",
+    HEADER.lower(),
 }
 
 
@@ -77,6 +85,7 @@ class TensorBoard:
     port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     last_used: float = field(default_factory=time.monotonic)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -151,6 +160,7 @@ class TensorBoardManager:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, env.TENSORBOARD_TOKEN: board.token},
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.log.info(
@@ -171,7 +181,9 @@ class TensorBoardManager:
                     reason="tensorboard_failed",
                 )
             try:
-                await AsyncHTTPClient().fetch(url, request_timeout=5, follow_redirects=False)
+                await AsyncHTTPClient().fetch(
+                    url, headers={HEADER: board.token}, request_timeout=5, follow_redirects=False
+                )
                 board.ready.set()
                 return
             except HTTPClientError as e:
@@ -270,6 +282,7 @@ class TensorBoardProxyHandler(JupyterHandler):
             self.write_error(e.status, exc_info=(type(e), e, None))
             return
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in HOP_BY_HOP}
+        headers[HEADER] = board.token  # after Jupyter's login: what this TensorBoard requires
         request = HTTPRequest(
             f"http://127.0.0.1:{board.port}{self.request.uri}",
             method=self.request.method,

@@ -9,6 +9,12 @@ subprocess, not a ``preexec_fn``), with an environment built from an allow
 list: nothing of the service's own environment (its tokens, its secrets)
 reaches a job.
 
+Every process an attempt starts ends with it, however it detaches: where
+cgroup v2 is writable each attempt runs in a cgroup of its own, which its
+processes cannot leave and :meth:`LocalBackend.cleanup` kills whole; the runner
+is a subreaper that ends its descendants before it exits; and its marker finds
+the rest (:mod:`danlu.proctree`).
+
 The job's folder (``<jobs_root>/<id>``) is the job's: the backend creates it
 and hands it to the account, then only reads the log and the output notebooks
 from it, through :mod:`danlu.hub.backends.files`, which refuses links, FIFOs,
@@ -25,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from traitlets import Dict, Float, Integer, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, Unicode, default
 
 from danlu import env, proctree
 from danlu.hub.backends.base import Backend, Launch, Outcome, Record
@@ -66,6 +72,13 @@ class LocalBackend(Backend):
         "Default: jobs.warm_runners_per_user."
     ).tag(config=True)
     python = Unicode(sys.executable, help="Python that runs job runners (must have danlu installed).").tag(config=True)
+    process_cgroups = Bool(
+        True,
+        help="Run each attempt in a cgroup v2 of its own, beside the service's, and kill that cgroup when the "
+        "attempt ends, so no process of a job survives it, however it detaches (setsid, double fork, a cleared "
+        "environment). Needs a writable cgroup v2 (a root service, or a delegated subtree); without one, the "
+        "runner (a subreaper) and the attempt's marker end them.",
+    ).tag(config=True)
     runner_env = Dict(
         help="Extra environment for every runner. Default: the workbench's JUPYTER_PATH (its "
         "kernels), its instance marker, and the privacy switches and proxy variables every process "
@@ -187,6 +200,8 @@ class LocalBackend(Backend):
             "warm": runner.warm,
             "uid": runner.uid,
         }
+        if self.process_cgroups:  # before the launch message: no code of the job has run yet
+            state["cgroup"] = await self._run(self._enter_cgroup, runner)
         await record(state)  # from here on a restarted service finds this runner; before, it never ran
         await runner.launch({**launch.message(), "job_dir": str(job_dir)})
         self._procs[launch.job_id] = runner.proc
@@ -199,6 +214,14 @@ class LocalBackend(Backend):
             "warm" if runner.warm else "cold",
         )
         return state
+
+    @staticmethod
+    def _enter_cgroup(runner: RunnerProcess) -> str | None:
+        path = proctree.new_cgroup(runner.runner_id)
+        if path is not None and not proctree.enter_cgroup(path, runner.proc.pid):
+            proctree.kill_cgroup(path)
+            return None
+        return path
 
     def _running(self, job_id: str, state: dict) -> bool:
         proc = self._procs.get(job_id)
@@ -252,6 +275,7 @@ class LocalBackend(Backend):
                 pid, created, self._markers(job_id, state), grace=grace, uid=self._uid(state)
             )
         )
+        await self._run(proctree.kill_cgroup, state.get("cgroup"))  # what left the runner's tree and its marker
         proc = self._procs.get(job_id)
         if proc is not None:
             try:
@@ -260,10 +284,14 @@ class LocalBackend(Backend):
                 pass
 
     async def cleanup(self, job_id: str, state: dict) -> None:
-        """A runner that died leaves its kernels and ranks: they go now, before its GPUs are given back."""
-        left = await self._run(
-            lambda: proctree.kill_matching(None, None, self._markers(job_id, state), grace=2, uid=self._uid(state))
-        )
+        """A runner that died leaves its kernels and ranks, and a job may have detached processes (setsid, a
+        double fork): they go now, before its GPUs are given back, and the attempt's cgroup with them."""
+
+        def end() -> int:
+            marked = proctree.kill_matching(None, None, self._markers(job_id, state), grace=2, uid=self._uid(state))
+            return marked + proctree.kill_cgroup(state.get("cgroup"))
+
+        left = await self._run(end)
         if left:
             self.log.info("job %s: ended %d process(es) its runner left", job_id, left)
 

@@ -50,7 +50,7 @@ from danlu.hub.service.jobs import outputs, provenance
 from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_client import MlflowAccess
-from danlu.hub.service.store import schema
+from danlu.hub.service.store import audit, schema
 from danlu.hub.service.store.database import Database
 
 
@@ -210,6 +210,7 @@ class JobsServiceApp(Application):
         profiles_file = settings.profiles_file
         profiles = load_profiles(profiles_file) if profiles_file.exists() else builtin_profiles()
         inventory = gpu_inventory.inventory(settings.gpus)
+        audit.use_key(audit.load_key(settings.state_dir))  # before an upgrade: 0009 keys the audit chain
         if self.upgrade_database:
             schema.upgrade(settings.jobs_database_url, backup_dir=settings.state_dir / "backups", log=self.log)
         else:

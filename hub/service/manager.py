@@ -121,7 +121,7 @@ class JobManager:
             self.submission, self.datasets, database=database, profiles=profiles, groups=groups, mlflow=mlflow
         )
         self.models = ModelRegistry(self.submission, **shared, groups=groups, mlflow=mlflow, log=log)
-        self.audit = AuditLog(database)
+        self.audit = AuditLog(database, settings.state_dir)
         self.usage_cache = usage.Cache()
         self.views = Views(settings.public_url, self.scheduler, backend)
 

@@ -25,7 +25,7 @@ skip_unused_imports()  # before anything imports jsonschema (papermill's nbforma
 from danlu import env
 from danlu.errors import DanluError
 from danlu.jobdir import JobDir, write_json_atomic
-from danlu.proctree import set_child_subreaper
+from danlu.proctree import end_descendants, set_child_subreaper
 from danlu.runner.execute import runner_for
 from danlu.runner.kernels import start_kernel, stop_kernel
 from danlu.runner.link import ServiceLink, launch_from_env, read_launch
@@ -132,7 +132,12 @@ def exit_now(code: int) -> None:
     atexit work, joining idle threads, freeing every module -- takes a second or more, and the service
     calls the job finished only once this process has ended (its GPUs are free when its processes are
     gone), so that second is every job's. Output is flushed first: the job's log is stdout and stderr.
+    Whatever the job left running (detached with ``setsid`` or a double fork, it re-parented to this
+    subreaper) ends first: a job's processes end with its attempt.
     """
+    left = end_descendants()
+    if left:
+        print(f"danlu: ended {left} process(es) the job left running", file=sys.stderr)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

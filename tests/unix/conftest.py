@@ -161,6 +161,7 @@ def wb(unix_python, users):
     config = {
         **CONFIG,
         "users": {"unix_accounts": "on"},
+        "auth": {"type": "pam"},  # the login that proves the account (danlu up refuses dummy with Unix accounts)
         "admin_users": [],
         "groups": {},
         "jobs": {**CONFIG["jobs"], "retry_backoff_seconds": 1},

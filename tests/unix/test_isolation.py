@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import subprocess
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -70,8 +71,23 @@ def test_servers_and_jobs_run_as_each_users_account(wb, alice_job, bob_kernel):
 
 
 def test_a_user_without_an_account_is_refused(wb):
-    answer = wb.api("POST", "/jobs", token=wb.create_user("no-account-here"), json={"notebook": notebook("1")})
+    # the hub (PAM, a LocalAuthenticator) creates no user without an account ...
+    assert wb.hub("POST", "/users/no-account-here").status_code == 400
+    # ... and the service runs nothing for one whose account went away
+    subprocess.run(["useradd", "-M", "danlu-gone"], check=True, capture_output=True)
+    try:
+        token = wb.create_user("danlu-gone")
+    finally:
+        subprocess.run(["userdel", "danlu-gone"], check=True, capture_output=True)
+    answer = wb.api("POST", "/jobs", token=token, json={"notebook": notebook("1")})
     assert answer.status_code == 403 and answer.json()["reason"] == "no_unix_account", answer.text
+
+
+def test_a_hub_user_named_after_a_system_account_runs_nothing_as_it(wb):
+    answer = wb.api("POST", "/jobs", token=wb.create_user("daemon"), json={"notebook": notebook("1")})
+    assert answer.status_code == 403 and answer.json()["reason"] == "system_account", answer.text
+    server = wb.hub("POST", "/users/daemon/server")
+    assert server.status_code >= 400 or "system account" in wb.log_tail(), server.text
 
 
 # bob's code against alice's files --------------------------------------------------------------
@@ -521,3 +537,41 @@ def test_registering_a_dataset_reads_it_as_bob_never_as_root(wb):
 
     assert refused_answer.status_code == 422 and "root_only_column" not in refused_answer.text, refused_answer.text
     assert mine.status_code == 201 and mine.json()["tables"][0]["columns"] == ["x"], mine.text
+
+
+DETACH_AND_KILL_MY_RUNNER = """
+import json, os, signal, subprocess, time
+import psutil
+pids = [subprocess.Popen(["setsid", "sleep", "600"], env={"PATH": os.environ["PATH"]}).pid]
+r, w = os.pipe()
+child = os.fork()
+if child == 0:  # the classic daemon: fork, setsid, fork again, an empty environment
+    os.setsid()
+    daemon = os.fork()
+    if daemon == 0:
+        os.execve("/bin/sleep", ["sleep", "601"], {})
+    os.write(w, str(daemon).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+pids.append(int(os.read(r, 32)))
+open(os.path.join(jd, "detached.json"), "w").write(json.dumps(pids))
+runner = next(p for p in psutil.Process().parents() if "danlu.runner" in " ".join(p.cmdline()))
+os.kill(runner.pid, signal.SIGKILL)
+time.sleep(120)
+"""
+
+
+def test_nothing_bobs_job_detaches_outlives_it_even_when_it_kills_its_runner(wb):
+    job = bob_job(wb, DETACH_AND_KILL_MY_RUNNER)
+    pids = json.loads((wb.state / "jobs" / job["id"] / "detached.json").read_text())
+    left = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(proc.cmdline())} uid {proc.uids().real}")
+        except psutil.Error:
+            pass
+
+    assert (job["state"], job["failure"]) == ("failed", "infrastructure"), job
+    assert len(pids) == 2 and left == []

@@ -44,6 +44,7 @@ def _end_processes(job_id: str, state: dict, grace: float) -> None:
         grace=grace,
         uid=_int(state.get("uid")),
     )
+    proctree.kill_cgroup(state.get("cgroup"))  # a local attempt's cgroup: what detached from both
 
 
 def _interrupt(s, job_id: str) -> bool:

@@ -1,30 +1,112 @@
 """The audit log: append-only, hash-chained records of who did what, when, before and after.
 
-Every record's ``hash`` is the SHA-256 of the previous record's hash and the
-record's own canonical JSON, so :func:`verify` finds a record that was edited
-(its hash no longer matches), deleted or inserted (the chain or the sequence
-breaks). Records are appended by the jobs service only, inside the transaction
-of the change they describe, so a change and its record land together.
+Every record's ``hash`` is an HMAC-SHA-256, keyed with the audit key, of the
+previous record's hash and the record's own canonical JSON, so :func:`verify`
+finds a record that was edited (its hash no longer matches), deleted or
+inserted (the chain or the sequence breaks). The key lives outside the
+database (:func:`load_key`: ``$DANLU_AUDIT_KEY``, on Kubernetes from the
+``danlu-secrets`` Secret, or ``<state>/audit.key``, mode 0600), so whoever can
+write the database alone cannot recompute the chain after a rewrite. Records
+are appended by the jobs service only, inside the transaction of the change
+they describe, so a change and its record land together.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import secrets
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from danlu.errors import Forbidden
+from danlu import env
+from danlu.errors import ConfigError, Forbidden
 from danlu.hub.service.auth import require_admin
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import AuditRecord, Flag, isoformat, utcnow
 
 GENESIS = "0" * 64
+#: the audit key's file in the state folder, when $DANLU_AUDIT_KEY does not give it
+KEY_FILE = "audit.key"
+#: the shortest key accepted (characters of $DANLU_AUDIT_KEY, bytes of the file)
+MIN_KEY = 32
+
+_key: bytes | None = None
 
 
-def _digest(prev_hash: str, seq: int, at, actor: str, action: str, target: str, before, after) -> str:
+def load_key(state_dir: Path) -> bytes:
+    """The audit key: ``$DANLU_AUDIT_KEY``, else ``<state_dir>/audit.key`` (created, 0600, on first use).
+
+    A key file that others may read, or that is a link, is refused: a key the database's other
+    readers hold proves nothing.
+    """
+    given = env.AUDIT_KEY.get()
+    if given is not None:
+        if len(given) < MIN_KEY:
+            raise ConfigError(
+                f"${env.AUDIT_KEY} is {len(given)} characters; the audit key needs at least {MIN_KEY}",
+                reason="audit_key",
+                fix="set it to a random secret, e.g. the output of: openssl rand -hex 32",
+            )
+        return given.encode()
+    path = Path(state_dir) / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read the audit key {path}: {e}",
+            reason="audit_key",
+            fix=f"make {path} a regular file of the workbench's account (mode 0600), or set ${env.AUDIT_KEY}",
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        key = f.read(4096).strip()
+    if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077 or info.st_uid != os.geteuid():
+        raise ConfigError(
+            f"the audit key {path} may be read or changed by other accounts (mode {oct(info.st_mode & 0o777)})",
+            reason="audit_key",
+            fix=f"chmod 600 {path} (and chown it to the workbench's account)",
+        )
+    if len(key) < MIN_KEY:
+        raise ConfigError(
+            f"the audit key {path} is {len(key)} bytes; it needs at least {MIN_KEY}",
+            reason="audit_key",
+            fix=f"remove {path} only if the audit log is empty (a new key is made), or restore it from a backup",
+        )
+    return key
+
+
+def use_key(key: bytes) -> None:
+    """Key every record appended and verified from now on in this process."""
+    global _key
+    _key = key
+
+
+def current_key() -> bytes:
+    if _key is None:
+        raise ConfigError(
+            "the audit key is not loaded",
+            reason="audit_key",
+            fix="load it first: audit.use_key(audit.load_key(settings.state_dir))",
+        )
+    return _key
+
+
+def _digest(prev_hash: str, seq: int, at, actor: str, action: str, target: str, before, after, key=None) -> str:
+    """The record's keyed hash (``key``: the current audit key); ``key=b""``: the unkeyed SHA-256 of 0.1.0."""
+    key = current_key() if key is None else key
     body = json.dumps(
         {
             "seq": seq,
@@ -39,7 +121,10 @@ def _digest(prev_hash: str, seq: int, at, actor: str, action: str, target: str, 
         separators=(",", ":"),
         default=str,
     )
-    return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
+    message = f"{prev_hash}\n{body}".encode()
+    if not key:
+        return hashlib.sha256(message).hexdigest()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 def append(session: Session, actor: str, action: str, target: str = "", before=None, after=None) -> AuditRecord:
@@ -90,8 +175,10 @@ _FIELDS = (
 )
 
 
-def verify(session: Session, batch: int = BATCH) -> Verification:
+def verify(session: Session, batch: int = BATCH, key: bytes | None = None) -> Verification:
     """Walk the chain from the first record to the newest one there was when it started.
+
+    ``key``: the audit key (default the loaded one); ``b""`` checks the unkeyed chain of Danlu 0.1.
 
     Records are read by ranges of ``batch`` seq numbers (plain rows, nothing kept between batches), so
     memory stays the same whatever the length of the log. A range, not a LIMIT: PostgreSQL's generic
@@ -120,7 +207,9 @@ def verify(session: Session, batch: int = BATCH) -> Verification:
                 return Verification(False, count, f"record {expected} is missing (next is {seq})", expected)
             if record_prev != prev_hash:
                 return Verification(False, count, f"record {seq} does not follow record {seq - 1}", seq)
-            if _digest(prev_hash, seq, at, actor, action, target, before, after) != record_hash:
+            if not hmac.compare_digest(
+                _digest(prev_hash, seq, at, actor, action, target, before, after, key), record_hash
+            ):
                 return Verification(False, count, f"record {seq} was altered", seq)
             prev_hash, expected = record_hash, expected + 1
     return Verification(True, count)
@@ -143,8 +232,10 @@ class AuditLog:
     """The audit log as the API offers it: admins read and verify it, the hub records logins, and the service
     records what it does (:meth:`event`) and the governed profiles' changes at start-up."""
 
-    def __init__(self, database: Database):
+    def __init__(self, database: Database, state_dir: Path | None = None):
         self.database = database
+        if state_dir is not None:
+            use_key(load_key(state_dir))
 
     async def event(self, actor: str, action: str, target: str, before=None, after=None) -> dict:
         """Append to the audit log (the database's one writer keeps the chain whole)."""
