@@ -26,6 +26,7 @@ EXAMPLES = ROOT / "examples" / "config"
 SECRETS = {
     names.SECRET_POSTGRES_PASSWORD: "pg-password-from-the-secret",
     names.SECRET_MLFLOW_AUTH: "mlflow-secret-from-the-secret",
+    names.SECRET_AUDIT_KEY: "audit-key-from-the-secret-0123456789abcdef",
     "oauth-client-secret": "oauth-secret-from-the-secret",
 }
 #: the API server's Service, as the kubelet announces it to every pod

@@ -57,6 +57,7 @@ libpq = {o.keyword.decode(): (o.val or b"").decode() for o in pq.Conninfo.get_de
 with open(sys.argv[1], "w") as f:
     json.dump({"host": host, "token": token, "error": error, "password": libpq["password"],
                "secret": os.environ.get("DANLU_MLFLOW_AUTH_SECRET"),
+               "audit_key": os.environ.get("DANLU_AUDIT_KEY"),
                "proxy_token": os.environ.get("CONFIGPROXY_AUTH_TOKEN")}, f)
 """
 
@@ -112,6 +113,7 @@ def test_the_jobs_service_finds_the_in_cluster_api_and_the_database_password(tmp
     assert found["token"] == "Bearer the-service-account-token"
     assert found["password"] == SECRETS["postgres-password"]
     assert found["secret"] == SECRETS["mlflow-auth-secret"]
+    assert found["audit_key"] == SECRETS["audit-key"]  # the audit chain's key: from the Secret, not the volume
     assert found["proxy_token"] is None  # and nothing the service must not have
 
 
@@ -122,6 +124,7 @@ def test_the_gateway_gets_no_database_password_nor_the_api(tmp_path):
     configure(c, dep.config_dir, environ=hub_env)
     gateway = next(s for s in c.JupyterHub.services if s["name"] == "mlflow")["environment"]
     assert "PGPASSWORD" not in gateway and "KUBERNETES_SERVICE_HOST" not in gateway
+    assert "DANLU_AUDIT_KEY" not in gateway
     assert gateway["HTTPS_PROXY"] == "http://proxy.example.com:3128"
 
 

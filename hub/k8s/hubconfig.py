@@ -52,8 +52,9 @@ PROXY_SERVICE = "proxy-public"
 SERVICES_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "TZ")
 #: and what the jobs service alone takes: the in-cluster API address (kubernetes_asyncio's
 #: load_incluster_config reads it; the service account's token is a file), and every variable of
-#: libpq (PGPASSWORD from danlu-secrets; PGSSLMODE and the like if the admin sets them)
-JOBS_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PG*")
+#: libpq (PGPASSWORD from danlu-secrets; PGSSLMODE and the like if the admin sets them), and the audit
+#: chain's key (DANLU_AUDIT_KEY from danlu-secrets)
+JOBS_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PG*", "DANLU_AUDIT_KEY")
 
 
 def passed_on(environ, keys) -> dict:

@@ -87,9 +87,10 @@ def trainjob_name(job_id: str, attempt: int) -> str:
 # objects danlu render k8s writes (docs/kubernetes.md, "What danlu render k8s writes")
 CONFIG_MAP = "danlu-config"  # danlu.yaml and profiles.yaml, mounted at CONFIG_DIR in the hub and MLflow
 CONFIG_DIR = "/etc/danlu"
-SECRET = "danlu-secrets"  # created by the admin: SECRET_POSTGRES_PASSWORD, SECRET_MLFLOW_AUTH
+SECRET = "danlu-secrets"  # created by the admin: SECRET_POSTGRES_PASSWORD, SECRET_MLFLOW_AUTH, SECRET_AUDIT_KEY
 SECRET_POSTGRES_PASSWORD = "postgres-password"
 SECRET_MLFLOW_AUTH = "mlflow-auth-secret"
+SECRET_AUDIT_KEY = "audit-key"  # the audit chain's HMAC key (danlu.hub.service.store.audit)
 MLFLOW_SERVICE = "danlu-mlflow"
 MLFLOW_PORT = 5000
 POSTGRES_SERVICE = "danlu-postgres"

@@ -55,7 +55,8 @@ kubectl -n kueue-system rollout status --timeout=300s deployment/kueue-controlle
 kubectl apply -f namespace.yaml
 kubectl -n {ns} create secret generic {names.SECRET} \\
   --from-literal={names.SECRET_POSTGRES_PASSWORD}="$(openssl rand -hex 32)" \\
-  --from-literal={names.SECRET_MLFLOW_AUTH}="$(openssl rand -hex 32)"
+  --from-literal={names.SECRET_MLFLOW_AUTH}="$(openssl rand -hex 32)" \\
+  --from-literal={names.SECRET_AUDIT_KEY}="$(openssl rand -hex 32)"
 
 # 4. Danlu's objects (Kueue's and Trainer's webhooks validate them: step 1 waited for those)
 kubectl apply -f kueue.yaml -f trainer.yaml -f mlflow.yaml -f rbac.yaml

@@ -157,6 +157,10 @@ def make_values(
                 "PGPASSWORD": {
                     "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": names.SECRET_POSTGRES_PASSWORD}}
                 },
+                # the audit chain's key, outside the database (and off the hub's volume, which holds it)
+                str(env.AUDIT_KEY): {
+                    "valueFrom": {"secretKeyRef": {"name": names.SECRET, "key": names.SECRET_AUDIT_KEY}}
+                },
                 **env.private_environment(allow_outbound, {}),
             },
             "services": hub_services(namespace),
