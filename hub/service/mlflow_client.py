@@ -248,7 +248,13 @@ def run_tags(spec: dict) -> dict:
     """The tags the service gives a job's run when it creates it: what the job's row says, for MLflow's UI
     (Danlu itself never reads them back: which job made which run is in its own records)."""
     source = spec.get("source") if isinstance(spec.get("source"), dict) else {}
+    environment = spec.get("environment") if isinstance(spec.get("environment"), dict) else {}
+    included = source.get("included_cells") if isinstance(source.get("included_cells"), list) else []
     return {
+        tags.INCLUDED_CELLS: ",".join(str(c) for c in included),
+        tags.SOURCE_GIT_COMMIT: source.get("git_commit") or "",
+        tags.GIT_COMMIT: source.get("git_commit") or "",
+        tags.ENV_DIGEST: str(environment.get("digest") or ""),
         tags.RUN_NAME: spec.get("name") or spec["job_id"],
         tags.MLFLOW_USER: spec["owner"],
         tags.SOURCE_TYPE: "NOTEBOOK",

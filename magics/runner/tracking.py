@@ -109,24 +109,12 @@ class Tracking:
         self.on_run()
 
     def _describe(self, client) -> None:
-        """The run's parameters, the tags only the job knows, and its dataset inputs (its first attempt).
-
-        The service made the run, in the job's experiment, with the job's identity as tags; this job's
-        credentials write this run and no other, so the runner creates no run or experiment.
-        """
+        """The run's parameters and dataset inputs (its first attempt). The service made the run, in the job's
+        experiment, with the job's tags; this job's credentials write this run and no other, so the runner
+        creates no run or experiment."""
         from mlflow.entities import Param  # deferred: mlflow takes ~2 s to import
 
         spec = self.spec
-        source = spec.get("source") or {}
-        run_tags = {tags.INCLUDED_CELLS: ",".join(source.get("included_cells", []))}
-        if source.get("git_commit"):
-            run_tags[tags.SOURCE_GIT_COMMIT] = run_tags[tags.GIT_COMMIT] = source["git_commit"]
-        environment = spec.get("environment") if isinstance(spec.get("environment"), dict) else {}
-        if environment.get("digest"):
-            run_tags[tags.ENV_DIGEST] = str(environment["digest"])
-        for key, value in run_tags.items():
-            if value:
-                client.set_tag(self.run_id, key, value)
         params = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in spec["parameters"].items()}
         params.update(
             {
