@@ -10,7 +10,10 @@ as ``service/<name>`` -- and every password is derived from one workbench secret
 :func:`authenticate`, the check MLflow calls on each request, is one HMAC. Only
 the MLflow server, the gateway and the jobs service hold the secret: the gateway
 forwards each hub-authenticated request with its user's credentials, the jobs
-service gives a job's runner its owner's (:func:`job_environment`), and both
+service gives each attempt of a job an MLflow user of its own (:func:`job_username`,
+:func:`job_environment`), which :func:`authenticate` confines to the job's run
+(:func:`run_scope`) and which stops working when the service deletes it at the
+attempt's end, and both
 create hub users in MLflow's user store on first sight (:class:`MlflowUsers`),
 using the workbench's own MLflow admin, :data:`SERVICE_ACCOUNT`.
 """

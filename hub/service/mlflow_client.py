@@ -1,10 +1,11 @@
-"""MLflow as the jobs service sees it: a job's tracking URI and its owner's credentials, checked experiments,
+"""MLflow as the jobs service sees it: a job's run and its attempt's credentials, checked experiments,
 and the REST calls of the model registry.
 
 :class:`MlflowAccess` is what the service needs of MLflow for a job: the
-environment a job's runner and kernels get (:meth:`~MlflowAccess.env_for`: the loopback
-tracking URI and, with MLflow's permissions on, the owner's derived
-credentials, so a job logs as its owner), making sure the owner exists as an
+job's run, created by the service, and the environment a job's runner and kernels get
+(:meth:`~MlflowAccess.open_run`: the loopback tracking URI and, with MLflow's permissions on,
+credentials of the attempt's own MLflow user, confined to that run and deleted with the attempt
+by :meth:`~MlflowAccess.expire`), making sure the owner exists as an
 MLflow user before their job runs (:meth:`~MlflowAccess.ensure_user`; begun in the background
 by :meth:`~MlflowAccess.prepare_user` when their server starts or their job is accepted, so
 that neither a submission nor a start waits for MLflow to create a user), and
