@@ -1,22 +1,22 @@
 """Registered models: versions from runs, the evaluation gate, approvals, and aliases that follow them.
 
-:class:`ModelRegistry` registers an MLflow model version from the run of a job the caller owns
-(which job made which run is the service's record, set when it created the run; a run's tags are
-never evidence; admins any job's run; any other run is a 404), from the run's MLflow 3 logged model or from ``runs:/RUN/ARTIFACT_PATH`` -- by reference: the
-service never downloads, loads or unpickles a model. The registered model is created by the
-service's MLflow admin, so users hold only the default permission on it and MLflow refuses their
-alias and tag writes; a same-named MLflow model that Danlu did not create (no ``models`` row) is
-never written to (409). Danlu's database is the record (``models``, ``model_versions``,
+:class:`ModelRegistry` registers an MLflow model version from the run of a job the caller owns (which job
+made which run is the service's record, set when it created the run; a run's tags are never evidence; admins
+any job's run; any other run is a 404), from the run's MLflow 3 logged model or from
+``runs:/RUN/ARTIFACT_PATH`` -- by reference: the service never downloads, loads or unpickles a model. The
+registered model is created by the service's MLflow admin, so users hold only the default permission on it
+and MLflow refuses their alias and tag writes; a same-named MLflow model that Danlu did not create (no
+``models`` row) is never written to (409). Danlu's database is the record (``models``, ``model_versions``,
 ``model_decisions``); the version's MLflow tags mirror it and are re-written until they do.
 
-A model with an evaluation in danlu.yaml (:mod:`.evaluations`) gets an evaluation job per version,
-submitted as the registrant's, whose run is in the service's own experiment; its gate is brought up to date whenever the version is read or
-decided on, and at start-up (:meth:`ModelRegistry.recover`). Approval is pending -> approved or
-rejected, once, by a member of ``models.approvers`` or an admin, with a comment; the registrant may
-not decide unless ``models.self_approval``; approving needs a passed (or no) evaluation. Aliases
-move only to approved versions, by approvers, through here. Reads show a version only to those who
-may read its run's experiment (:mod:`.access`). Every decision, alias change, gate
-verdict and registration is an audit record in the transaction of the change.
+A model with an evaluation in danlu.yaml (:mod:`.evaluations`) gets an evaluation job per version, submitted
+as the registrant's, whose run is in the service's own experiment; its gate is brought up to date whenever
+the version is read or decided on, and at start-up (:meth:`ModelRegistry.recover`). Approval is pending ->
+approved or rejected, once, by a member of ``models.approvers`` or an admin, with a comment; the registrant
+may not decide unless ``models.self_approval``; approving needs a passed (or no) evaluation. Aliases move
+only to approved versions, by approvers, through here. Reads show a version only to those who may read its
+run's experiment (:mod:`.access`). Every decision, alias change, gate verdict and registration is an audit
+record in the transaction of the change.
 """
 
 from __future__ import annotations
