@@ -592,6 +592,23 @@ async def test_model_reads_follow_the_experiments_permissions(tmp_path, private_
     assert version.value.reason == lineage.value.reason == "no_such_version"
 
 
+@in_loop
+async def test_credentials_of_attempts_that_ended_while_the_service_was_away_stop_working(tmp_path, mlflow_server):
+    """An attempt whose end the service never saw (it was stopped) keeps no MLflow login: the service sweeps
+    such attempts' users when it starts."""
+    mlflow = mlflow_server
+    stale = mlflow_auth.job_username(uuid.uuid4().hex[:12], 1, uuid.uuid4().hex)
+    await MlflowUsers(mlflow.url, mlflow.secret).ensure_user(stale)
+
+    def status() -> int:
+        return mlflow.call(stale, "GET", "/api/2.0/mlflow/experiments/search", params={"max_results": 1}).status_code
+
+    before = await asyncio.to_thread(status)
+    async with service(tmp_path, mlflow, EvaluatingBackend({})):
+        await until(lambda: asyncio.to_thread(lambda: status() == 401), "the stale attempt's login to be refused")
+    assert before == 200
+
+
 HOSTILE = [
     ({"run_id": "r", "name": "x", "extra": 1}, "extra"),
     ({"name": "x"}, "run_id"),

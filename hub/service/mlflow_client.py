@@ -134,6 +134,23 @@ class MlflowAccess:
         if code != 200 and data.get("error_code") not in MISSING:
             self.log.warning("the MLflow user %s was not deleted: %s", username, data.get("message"))
 
+    async def sweep(self, running: set[tuple[str, int]]) -> int:
+        """Delete every attempt's MLflow user but those of ``running`` attempts ``(job id, number)``: the
+        attempts that ended while this service was not there to expire them. Answers how many went."""
+        if self.users is None:
+            return 0
+        code, data = await self.registry.call("GET", "/api/2.0/mlflow/users/list")
+        if code != 200:
+            raise self.registry.refused("list MLflow's users", code, data)
+        gone = 0
+        for user in data.get("users") or []:
+            name = user.get("username") if isinstance(user, dict) else None
+            parts = name.split("/") if isinstance(name, str) and name.startswith(mlflow_auth.JOB_PREFIX) else []
+            if len(parts) == 4 and parts[2].isdigit() and (parts[1], int(parts[2])) not in running:
+                await self.expire(parts[1], int(parts[2]), parts[3])
+                gone += 1
+        return gone
+
     async def _experiment(self, headers: dict, name: str, owner: str) -> str:
         api = self.registry
         for _ in range(2):

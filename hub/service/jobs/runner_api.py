@@ -24,6 +24,8 @@ import json
 import logging
 from pathlib import Path
 
+from sqlalchemy import select
+
 from danlu.digests import TRAINING
 from danlu.errors import Conflict, DanluError, Forbidden, Unreachable, ValidationError
 from danlu.hub.backends.base import Backend
@@ -105,6 +107,23 @@ class RunnerApi:
         await self.database.write(_set_run, spec["job_id"], spec["attempt"], digest, spec["tracking"])
         return opened["env"]
 
+    async def sweep(self) -> None:
+        """At start-up: the MLflow users of attempts that ended while the service was away are deleted."""
+        if self.mlflow is None:
+            return
+
+        def running(s):  # as _attempt accepts them: active, or handed over to a backend's queue
+            jobs = s.scalars(select(Job).where(Job.state.in_((*ACTIVE_STATES, "queued"))))
+            return {(j.id, j.attempts[-1].number) for j in jobs if j.attempts and _live(j)}
+
+        try:
+            gone = await self.mlflow.sweep(await self.database.read(running))
+        except (Unreachable, DanluError) as e:
+            log.warning("the MLflow users of ended attempts were not swept: %s", e)
+            return
+        if gone:
+            log.info("deleted the MLflow users of %d attempts that ended while the service was away", gone)
+
     async def expire(self, job_id: str, attempt: int, run_id: str | None) -> None:
         """The attempt ended: its MLflow credentials stop working."""
         if self.mlflow is not None:
@@ -183,6 +202,10 @@ def _attempt(s, job_id: str, number: int, digest: str):
     if handed_over(job):  # its runner runs: the backend's queue admitted it before the watcher saw that
         admit(s, job_id, number)
     return job, attempt
+
+
+def _live(job: Job) -> bool:
+    return job.state in ACTIVE_STATES or handed_over(job)
 
 
 def _check(s, job_id: str, number: int, digest: str) -> None:
