@@ -10,7 +10,10 @@ as ``service/<name>`` -- and every password is derived from one workbench secret
 :func:`authenticate`, the check MLflow calls on each request, is one HMAC. Only
 the MLflow server, the gateway and the jobs service hold the secret: the gateway
 forwards each hub-authenticated request with its user's credentials, the jobs
-service gives a job's runner its owner's (:func:`job_environment`), and both
+service gives each attempt of a job an MLflow user of its own (:func:`job_username`,
+:func:`job_environment`), which :func:`authenticate` confines to the job's run
+(:func:`run_scope`) and which stops working when the service deletes it at the
+attempt's end, and both
 create hub users in MLflow's user store on first sight (:class:`MlflowUsers`),
 using the workbench's own MLflow admin, :data:`SERVICE_ACCOUNT`.
 """
@@ -22,6 +25,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,6 +43,9 @@ DEFAULT_PERMISSIONS = ("READ", "NO_PERMISSIONS")
 #: the permissions that let a job log into an experiment (MLflow's EDIT and MANAGE)
 WRITE_PERMISSIONS = ("EDIT", "MANAGE")
 AUTHORIZATION_FUNCTION = "danlu.hub.mlflow_auth:authenticate"
+#: the name space of attempts' MLflow users (:func:`job_username`); "/" is never in a hub user's name
+JOB_PREFIX = "job/"
+_REST_PATH = re.compile(r"/(?:api|ajax-api)/[0-9.]+/mlflow/(.+)$")
 
 
 # the secret and what is derived from it ----------------------------------------------------
@@ -95,13 +102,51 @@ def is_admin(model: dict) -> bool:
     return bool(model.get("admin")) or ADMIN in model.get("scopes", ())
 
 
-def job_environment(owner: str, secret: str | None) -> dict:
-    """What a job's runner needs to log to MLflow as its owner (nothing without a secret)."""
+def job_username(job_id: str, attempt: int, run_id: str) -> str:
+    """The MLflow user of one attempt of a job: it names the one run it may write (see :func:`run_scope`)."""
+    return f"{JOB_PREFIX}{job_id}/{int(attempt)}/{run_id}"
+
+
+def job_environment(username: str, secret: str | None) -> dict:
+    """What a job's runner needs to log to MLflow as its attempt's user (nothing without a secret).
+
+    ``username`` is :func:`job_username`'s: the service creates that MLflow user (never an admin) when the
+    attempt fetches its spec, gives it EDIT on the run's experiment, and deletes it when the attempt ends,
+    so the password stops working with the attempt; :func:`authenticate` confines it to its run.
+    """
     if not secret:
         return {}
-    if owner == SERVICE_ACCOUNT:
-        raise PolicyError(f"'{owner}' is the workbench's MLflow account", reason="reserved_name")
-    return {"MLFLOW_TRACKING_USERNAME": owner, "MLFLOW_TRACKING_PASSWORD": password(secret, owner)}
+    if not username.startswith(JOB_PREFIX):
+        raise PolicyError(f"'{username}' is not a job's MLflow user", reason="not_a_job_user")
+    return {"MLFLOW_TRACKING_USERNAME": username, "MLFLOW_TRACKING_PASSWORD": password(secret, username)}
+
+
+def run_scope(username: str, method: str, path: str, args: dict, body) -> str | None:
+    """Why an attempt's MLflow user may not make this request (None: it may), or None for other users.
+
+    MLflow's permissions stop at the experiment: EDIT there lets its holder write every run in it, and
+    create runs. A job's user is confined to the one run in its name: a request that names another run
+    (``run_id``/``run_uuid`` in the query or the JSON body, or an artifact path of another run), or that
+    creates a run or an experiment, is refused. Reads that name no run follow MLflow's permissions.
+    """
+    if not username.startswith(JOB_PREFIX):
+        return None
+    run_id = username.rsplit("/", 1)[-1]
+    match = _REST_PATH.search(path)
+    tail = match.group(1) if match else ""
+    if method != "GET" and tail in ("runs/create", "experiments/create", "runs/delete", "runs/restore"):
+        return f"a job's credentials may not {tail.replace('/', ' ')}: the service made the job's run {run_id}"
+    named = [args.get(k) for k in ("run_id", "run_uuid")]
+    if isinstance(body, dict):
+        named += [body.get(k) for k in ("run_id", "run_uuid", "source_run_id")]
+    for other in named:
+        if other not in (None, "", run_id):
+            return f"run {str(other)[:40]} is not this job's run ({run_id})"
+    if "/mlflow-artifacts/artifacts/" in path and method not in ("GET", "HEAD"):
+        parts = path.split("/mlflow-artifacts/artifacts/", 1)[1].split("/")
+        if run_id not in parts[:3] and "models" not in parts[:2]:
+            return f"artifacts outside this job's run ({run_id}) are not the job's to write"
+    return None
 
 
 # the MLflow server's side ------------------------------------------------------------------
@@ -123,8 +168,26 @@ def authenticate():
         and auth.username
         and hmac.compare_digest((auth.password or "").encode(), password(secret, auth.username).encode())
     ):
+        if auth.username.startswith(JOB_PREFIX):
+            return _job_request(auth)
         return auth
     return make_basic_auth_response()
+
+
+def _job_request(auth):
+    """An attempt's credentials: valid while its MLflow user exists (the attempt runs), for its run only."""
+    from flask import make_response, request  # deferred: as in authenticate
+    from mlflow.server.auth import make_basic_auth_response, store  # deferred: as in authenticate
+
+    if not store.has_user(auth.username):  # the attempt ended: the service deleted its user
+        return make_basic_auth_response()
+    body = request.get_json(silent=True) if request.is_json else None
+    why = run_scope(auth.username, request.method, request.path, request.args, body)
+    if why is None:
+        return auth
+    answer = make_response(json.dumps({"error_code": "PERMISSION_DENIED", "message": why}), 403)
+    answer.headers["Content-Type"] = "application/json"
+    return answer
 
 
 def _ini_value(key: str, value: str) -> str:

@@ -67,14 +67,47 @@ def test_the_secret_is_made_once_and_only_the_owner_reads_it(tmp_path):
     assert mlflow_auth.ensure_secret(tmp_path) == secret
 
 
-def test_jobs_log_in_as_their_owner():
-    assert mlflow_auth.job_environment("alice", SECRET) == {
-        "MLFLOW_TRACKING_USERNAME": "alice",
-        "MLFLOW_TRACKING_PASSWORD": password(SECRET, "alice"),
+def test_jobs_log_in_as_their_attempt_not_their_owner():
+    user = mlflow_auth.job_username("0123456789ab", 2, "r" * 32)
+    assert user == "job/0123456789ab/2/" + "r" * 32
+    assert mlflow_auth.job_environment(user, SECRET) == {
+        "MLFLOW_TRACKING_USERNAME": user,
+        "MLFLOW_TRACKING_PASSWORD": password(SECRET, user),
     }
-    assert mlflow_auth.job_environment("alice", None) == {}
-    with pytest.raises(PolicyError):
-        mlflow_auth.job_environment(SERVICE_ACCOUNT, SECRET)
+    assert mlflow_auth.job_environment(user, None) == {}
+    for owner in ("alice", SERVICE_ACCOUNT):  # never a person's (or the admin's) own credentials
+        with pytest.raises(PolicyError):
+            mlflow_auth.job_environment(owner, SECRET)
+
+
+RUN = "a" * 32
+JOB_USER = f"job/0123456789ab/1/{RUN}"
+
+
+@pytest.mark.parametrize(
+    "method, path, args, body, refused",
+    [
+        ("POST", "/api/2.0/mlflow/runs/log-batch", {}, {"run_id": RUN}, False),
+        ("GET", "/api/2.0/mlflow/runs/get", {"run_id": RUN}, None, False),
+        ("GET", "/api/2.0/mlflow/model-versions/get", {"name": "m", "version": "1"}, None, False),
+        ("POST", "/api/2.0/mlflow/runs/set-tag", {}, {"run_id": "b" * 32, "key": "k"}, True),
+        ("POST", "/ajax-api/2.0/mlflow/runs/log-metric", {}, {"run_uuid": "b" * 32}, True),
+        ("GET", "/api/2.0/mlflow/runs/get", {"run_id": "b" * 32}, None, True),
+        ("POST", "/services/mlflow/api/2.0/mlflow/runs/create", {}, {"experiment_id": "1"}, True),
+        ("POST", "/api/2.0/mlflow/experiments/create", {}, {"name": "alice/x"}, True),
+        ("POST", "/api/2.0/mlflow/runs/delete", {}, {"run_id": RUN}, True),
+        ("POST", "/api/2.0/mlflow/logged-models", {}, {"experiment_id": "1", "source_run_id": "b" * 32}, True),
+        ("PUT", f"/api/2.0/mlflow-artifacts/artifacts/1/{RUN}/artifacts/model/MLmodel", {}, None, False),
+        ("PUT", f"/api/2.0/mlflow-artifacts/artifacts/1/{'b' * 32}/artifacts/model/MLmodel", {}, None, True),
+        ("DELETE", f"/api/2.0/mlflow-artifacts/artifacts/1/{'b' * 32}/artifacts/x", {}, None, True),
+        ("GET", f"/api/2.0/mlflow-artifacts/artifacts/1/{'b' * 32}/artifacts/x", {}, None, False),
+    ],
+)
+def test_a_jobs_credentials_write_its_run_and_no_other(method, path, args, body, refused):
+    """MLflow's permissions stop at the experiment; the check inside the MLflow server confines a job to its run."""
+    why = mlflow_auth.run_scope(JOB_USER, method, path, args, body)
+    assert (why is not None) == refused, why
+    assert mlflow_auth.run_scope("alice", method, path, args, body) is None  # people follow MLflow's permissions
 
 
 def test_hub_identities_map_to_mlflow_users():
@@ -582,33 +615,53 @@ def test_cookie_requests_need_the_xsrf_token(workbench, alice_run):
     assert r.status_code == 200, r.text
 
 
-JOB = f"""import os, mlflow
+JOB = f"""import os, mlflow, requests
 mlflow.log_metric("from_kernel", 1.0)
-print("logged as", os.environ["MLFLOW_TRACKING_USERNAME"])
+user, secret = os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]
+print("logged as", user)
 print("secret seen" if os.environ.get({str(MLFLOW_AUTH_SECRET)!r}) else "no secret")
+def status(method, path, **kwargs):
+    url = os.environ["MLFLOW_TRACKING_URI"] + path
+    return requests.request(method, url, auth=(user, secret), timeout=30, **kwargs).status_code
+print("other run", status("POST", "/api/2.0/mlflow/runs/set-tag", json=dict(run_id=other, key="k", value="v")))
+experiment = os.environ["MLFLOW_EXPERIMENT_ID"]
+print("new run", status("POST", "/api/2.0/mlflow/runs/create", json=dict(experiment_id=experiment)))
+print("password", secret)
 """
 
 
 @pytest.mark.service
-def test_a_job_logs_as_its_owner(workbench):
-    wb, alice, bob = workbench, workbench.tokens["alice"], workbench.tokens["bob"]
-    job = wb.api("POST", "/jobs", token=alice, json={"notebook": notebook(JOB), "name": "logs-as-alice"}).json()
-    done = wb.wait_job(job["id"], alice)
+@pytest.mark.parametrize("owner", ["alice", "admin"])
+def test_a_job_logs_to_its_run_alone_with_credentials_that_end_with_it(workbench, alice_run, owner):
+    """A job's MLflow credentials write the run the service made for it and nothing else -- not another run
+    of its owner's, not a new run, and not as an MLflow admin when an admin submits it -- and stop working
+    when the job ends."""
+    wb, token, bob = workbench, workbench.tokens[owner], workbench.tokens["bob"]
+    body = {"notebook": notebook(JOB), "name": "logs-to-its-run", "parameters": {"other": alice_run["run_id"]}}
+    job = wb.api("POST", "/jobs", token=token, json=body).json()
+    done = wb.wait_job(job["id"], token)
     assert done["state"] == "succeeded", done
-    output = wb.api("GET", f"/jobs/{job['id']}/output", token=alice).text
-    assert "logged as alice" in output and "no secret" in output
-    run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}", token=alice).json()["run"]
+    output = wb.api("GET", f"/jobs/{job['id']}/output", token=token).text
+    user = f"job/{job['id']}/1/{done['mlflow_run_id']}"
+    assert f"logged as {user}" in output and "no secret" in output
+    assert "other run 403" in output and "new run 403" in output
+    run = wb.mlflow("GET", f"/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}", token=token).json()["run"]
     assert {m["key"] for m in run["data"]["metrics"]} >= {"from_kernel"}
+    assert run["info"]["experiment_id"] == done["tracking"]["experiment_id"]
     permission = wb.mlflow(
         "GET",
         "/api/3.0/mlflow/users/permissions/get",
         token=wb.tokens["admin"],
-        params={"username": "alice", "resource_type": "experiment", "resource_id": run["info"]["experiment_id"]},
+        params={"username": owner, "resource_type": "experiment", "resource_id": run["info"]["experiment_id"]},
     ).json()
-    assert permission["permission"] == "MANAGE"
+    assert permission["permission"] == "MANAGE"  # the service made the experiment as the job's owner
     tag = {"run_id": done["mlflow_run_id"], "key": "reviewed", "value": "yes"}
     assert wb.mlflow("POST", "/api/2.0/mlflow/runs/set-tag", token=bob, json=tag).status_code == 403
-    assert wb.mlflow("POST", "/api/2.0/mlflow/runs/set-tag", token=alice, json=tag).status_code == 200
+    assert wb.mlflow("POST", "/api/2.0/mlflow/runs/set-tag", token=token, json=tag).status_code == 200
+    # the attempt ended: its password no longer logs in
+    secret = re.search(r"password ([0-9a-f]{64})", output).group(1)
+    get = f"{wb.info['mlflow_url']}/api/2.0/mlflow/runs/get?run_id={done['mlflow_run_id']}"
+    assert requests.get(get, auth=(user, secret), timeout=30).status_code == 401
 
 
 @pytest.mark.service

@@ -58,10 +58,20 @@ EVAL_NOTEBOOK = notebook(
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """MLflow as danlu up starts it (basic-auth, default_permission READ); alice, bob, carol, dave its users."""
+    yield from started_mlflow(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def private_mlflow_server(tmp_path_factory):
+    """As :func:`mlflow_server`, with ``mlflow.default_permission: NO_PERMISSIONS``."""
+    yield from started_mlflow(tmp_path_factory, {"mlflow": {"default_permission": "NO_PERMISSIONS"}})
+
+
+def started_mlflow(tmp_path_factory, config: dict):
     from danlu.hub.app import DanluUp, wait_http
 
     folder = tmp_path_factory.mktemp("mlflow-models")
-    (folder / "danlu.yaml").write_text(yaml.safe_dump({}))
+    (folder / "danlu.yaml").write_text(yaml.safe_dump(config))
     settings = load_settings(folder / "danlu.yaml", {"state_dir": str(folder / "state")})
     (settings.state_dir / "logs").mkdir(parents=True)
     secret = mlflow_auth.ensure_secret(settings.state_dir)
@@ -116,16 +126,25 @@ class MlflowServer:
         artifact: str | None = None,
         metrics: dict | None = None,
         experiment: str | None = None,
+        run_tags: dict | None = None,
     ) -> str:
-        """A finished run of ``who``'s (tagged as a job's runner tags it), with a logged model or an artifact file."""
+        """A finished run ``who`` made in MLflow outside any job (tagged with ``run_tags``, by default as a job's
+        runner tags it), with a logged model or an artifact file."""
         experiment_id = self.experiment(who, experiment or f"{who}/models-{uuid.uuid4().hex[:8]}")
         run = self.ok(
             who,
             "POST",
             "/api/2.0/mlflow/runs/create",
-            json={"experiment_id": experiment_id, "tags": [{"key": tags.USER, "value": who}]},
+            json={
+                "experiment_id": experiment_id,
+                "tags": [{"key": k, "value": v} for k, v in (run_tags or {tags.USER: who}).items()],
+            },
         )["run"]
-        run_id = run["info"]["run_id"]
+        self.log(run["info"]["run_id"], experiment_id, metrics, logged_model, artifact, who)
+        return run["info"]["run_id"]
+
+    def log(self, run_id, experiment_id, metrics=None, logged_model=None, artifact=None, who="job") -> None:
+        """Into ``run_id``: metrics, a logged model, an artifact file; then the run is finished."""
         if metrics:
             now = int(time.time() * 1000)
             self.ok(
@@ -145,11 +164,11 @@ class MlflowServer:
                 json={"experiment_id": experiment_id, "name": logged_model, "source_run_id": run_id},
             )
         if artifact:
-            where = run["info"]["artifact_uri"].split("mlflow-artifacts:", 1)[1].strip("/")
+            info = self.ok(who, "GET", "/api/2.0/mlflow/runs/get", params={"run_id": run_id})["run"]["info"]
+            where = info["artifact_uri"].split("mlflow-artifacts:", 1)[1].strip("/")
             r = self.call(who, "PUT", f"/api/2.0/mlflow-artifacts/artifacts/{where}/{artifact}", data=b"flavors: {}\n")
             assert r.status_code == 200, r.text
         self.ok(who, "POST", "/api/2.0/mlflow/runs/update", json={"run_id": run_id, "status": "FINISHED"})
-        return run_id
 
     def version(self, name: str, version: int) -> dict:
         return self.ok(
@@ -157,77 +176,86 @@ class MlflowServer:
         )["model_version"]
 
 
-# an evaluation job's runner -------------------------------------------------------------------------------
+# a job's runner: it trains or evaluates -------------------------------------------------------------------
 class EvaluatingBackend(FakeBackend):
-    """Its runner evaluates: as the job's owner (the MLflow credentials in its spec) it logs, in a run of the
-    job's experiment, the metrics :attr:`scores` gives the model named by the job's parameters, reports the
-    run and succeeds. While :attr:`hold` is clear, runners wait before they log anything."""
+    """Its runner does what a real job does with the run the service made for it, with the attempt's MLflow
+    credentials from its spec: a job with ``model_name`` evaluates (it loads the version, then logs the metrics
+    :attr:`scores` gives that model), any other trains (it logs what its parameters ``logged_model``,
+    ``artifact`` and ``metrics`` say). It reports the run and succeeds -- or, for a model in :attr:`forge` or
+    with a parameter ``claim``, reports that run instead, as a hostile job would. While :attr:`hold` is clear,
+    runners wait."""
 
     def __init__(self, scores: dict[str, dict], **kwargs):
         super().__init__(**kwargs)
         self.scores = scores
+        self.forge: dict[str, str] = {}
+        self.refusals: list = []
         self.hold = asyncio.Event()
         self.hold.set()
         self.parameters: list[dict] = []
+        self.specs: list[dict] = []
 
     async def runner(self, run: FakeRun) -> int:
         spec = await run.fetch_spec()
         if spec is None:
             return 3
+        self.specs.append(spec)
         await self.hold.wait()
-        self.parameters.append(spec["parameters"])
-        env = spec["mlflow_env"]
-        assert env["MLFLOW_TRACKING_USERNAME"] == spec["owner"]  # it logs as the registrant
-        run_id = await asyncio.to_thread(self._log, env, spec)
+        params = spec["parameters"]
+        if "model_name" in params:
+            self.parameters.append(params)
+        run_id = spec["tracking"]["run_id"]
+        assert run_id and spec["mlflow_env"]["MLFLOW_TRACKING_USERNAME"].startswith(f"job/{run.job_id}/")
+        await asyncio.to_thread(self._log, spec)
+        reported = params.get("claim") or self.forge.get(params.get("model_name"), run_id)
         launch = run.launch
-        await run.call(
-            "tracking",
-            lambda api: api.event(launch.job_id, launch.attempt, launch.token, {"event": "tracking", "run_id": run_id}),
-        )
+        event = {"event": "tracking", "run_id": reported}
+        try:  # straight to the runner API, to keep its refusal (FakeRun.call keeps only the status)
+            await run.machine.api.event(launch.job_id, launch.attempt, launch.token, event)
+        except DanluError as e:
+            self.refusals.append(e)
         await run.report("succeeded")
         return 0
 
-    def _log(self, env: dict, spec: dict) -> str:
+    def _log(self, spec: dict) -> None:
+        env, params = spec["mlflow_env"], spec["parameters"]
+        server = MlflowServer(env["MLFLOW_TRACKING_URI"], None)
         auth = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
-        base = env["MLFLOW_TRACKING_URI"]
+        server.call = lambda who, method, path, **kw: requests.request(
+            method, f"{server.url}{path}", auth=auth, timeout=60, **kw
+        )
+        run_id, experiment_id = spec["tracking"]["run_id"], spec["tracking"]["experiment_id"]
+        if "model_name" in params:
+            # what the notebook does first: load the version it evaluates, which its job may read
+            model = {"name": params["model_name"], "version": str(params["model_version"])}
+            server.ok("job", "GET", "/api/2.0/mlflow/model-versions/get", params=model)
+            metrics = self.scores[params["model_name"]]
+        else:
+            metrics = params.get("metrics") or {}
+        server.log(run_id, experiment_id, metrics, params.get("logged_model"), params.get("artifact"))
 
-        def ok(method, path, **kwargs):
-            r = requests.request(method, f"{base}{path}", auth=auth, timeout=60, **kwargs)
-            assert r.status_code == 200, (path, r.text)
-            return r.json()
 
-        r = requests.get(
-            f"{base}/api/2.0/mlflow/experiments/get-by-name",
-            auth=auth,
-            timeout=60,
-            params={"experiment_name": spec["experiment"]},
-        )
-        experiment_id = (
-            r.json()["experiment"]["experiment_id"]
-            if r.status_code == 200
-            else ok("POST", "/api/2.0/mlflow/experiments/create", json={"name": spec["experiment"]})["experiment_id"]
-        )
-        created = ok("POST", "/api/2.0/mlflow/runs/create", json={"experiment_id": experiment_id})
-        run_id = created["run"]["info"]["run_id"]
-        # what the notebook does first: load the version it evaluates, which its owner may read
-        model = spec["parameters"]["model_name"], str(spec["parameters"]["model_version"])
-        ok("GET", "/api/2.0/mlflow/model-versions/get", params={"name": model[0], "version": model[1]})
-        now = int(time.time() * 1000)
-        ok(
-            "POST",
-            "/api/2.0/mlflow/runs/log-batch",
-            json={
-                "run_id": run_id,
-                "metrics": [
-                    {"key": k, "value": v, "timestamp": now, "step": 0} for k, v in self.scores[model[0]].items()
-                ],
-            },
-        )
-        return run_id
+async def trained(manager, who, **what) -> str:
+    """The MLflow run of a finished training job of ``who``'s (what the service recorded)."""
+    status, job = await manager.submit(who, {"notebook": notebook("train()"), "parameters": what})
+    assert status == 201, job
+
+    async def finished():
+        j = await manager.get(who, job["id"])
+        return j if j.state == "succeeded" and j.mlflow_run_id else None
+
+    return (await until(finished, "the training job to succeed with its run", patience=120, every=0.1)).mlflow_run_id
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path, mlflow: MlflowServer, backend: FakeBackend, evaluations: dict | None = None, **models):
+async def service(
+    tmp_path,
+    mlflow: MlflowServer,
+    backend: FakeBackend,
+    evaluations: dict | None = None,
+    mlflow_settings=None,
+    **models,
+):
     """A jobs service on the module's MLflow whose danlu.yaml has approvers ml-leads and ``evaluations``."""
     state = tmp_path / "state"
     for name in GROUPS:
@@ -237,7 +265,8 @@ async def service(tmp_path, mlflow: MlflowServer, backend: FakeBackend, evaluati
         path = tmp_path / f"evaluate-{name}.ipynb"
         path.write_text(json.dumps(nb))
         specs[name] = {"notebook": str(path), "thresholds": thresholds}
-    settings = make_settings(state, models={"approvers": ["ml-leads"], "evaluations": specs, **models})
+    extra = {"mlflow": mlflow_settings} if mlflow_settings else {}
+    settings = make_settings(state, models={"approvers": ["ml-leads"], "evaluations": specs, **models}, **extra)
     manager = make_manager(
         backend, state, settings=settings, groups=FakeGroups(GROUPS), mlflow=MlflowAccess(mlflow.url, mlflow.secret)
     )
@@ -272,11 +301,11 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
 ):
     mlflow = mlflow_server
     name = f"gated-{uuid.uuid4().hex[:6]}"
-    run_id = await asyncio.to_thread(mlflow.run, "dave", logged_model="model")
     backend = EvaluatingBackend({name: {"accuracy": 0.95, "loss": 0.2}})
     async with service(
         tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"}, EVAL_NOTEBOOK)}
     ) as manager:
+        run_id = await trained(manager, DAVE, logged_model="model")
         status, registered = await manager.models.register(
             DAVE, {"run_id": run_id, "name": name, "description": "digits"}
         )
@@ -344,8 +373,8 @@ async def test_users_cannot_write_around_the_approvals_in_mlflow(tmp_path, mlflo
     """alice's own credentials -- a job's, and what the gateway forwards for her -- change nothing of the model."""
     mlflow = mlflow_server
     name = f"guarded-{uuid.uuid4().hex[:6]}"
-    run_id = await asyncio.to_thread(mlflow.run, "alice", artifact="model/MLmodel")
     async with service(tmp_path, mlflow, EvaluatingBackend({})) as manager:
+        run_id = await trained(manager, ALICE, artifact="model/MLmodel")
         _, v1 = await manager.models.register(ALICE, {"run_id": run_id, "name": name, "artifact_path": "model"})
         _, v2 = await manager.models.register(ALICE, {"run_id": run_id, "name": name, "artifact_path": "model"})
         await manager.models.decide(CAROL, name, 1, {"decision": "approve", "comment": "ok"})
@@ -397,12 +426,12 @@ async def test_users_cannot_write_around_the_approvals_in_mlflow(tmp_path, mlflo
 async def test_a_failing_or_unfinished_evaluation_blocks_approval(tmp_path, mlflow_server):
     mlflow = mlflow_server
     name = f"weak-{uuid.uuid4().hex[:6]}"
-    run_id = await asyncio.to_thread(mlflow.run, "alice", logged_model="model")
     backend = EvaluatingBackend({name: {"accuracy": 0.5}})
-    backend.hold.clear()
     async with service(
         tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9", "loss": "<= 0.5"}, EVAL_NOTEBOOK)}
     ) as manager:
+        run_id = await trained(manager, ALICE, logged_model="model")
+        backend.hold.clear()
         await manager.models.register(ALICE, {"run_id": run_id, "name": name})
         waiting = await gate(manager, name, 1, "running")
         with pytest.raises(Conflict) as pending:
@@ -432,8 +461,6 @@ async def test_a_failing_or_unfinished_evaluation_blocks_approval(tmp_path, mlfl
 async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_refused(tmp_path, mlflow_server):
     mlflow = mlflow_server
     suffix = uuid.uuid4().hex[:6]
-    alices = await asyncio.to_thread(mlflow.run, "alice", logged_model="model")
-    bare = await asyncio.to_thread(mlflow.run, "alice")
     # bob may not make a registered model in MLflow himself (the server's rules, danlu.hub.mlflowserver) ...
     squat = f"squat-{suffix}"
     r = await asyncio.to_thread(
@@ -445,6 +472,8 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
         mlflow.ok, SERVICE_ACCOUNT, "POST", "/api/2.0/mlflow/registered-models/create", json={"name": squat}
     )
     async with service(tmp_path, mlflow, EvaluatingBackend({})) as manager:
+        alices = await trained(manager, ALICE, logged_model="model")
+        bare = await trained(manager, ALICE)
         refusals = {}
         for key, who, body in (
             ("bob's view of alice's run", BOB, {"run_id": alices, "name": f"b-{suffix}"}),
@@ -475,6 +504,116 @@ async def test_another_users_run_is_not_found_and_names_danlu_did_not_make_are_r
         mlflow.ok, "bob", "GET", "/api/2.0/mlflow/registered-models/get", params={"name": squat}
     )
     assert not squatted["registered_model"].get("latest_versions")  # nothing was added to that model
+
+
+# evidence the registrant cannot write ------------------------------------------------------------------------
+@in_loop
+async def test_a_job_cannot_claim_anothers_run_and_run_tags_prove_nothing(tmp_path, mlflow_server):
+    """bob's job reports alice's run as its own, and bob tags a run of his with alice's job: neither lets him
+    register her model, nor makes lineage name her job."""
+    mlflow = mlflow_server
+    suffix = uuid.uuid4().hex[:6]
+    backend = EvaluatingBackend({})
+    async with service(tmp_path, mlflow, backend) as manager:
+        alices = await trained(manager, ALICE, logged_model="model")
+        alices_job = next(j.id for j in await manager.list(ADMIN) if j.mlflow_run_id == alices)
+        bobs = await trained(manager, BOB, claim=alices)
+        forged = await asyncio.to_thread(
+            mlflow.run, "bob", logged_model="model", run_tags={tags.USER: "bob", tags.JOB_ID: alices_job}
+        )
+        refused = {}
+        for key, run_id in (("claimed", alices), ("tagged", forged)):
+            with pytest.raises(NotFound) as e:
+                await manager.models.register(BOB, {"run_id": run_id, "name": f"{key}-{suffix}"})
+            refused[key] = (e.value.reason, e.value.field)
+        listed = await manager.models.list(ADMIN)
+
+    [claim] = backend.refusals
+    assert isinstance(claim, Conflict) and claim.reason == "not_this_jobs_run" and alices in str(claim)
+    assert bobs != alices  # bob's job keeps the run the service made for it
+    assert refused == {"claimed": ("no_such_run", "run_id"), "tagged": ("no_such_run", "run_id")}
+    assert not [m for m in listed if m["name"].endswith(suffix)]
+
+
+@in_loop
+async def test_the_evaluation_verdict_comes_from_a_run_the_registrant_cannot_write(tmp_path, mlflow_server):
+    """alice's model scores 0.5. She logs accuracy=0.99 into her evaluation's run with her own credentials,
+    and her evaluation job reports a run of hers that says 0.99: the gate fails all the same."""
+    mlflow = mlflow_server
+    name = f"forged-{uuid.uuid4().hex[:6]}"
+    backend = EvaluatingBackend({name: {"accuracy": 0.5}})
+    async with service(tmp_path, mlflow, backend, {name: ({"accuracy": ">= 0.9"}, EVAL_NOTEBOOK)}) as manager:
+        run_id = await trained(manager, ALICE, logged_model="model")
+        backend.forge[name] = await asyncio.to_thread(mlflow.run, "alice", metrics={"accuracy": 0.99})
+        backend.hold.clear()
+        await manager.models.register(ALICE, {"run_id": run_id, "name": name})
+        running = await gate(manager, name, 1, "running")
+        evaluation = await until(
+            lambda: next((s for s in backend.specs if s["parameters"].get("model_name") == name), None),
+            "the evaluation job to fetch its spec",
+        )
+        now = int(time.time() * 1000)
+        write = await asyncio.to_thread(
+            mlflow.call,
+            "alice",
+            "POST",
+            "/api/2.0/mlflow/runs/log-metric",
+            json={"run_id": evaluation["tracking"]["run_id"], "key": "accuracy", "value": 0.99, "timestamp": now},
+        )
+        backend.hold.set()
+        failed = await gate(manager, name, 1, "passed", "failed", "error")
+        with pytest.raises(Conflict) as blocked:
+            await manager.models.decide(CAROL, name, 1, {"decision": "approve", "comment": "0.99!"})
+        job = await manager.get(ALICE, running["evaluation"]["job_id"])
+
+    assert write.status_code == 403, write.text  # the evaluation's experiment is the service's
+    assert evaluation["experiment"].startswith("danlu-evaluations/")
+    assert [e.reason for e in backend.refusals] == ["not_this_jobs_run"]
+    assert job.mlflow_run_id == evaluation["tracking"]["run_id"] != backend.forge[name]
+    assert failed["evaluation"]["state"] == "failed" and failed["evaluation"]["metrics"] == {"accuracy": 0.5}
+    assert blocked.value.reason == "evaluation_failed"
+
+
+@in_loop
+async def test_model_reads_follow_the_experiments_permissions(tmp_path, private_mlflow_server):
+    """Under NO_PERMISSIONS bob may not read alice's experiment, so he sees none of her versions: not their run,
+    not their evaluation's metrics; alice and the approvers do."""
+    mlflow = private_mlflow_server
+    name = f"private-{uuid.uuid4().hex[:6]}"
+    async with service(
+        tmp_path, mlflow, EvaluatingBackend({}), mlflow_settings={"default_permission": "NO_PERMISSIONS"}
+    ) as manager:
+        run_id = await trained(manager, ALICE, logged_model="model")
+        await manager.models.register(ALICE, {"run_id": run_id, "name": name})
+        shown = {who.name: await manager.models.show(who, name) for who in (ALICE, BOB, CAROL)}
+        listed = {m["name"]: m for m in await manager.models.list(BOB)}
+        with pytest.raises(NotFound) as version:
+            await manager.models.version_view(BOB, name, 1)
+        with pytest.raises(NotFound) as lineage:
+            await manager.lineage(BOB, name, 1)
+
+    assert [v["run_id"] for v in shown["alice"]["versions"]] == [run_id]
+    assert [v["run_id"] for v in shown["carol"]["versions"]] == [run_id]  # an approver decides on it
+    assert shown["bob"]["versions"] == [] and shown["bob"]["latest"] is None
+    assert listed[name]["latest"] is None and run_id not in json.dumps(listed)
+    assert version.value.reason == lineage.value.reason == "no_such_version"
+
+
+@in_loop
+async def test_credentials_of_attempts_that_ended_while_the_service_was_away_stop_working(tmp_path, mlflow_server):
+    """An attempt whose end the service never saw (it was stopped) keeps no MLflow login: the service sweeps
+    such attempts' users when it starts."""
+    mlflow = mlflow_server
+    stale = mlflow_auth.job_username(uuid.uuid4().hex[:12], 1, uuid.uuid4().hex)
+    await MlflowUsers(mlflow.url, mlflow.secret).ensure_user(stale)
+
+    def status() -> int:
+        return mlflow.call(stale, "GET", "/api/2.0/mlflow/experiments/search", params={"max_results": 1}).status_code
+
+    before = await asyncio.to_thread(status)
+    async with service(tmp_path, mlflow, EvaluatingBackend({})):
+        await until(lambda: asyncio.to_thread(lambda: status() == 401), "the stale attempt's login to be refused")
+    assert before == 200
 
 
 HOSTILE = [
@@ -562,10 +701,10 @@ class AnsweringClient:
 
 def test_cli_models_commands_print_tables_and_the_apis_json(tmp_path, mlflow_server, monkeypatch, capsys):
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    run_id = mlflow_server.run("alice", logged_model="model")
 
     async def answers():
         async with service(tmp_path, mlflow_server, EvaluatingBackend({})) as manager:
+            run_id = await trained(manager, ALICE, logged_model="model")
             _, registered = await manager.models.register(ALICE, {"run_id": run_id, "name": name})
             await manager.models.decide(CAROL, name, 1, {"decision": "approve", "comment": "fine"})
             alias = await manager.models.set_alias(CAROL, name, "staging", {"version": 1})
@@ -578,6 +717,7 @@ def test_cli_models_commands_print_tables_and_the_apis_json(tmp_path, mlflow_ser
             }
 
     client = AnsweringClient(asyncio.run(answers()))
+    run_id = client.answers["register"]["run_id"]
     monkeypatch.setattr(cliclient, "client", lambda args: client)
     for argv, key in (
         (["register", run_id, name], "register"),
@@ -605,41 +745,13 @@ def test_cli_models_commands_print_tables_and_the_apis_json(tmp_path, mlflow_ser
 
 
 # lineage ----------------------------------------------------------------------------------------------------
-class TrainingBackend(EvaluatingBackend):
-    """Evaluates as :class:`EvaluatingBackend`; a job without ``model_name`` trains: as its owner it makes a run
-    with a logged model and a metric, reports the run, and succeeds."""
-
-    async def runner(self, run: FakeRun) -> int:
-        spec = await run.fetch_spec()
-        if spec is None:
-            return 3
-        if "model_name" in spec["parameters"]:
-            return await super().runner(run)
-        env = spec["mlflow_env"]
-        server = MlflowServer(env["MLFLOW_TRACKING_URI"], None)
-        auth = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
-        server.call = lambda who, method, path, **kw: requests.request(
-            method, f"{server.url}{path}", auth=auth, timeout=60, **kw
-        )
-        run_id = await asyncio.to_thread(
-            server.run, spec["owner"], logged_model="model", metrics={"accuracy": 0.97}, experiment=spec["experiment"]
-        )
-        launch = run.launch
-        await run.call(
-            "tracking",
-            lambda api: api.event(launch.job_id, launch.attempt, launch.token, {"event": "tracking", "run_id": run_id}),
-        )
-        await run.report("succeeded")
-        return 0
-
-
 @in_loop
 async def test_lineage_walks_from_a_version_to_its_data_environment_and_approvals(tmp_path, mlflow_server):
     from danlu.hub.service.registry.lineage import KINDS
 
     mlflow = mlflow_server
     name = f"traced-{uuid.uuid4().hex[:6]}"
-    backend = TrainingBackend({})
+    backend = EvaluatingBackend({})
     async with service(tmp_path, mlflow, backend) as manager:
         data = tmp_path / "state" / "users" / "alice" / "digits"
         data.mkdir()
@@ -649,7 +761,7 @@ async def test_lineage_walks_from_a_version_to_its_data_environment_and_approval
             ALICE,
             {
                 "notebook": notebook("import random\nrandom.seed(7)"),
-                "parameters": {"lr": 0.1},
+                "parameters": {"lr": 0.1, "logged_model": "model", "metrics": {"accuracy": 0.97}},
                 "datasets": ["digits@1", {"ref": "digits@1", "context": "evaluation"}],
                 "source": {"notebook_path": "work/train.ipynb"},
             },

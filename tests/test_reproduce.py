@@ -31,7 +31,7 @@ import requests
 from sqlalchemy import delete
 
 from danlu import cli, cliclient, tags
-from danlu.errors import Conflict, NotFound, ValidationError
+from danlu.errors import Conflict, Forbidden, NotFound, ValidationError
 from danlu.hub.backends.local import LocalBackend
 from danlu.hub.profiles import ProfileSet
 from danlu.hub.service.mlflow_client import MlflowAccess
@@ -233,11 +233,15 @@ async def test_another_users_job_is_not_found(tmp_path):
         with pytest.raises(NotFound):
             await manager.compare(BOB, alices["id"], bobs["id"])
         as_admin = await manager.compare(ADMIN, alices["id"], bobs["id"])
+        # an admin sees alice's job, but running it again would run alice's code as the admin: refused
+        with pytest.raises(Forbidden) as by_admin:
+            await manager.reproduce(ADMIN, alices["id"])
         count = len(await manager.list(ADMIN))
 
     assert reproduce.value.reason == compare.value.reason == "no_such_job" and reproduce.value.status == 404
     assert [s["what"] for s in as_admin["source"]] == ["cell"]  # admins see both
-    assert count == 2
+    assert by_admin.value.reason == "not_the_owner" and "alice" in by_admin.value.fix
+    assert count == 2  # the refusal submitted nothing
 
 
 @in_loop

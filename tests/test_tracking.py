@@ -32,6 +32,20 @@ def spec(uri: str, **extra) -> dict:
     }
 
 
+def service_run(uri: str, job: dict | None = None) -> dict:
+    """What the jobs service does before a runner starts: the job's run, made in its experiment."""
+    from mlflow import MlflowClient
+
+    from danlu.hub.service.mlflow_client import run_tags
+
+    job = job or spec(uri)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(job["experiment"])
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(job["experiment"])
+    run = client.create_run(experiment_id, tags=run_tags(job))
+    return {"run_id": run.info.run_id, "experiment_id": experiment_id}
+
+
 @pytest.fixture
 def jd(tmp_path):
     folder = JobDir(tmp_path / "job")
@@ -47,10 +61,11 @@ def closed_port_uri() -> str:
 
 def test_the_run_carries_the_jobs_tags_params_and_ends_finished(jd, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    t = Tracking(spec(uri), jd, 1, [], final_timeout=5)
+    made = service_run(uri)
+    t = Tracking(spec(uri, tracking=made), jd, 1, [], final_timeout=5)
     reported = []
     t.start(on_run=lambda: reported.append(t.run_id))
-    assert reported == [t.run_id] and t.run_id
+    assert reported == [made["run_id"]] == [t.run_id]
     t.finish("succeeded")
     from mlflow import MlflowClient
 
@@ -65,7 +80,7 @@ def test_the_run_carries_the_jobs_tags_params_and_ends_finished(jd, tmp_path):
 
 def test_a_later_attempt_resumes_the_same_run(jd, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = Tracking(spec(uri), jd, 1, [], final_timeout=5)
+    first = Tracking(spec(uri, tracking=service_run(uri)), jd, 1, [], final_timeout=5)
     first.start()
     first.finish("preempted")
     second = Tracking(spec(uri, attempt=2, tracking={"run_id": first.run_id}), jd, 2, [], final_timeout=5)
@@ -80,18 +95,30 @@ def test_a_later_attempt_resumes_the_same_run(jd, tmp_path):
 def test_mlflow_away_the_job_runs_on_and_says_so(jd, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    t = Tracking(spec(closed_port_uri()), jd, 1, [], final_timeout=1)
+    t = Tracking(spec(closed_port_uri(), tracking={"run_id": "r" * 32}), jd, 1, [], final_timeout=1)
     t.start()
-    assert t.run_id is None
     assert any("did not answer at the start" in n for n in t.health()["notes"])
     t.finish("succeeded")
     notes = t.health()["notes"]
-    assert any("has no MLflow run" in n for n in notes)
+    assert any("did not answer while the job ran" in n for n in notes)
 
 
-def test_a_run_is_created_late_when_mlflow_comes_back(jd, tmp_path, monkeypatch):
+def test_the_runner_creates_no_run_or_experiment_of_its_own(jd, tmp_path):
+    """Without the service's run the job is untracked: a run the runner made would be one no record backs."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    t = Tracking(spec(uri), jd, 1, [], final_timeout=5)
+    t.start()
+    t.finish("succeeded")
+    assert t.run_id is None and any("the service made no MLflow run" in n for n in t.health()["notes"])
+    assert MlflowClient(uri).get_experiment_by_name("alice/train") is None
+
+
+def test_the_run_is_resumed_late_when_mlflow_comes_back(jd, tmp_path, monkeypatch):
     monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.05)
-    t = Tracking(spec(f"sqlite:///{tmp_path / 'mlflow.db'}"), jd, 1, [], final_timeout=5)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    t = Tracking(spec(uri, tracking=service_run(uri)), jd, 1, [], final_timeout=5)
     real, calls = t._connect, []
 
     def flaky():
@@ -108,7 +135,7 @@ def test_a_run_is_created_late_when_mlflow_comes_back(jd, tmp_path, monkeypatch)
         time.sleep(0.05)
     assert reported and reported[0] == t.run_id
     t.finish("succeeded")
-    assert any("created late" in n for n in t.health()["notes"])
+    assert any("resumed late" in n for n in t.health()["notes"])
 
 
 def test_no_mlflow_configured_is_a_note_not_an_error(jd):

@@ -459,6 +459,7 @@ class JobManager:
         await self.supervisor.recover()
         await self.scheduler.schedule()
         self.core.spawn(self.models.recover())  # evaluation gates: MLflow may be slower to start than we are
+        self.core.spawn(self.runner_api.sweep())  # MLflow credentials of attempts that ended while we were away
 
     async def run_forever(self, interval: float = 2.0) -> None:
         await self.scheduler.run_forever(interval)

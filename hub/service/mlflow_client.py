@@ -1,10 +1,11 @@
-"""MLflow as the jobs service sees it: a job's tracking URI and its owner's credentials, checked experiments,
+"""MLflow as the jobs service sees it: a job's run and its attempt's credentials, checked experiments,
 and the REST calls of the model registry.
 
 :class:`MlflowAccess` is what the service needs of MLflow for a job: the
-environment a job's runner and kernels get (:meth:`~MlflowAccess.env_for`: the loopback
-tracking URI and, with MLflow's permissions on, the owner's derived
-credentials, so a job logs as its owner), making sure the owner exists as an
+job's run, created by the service, and the environment a job's runner and kernels get
+(:meth:`~MlflowAccess.open_run`: the loopback tracking URI and, with MLflow's permissions on,
+credentials of the attempt's own MLflow user, confined to that run and deleted with the attempt
+by :meth:`~MlflowAccess.expire`), making sure the owner exists as an
 MLflow user before their job runs (:meth:`~MlflowAccess.ensure_user`; begun in the background
 by :meth:`~MlflowAccess.prepare_user` when their server starts or their job is accepted, so
 that neither a submission nor a start waits for MLflow to create a user), and
@@ -30,6 +31,7 @@ import logging
 import math
 import time
 
+from danlu import tags
 from danlu.errors import DanluError, PolicyError, Unreachable
 from danlu.hub import mlflow_auth
 from danlu.hub.service.formats import RUN_ID
@@ -44,6 +46,8 @@ MAX_LOGGED_MODELS = 100
 #: the most metrics of one run the service reads
 MAX_METRICS = 200
 MISSING = ("RESOURCE_DOES_NOT_EXIST",)
+#: the name space of the experiments the service creates (as its MLflow admin) for model evaluations
+EVALUATIONS = "danlu-evaluations/"
 
 
 class MlflowAccess:
@@ -58,10 +62,120 @@ class MlflowAccess:
         self._users: set[str] = set()  # owners made MLflow users by this process
         self._making: dict[str, asyncio.Future] = {}  # owner -> the making of their MLflow user, under way
 
-    def env_for(self, owner: str) -> dict:
-        if not self.tracking_uri:
-            return {}
-        return {"MLFLOW_TRACKING_URI": self.tracking_uri, **mlflow_auth.job_environment(owner, self.secret)}
+    async def open_run(
+        self,
+        job_id: str,
+        attempt: int,
+        owner: str,
+        experiment: str,
+        run_id: str | None,
+        run_tags: dict,
+        models=(),
+    ) -> dict:
+        """The job's MLflow run, made by the service, and this attempt's credentials for it alone.
+
+        The first attempt's run is created as the job's owner in the job's experiment (created as the owner
+        when it is new, so the owner holds MANAGE on it); an evaluation's experiment (:data:`EVALUATIONS`)
+        is the service's own, where the registrant holds only the default permission. Every attempt gets an
+        MLflow user of its own (:func:`~danlu.hub.mlflow_auth.job_username`, never an admin, whoever the
+        owner is) with EDIT on that experiment and READ on ``models``; :meth:`expire` deletes it when the
+        attempt ends. Answers ``{"run_id", "experiment_id", "env"}``; Unreachable or a 502 if MLflow fails.
+        """
+        api = self.registry
+        as_service = experiment.startswith(EVALUATIONS)
+        if self.secret:
+            await self.ensure_user(owner)
+        headers = dict(api.headers)
+        if self.secret and not as_service:
+            headers["Authorization"] = mlflow_auth.basic_authorization(owner, self.secret)
+        if run_id:
+            run = await api.run(run_id)
+            if run is None:
+                raise DanluError(f"the job's MLflow run {run_id} is gone from MLflow", reason="run_gone", status=409)
+            experiment_id = str((run.get("info") or {}).get("experiment_id"))
+        else:
+            experiment_id = await self._experiment(headers, experiment, owner)
+            code, data = await mlflow_auth.rest(
+                api.url,
+                headers,
+                "POST",
+                "/api/2.0/mlflow/runs/create",
+                body={
+                    "experiment_id": experiment_id,
+                    "run_name": run_tags.get(tags.RUN_NAME, ""),
+                    "start_time": int(time.time() * 1000),
+                    "tags": [{"key": k, "value": str(v)[:5000]} for k, v in run_tags.items() if v],
+                },
+            )
+            if code != 200:
+                raise api.refused(f"create the run of job {job_id} in {experiment}", code, data)
+            run_id = data["run"]["info"]["run_id"]
+        env = {"MLFLOW_TRACKING_URI": self.tracking_uri}
+        if self.secret:
+            username = mlflow_auth.job_username(job_id, attempt, run_id)
+            await self.users.ensure_user(username, admin=False)
+            await self._grant(username, "experiment", experiment_id, "EDIT")
+            for name in models:
+                await self._grant(username, "registered_model", name, "READ")
+            env.update(mlflow_auth.job_environment(username, self.secret))
+        return {"run_id": run_id, "experiment_id": experiment_id, "env": env}
+
+    async def expire(self, job_id: str, attempt: int, run_id: str | None) -> None:
+        """The attempt's MLflow user is deleted: its credentials stop working (an absent MLflow: logged)."""
+        if self.users is None or not run_id:
+            return
+        username = mlflow_auth.job_username(job_id, attempt, run_id)
+        try:
+            code, data = await self.registry.call("DELETE", "/api/2.0/mlflow/users/delete", body={"username": username})
+        except Unreachable as e:
+            self.log.warning("the MLflow user %s was not deleted (%s): it is deleted at the next start", username, e)
+            return
+        self.users._known.pop(username, None)
+        if code != 200 and data.get("error_code") not in MISSING:
+            self.log.warning("the MLflow user %s was not deleted: %s", username, data.get("message"))
+
+    async def sweep(self, running: set[tuple[str, int]]) -> int:
+        """Delete every attempt's MLflow user but those of ``running`` attempts ``(job id, number)``: the
+        attempts that ended while this service was not there to expire them. Answers how many went."""
+        if self.users is None:
+            return 0
+        code, data = await self.registry.call("GET", "/api/2.0/mlflow/users/list")
+        if code != 200:
+            raise self.registry.refused("list MLflow's users", code, data)
+        gone = 0
+        for user in data.get("users") or []:
+            name = user.get("username") if isinstance(user, dict) else None
+            parts = name.split("/") if isinstance(name, str) and name.startswith(mlflow_auth.JOB_PREFIX) else []
+            if len(parts) == 4 and parts[2].isdigit() and (parts[1], int(parts[2])) not in running:
+                await self.expire(parts[1], int(parts[2]), parts[3])
+                gone += 1
+        return gone
+
+    async def _experiment(self, headers: dict, name: str, owner: str) -> str:
+        api = self.registry
+        for _ in range(2):
+            code, data = await mlflow_auth.rest(
+                api.url, headers, "GET", "/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": name}
+            )
+            if code == 200:
+                return str(data["experiment"]["experiment_id"])
+            code, data = await mlflow_auth.rest(
+                api.url, headers, "POST", "/api/2.0/mlflow/experiments/create", body={"name": name}
+            )
+            if code == 200:
+                return str(data["experiment_id"])
+            if data.get("error_code") != "RESOURCE_ALREADY_EXISTS":  # else: made meanwhile by another job
+                raise api.refused(f"create experiment {name} for {owner}", code, data)
+        raise api.refused(f"find experiment {name}", code, data)
+
+    async def _grant(self, username: str, kind: str, resource: str, permission: str) -> None:
+        code, data = await self.registry.call(
+            "POST",
+            "/api/3.0/mlflow/users/permissions/grant",
+            body={"username": username, "resource_type": kind, "resource_id": resource, "permission": permission},
+        )
+        if code != 200 and data.get("error_code") != "RESOURCE_ALREADY_EXISTS":
+            raise self.registry.refused(f"give {username} {permission} on {kind} {resource}", code, data)
 
     async def ensure_user(self, owner: str) -> None:
         """The owner exists in MLflow's user store (else MLflow refuses them); an absent MLflow is the job's news.
@@ -146,6 +260,31 @@ class MlflowAccess:
             self.log.warning("could not read the metrics of MLflow run %s: %s", run_id, e)
             return None
         return latest_metrics(run) if run is not None else None
+
+
+def run_tags(spec: dict) -> dict:
+    """The tags the service gives a job's run when it creates it: what the job's row says, for MLflow's UI
+    (Danlu itself never reads them back: which job made which run is in its own records)."""
+    source = spec.get("source") if isinstance(spec.get("source"), dict) else {}
+    environment = spec.get("environment") if isinstance(spec.get("environment"), dict) else {}
+    included = source.get("included_cells") if isinstance(source.get("included_cells"), list) else []
+    return {
+        tags.INCLUDED_CELLS: ",".join(str(c) for c in included),
+        tags.SOURCE_GIT_COMMIT: source.get("git_commit") or "",
+        tags.GIT_COMMIT: source.get("git_commit") or "",
+        tags.ENV_DIGEST: str(environment.get("digest") or ""),
+        tags.RUN_NAME: spec.get("name") or spec["job_id"],
+        tags.MLFLOW_USER: spec["owner"],
+        tags.SOURCE_TYPE: "NOTEBOOK",
+        tags.SOURCE_NAME: source.get("notebook_path") or "",
+        tags.JOB_ID: spec["job_id"],
+        tags.USER: spec["owner"],
+        tags.PROFILE: spec.get("profile") or "",
+        tags.QUEUE: spec.get("queue") or "default",
+        tags.NOTEBOOK_PATH: source.get("notebook_path") or "",
+        tags.CELL_ID: source.get("cell_id") or "",
+        tags.CELL_SHA256: spec.get("cell_sha256") or "",
+    }
 
 
 def latest_metrics(run: dict) -> dict[str, float]:

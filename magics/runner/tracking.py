@@ -1,11 +1,13 @@
 """The job's MLflow run, as the runner keeps it: created or resumed, tagged, fed, and ended.
 
-One run per job, created by the runner before the notebook starts, with the
-job's parameters, tags (:mod:`danlu.tags`) and dataset inputs; a later
-attempt resumes the run the service tells it about. Metrics reach it through
+One run per job, created by the jobs service in the job's experiment before
+the runner starts (the spec's ``tracking.run_id``), with credentials that write
+that run and no other and stop working when the attempt ends; the runner
+resumes it, gives it the job's parameters, the tags only the job knows and its
+dataset inputs (on the first attempt), and creates no run or experiment. Metrics reach it through
 the :class:`~danlu.tensorboard.forwarder.MetricForwarder`, which buffers while MLflow is
 away. If MLflow does not answer at the start, the job runs anyway: the run is
-created in the background as soon as MLflow answers, and the forwarder sends
+resumed in the background as soon as MLflow answers, and the forwarder sends
 what it buffered. Whatever could not be done is a note in :meth:`health`,
 which the runner reports to the service, so the job's record says how its
 tracking went (run, points sent and dropped, notes).
@@ -61,7 +63,7 @@ class Tracking:
 
     # start --------------------------------------------------------------------------------
     def start(self, on_run: Callable[[], None] = lambda: None) -> None:
-        """Create or resume the run now if MLflow answers, else keep trying in the background."""
+        """Resume the service's run now if MLflow answers, else keep trying in the background."""
         self.on_run = on_run
         if not self.configured:
             self.note("MLflow is not configured for this workbench: nothing is tracked")
@@ -71,10 +73,10 @@ class Tracking:
             self._connect()
         except Exception as e:  # noqa: BLE001 - MLflow away or refusing: the job runs on
             if _refused(e):
-                self.note(f"MLflow refused the run: {_short(e)}")
+                self.note(str(e) if isinstance(e, NoRun) else f"MLflow refused the run: {_short(e)}")
                 return
             self.note(
-                f"MLflow did not answer at the start ({_short(e)}); the run is created when it does, "
+                f"MLflow did not answer at the start ({_short(e)}); the run is resumed when it does, "
                 f"metrics wait in {self.jd.tensorboard_dir}"
             )
             self._thread = threading.Thread(target=self._keep_trying, name="danlu-mlflow-connect", daemon=True)
@@ -89,60 +91,30 @@ class Tracking:
                     self.note(f"MLflow refused the run: {_short(e)}")
                     return
                 continue
-            self.note("MLflow answered: the run was created late")
+            self.note("MLflow answered: the run was resumed late")
             return
 
     def _connect(self) -> None:
         from mlflow import MlflowClient  # deferred: mlflow takes ~2 s to import; a job runs on without it
-        from mlflow.exceptions import MlflowException  # deferred: mlflow takes ~2 s to import
 
-        spec = self.spec
-        client = MlflowClient(tracking_uri=spec["mlflow_env"]["MLFLOW_TRACKING_URI"])
-        name = spec["experiment"]
-        experiment = client.get_experiment_by_name(name)
-        if experiment is None:
-            try:
-                experiment_id = client.create_experiment(name, tags={tags.OWNER: spec["owner"]})
-            except MlflowException:  # created meanwhile by another job
-                experiment_id = client.get_experiment_by_name(name).experiment_id
-        else:
-            experiment_id = experiment.experiment_id
-        if self.run_id:
-            client.update_run(self.run_id, status="RUNNING")
-        else:
-            self.run_id = self._create_run(client, experiment_id)
-        self.experiment_id = experiment_id
+        if not self.run_id:
+            raise NoRun("the service made no MLflow run for this job (MLflow did not answer it): nothing is tracked")
+        client = MlflowClient(tracking_uri=self.spec["mlflow_env"]["MLFLOW_TRACKING_URI"])
+        client.update_run(self.run_id, status="RUNNING")
+        if self.attempt == 1 and not client.get_run(self.run_id).data.params:
+            self._describe(client)
         client.set_tag(self.run_id, tags.ATTEMPT, str(self.attempt))
         self.client = client
         self.forwarder.attach(client, self.run_id)
         self.on_run()
 
-    def _create_run(self, client, experiment_id: str) -> str:
+    def _describe(self, client) -> None:
+        """The run's parameters and dataset inputs (its first attempt). The service made the run, in the job's
+        experiment, with the job's tags; this job's credentials write this run and no other, so the runner
+        creates no run or experiment."""
         from mlflow.entities import Param  # deferred: mlflow takes ~2 s to import
 
         spec = self.spec
-        source = spec.get("source") or {}
-        run_tags = {
-            tags.RUN_NAME: spec["name"],
-            tags.MLFLOW_USER: spec["owner"],
-            tags.SOURCE_TYPE: "NOTEBOOK",
-            tags.SOURCE_NAME: source.get("notebook_path") or "",
-            tags.JOB_ID: spec["job_id"],
-            tags.USER: spec["owner"],
-            tags.PROFILE: spec["profile"],
-            tags.QUEUE: spec.get("queue", "default"),
-            tags.NOTEBOOK_PATH: source.get("notebook_path") or "",
-            tags.CELL_ID: source.get("cell_id") or "",
-            tags.CELL_SHA256: spec.get("cell_sha256", ""),
-            tags.INCLUDED_CELLS: ",".join(source.get("included_cells", [])),
-        }
-        if source.get("git_commit"):
-            run_tags[tags.SOURCE_GIT_COMMIT] = run_tags[tags.GIT_COMMIT] = source["git_commit"]
-        environment = spec.get("environment") if isinstance(spec.get("environment"), dict) else {}
-        if environment.get("digest"):
-            run_tags[tags.ENV_DIGEST] = str(environment["digest"])
-        run = client.create_run(experiment_id, run_name=spec["name"], tags={k: v for k, v in run_tags.items() if v})
-        run_id = run.info.run_id
         params = {str(k): json.dumps(v) if not isinstance(v, str) else v for k, v in spec["parameters"].items()}
         params.update(
             {
@@ -151,10 +123,9 @@ class Tracking:
                 "profile": spec["profile"],
             }
         )
-        client.log_batch(run_id, params=[Param(k[:250], v[:6000]) for k, v in params.items()], synchronous=True)
+        client.log_batch(self.run_id, params=[Param(k[:250], v[:6000]) for k, v in params.items()], synchronous=True)
         for digest, context in self.digests:
-            datasets.log_to_mlflow(client, run_id, digest, context=context)
-        return run_id
+            datasets.log_to_mlflow(client, self.run_id, digest, context=context)
 
     # end ------------------------------------------------------------------------------------
     def finish(self, state: str, limit: float | None = None) -> None:
@@ -174,8 +145,8 @@ class Tracking:
         except Exception as e:  # noqa: BLE001
             self.note(f"metrics not forwarded: {_short(e)}")
         if self.client is None or not self.run_id:
-            if self.run_id is None:
-                self.note("the job has no MLflow run: MLflow did not answer while it ran")
+            if self.run_id is not None:
+                self.note(f"MLflow did not answer while the job ran: its run {self.run_id} has no metrics from it")
             return
         self._log_artifacts()
         status = {"succeeded": "FINISHED", "cancelled": "KILLED", "preempted": "KILLED", "timed_out": "KILLED"}.get(
@@ -233,6 +204,12 @@ class Tracking:
 
 def _short(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+class NoRun(Exception):
+    """The spec names no run: there is nothing this job may log to."""
+
+    error_code = "RESOURCE_DOES_NOT_EXIST"
 
 
 def _refused(e: BaseException) -> bool:

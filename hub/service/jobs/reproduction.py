@@ -1,7 +1,8 @@
 """Re-running a job exactly, and saying how two jobs differ.
 
 :meth:`Reproduction.reproduce` resubmits a job's recorded notebook -- the same source, setup cells and
-parameters, on the same profile, with the same dataset versions -- as a new job of the caller's, through
+parameters, on the same profile, with the same dataset versions -- as a new job of its owner's (nobody
+else may reproduce it, admins included: that would run the owner's code as someone else), through
 the ordinary :meth:`.submission.Submission.submit` (every check a submission gets). A catalog version is
 asked for by its number (``NAME@VERSION``, never ``latest``); a plain path is pinned to the digest its job
 reported, so the runner fails the new job, naming the files, if the data changed. When an input can no
@@ -16,10 +17,11 @@ from __future__ import annotations
 import difflib
 import json
 
-from danlu.errors import Conflict, DanluError, NotFound, PolicyError
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, PolicyError
 from danlu.hub.service.datasets.catalog import Catalog
 from danlu.hub.service.jobs.provenance import cells_of, finite, provenance_of
 from danlu.hub.service.jobs.submission import Submission
+from danlu.hub.service.mlflow_client import EVALUATIONS
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job, JobInput
 
@@ -44,7 +46,18 @@ class Reproduction:
         self.mlflow = mlflow
 
     async def reproduce(self, principal, job: Job) -> tuple[int, dict]:
-        """Submit ``job`` again as the caller's (they may see it: the manager checked); ``(201, {"id"})``."""
+        """Submit ``job`` again as the caller's (they may see it: the manager checked); ``(201, {"id"})``.
+
+        Only its owner may: anyone else -- an admin who may see every job included -- would run the owner's
+        code under their own identity and rights (an admin's files, queues and data), so that is refused.
+        """
+        if principal.name != job.owner:
+            raise Forbidden(
+                f"job {job.id} is {job.owner}'s: only its owner may run it again",
+                reason="not_the_owner",
+                fix=f"ask {job.owner} to reproduce it ('danlu reproduce {job.id}'), or submit the notebook "
+                "yourself after reading it",
+            )
         row = await self.database.read(lambda s: s.get(JobInput, job.id))
         if row is None:
             raise _gone(
@@ -147,10 +160,9 @@ class Reproduction:
             body["timeout_seconds"] = job.timeout_seconds
         if job.priority_class:
             body["priority"] = job.priority_class
-        if principal.name == job.owner:  # another user's queue and experiment are theirs, not the caller's
-            body["queue"] = job.queue
-            if job.experiment:
-                body["experiment"] = job.experiment
+        body["queue"] = job.queue  # the caller is the owner (reproduce refuses anyone else)
+        if job.experiment and not job.experiment.startswith(EVALUATIONS):
+            body["experiment"] = job.experiment
         return body, pins
 
     # comparing ---------------------------------------------------------------------------------------------

@@ -21,10 +21,13 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 from pathlib import Path
 
+from sqlalchemy import select
+
 from danlu.digests import TRAINING
-from danlu.errors import DanluError, Forbidden, ValidationError
+from danlu.errors import Conflict, DanluError, Forbidden, Unreachable, ValidationError
 from danlu.hub.backends.base import Backend
 from danlu.hub.service import jsonbody, validation
 from danlu.hub.service.auth import Principal
@@ -33,8 +36,11 @@ from danlu.hub.service.formats import JOB_TOKEN
 from danlu.hub.service.jobs import outputs, provenance
 from danlu.hub.service.jobs.attempts import ACTIVE_STATES, admit, handed_over
 from danlu.hub.service.jobs.supervisor import Supervisor
+from danlu.hub.service.mlflow_client import EVALUATIONS, run_tags
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job, JobInput
+
+log = logging.getLogger("danlu.jobs")
 
 REFUSED = "this token does not belong to a running attempt of this job"
 TOKEN_FIX = "the runner API is for a job's runner, with 'Authorization: Bearer <its attempt's job token>'"
@@ -74,10 +80,58 @@ class RunnerApi:
                 "kernel_name": self.profiles.get(spec["profile"]).kernel_name,
                 "cwd": str(Path(home) / spec["cwd_relative"]),
                 "env": {"HOME": home, "USER": owner},
-                "mlflow_env": self.mlflow.env_for(owner) if self.mlflow is not None else {},
+                "mlflow_env": await self._open_run(spec, digest) if self.mlflow is not None else {},
             }
         )
         return spec
+
+    async def _open_run(self, spec: dict, digest: str) -> dict:
+        """The job's run, made by the service (the first attempt's; later ones resume it), and this attempt's
+        credentials for it alone; recorded as the job's run, the only one its reports may name. MLflow away
+        or refusing: the job runs untracked, and its tracking notes say why."""
+        if not self.mlflow.tracking_uri:
+            return {}
+        known = spec["tracking"]
+        parameters = spec["parameters"] if isinstance(spec["parameters"], dict) else {}
+        evaluated = parameters.get("model_name") if spec["experiment"].startswith(EVALUATIONS) else None
+        try:
+            opened = await self.mlflow.open_run(
+                spec["job_id"],
+                spec["attempt"],
+                spec["owner"],
+                spec["experiment"],
+                known.get("run_id"),
+                run_tags(spec),
+                models=[evaluated] if isinstance(evaluated, str) else [],
+            )
+        except (Unreachable, DanluError) as e:
+            log.warning("job %s: its MLflow run was not opened: %s", spec["job_id"], e)
+            return {"MLFLOW_TRACKING_URI": self.mlflow.tracking_uri} if self.mlflow.tracking_uri else {}
+        spec["tracking"] = {"run_id": opened["run_id"], "experiment_id": opened["experiment_id"]}
+        await self.database.write(_set_run, spec["job_id"], spec["attempt"], digest, spec["tracking"])
+        return opened["env"]
+
+    async def sweep(self) -> None:
+        """At start-up: the MLflow users of attempts that ended while the service was away are deleted."""
+        if self.mlflow is None:
+            return
+
+        def running(s):  # as _attempt accepts them: active, or handed over to a backend's queue
+            jobs = s.scalars(select(Job).where(Job.state.in_((*ACTIVE_STATES, "queued"))))
+            return {(j.id, j.attempts[-1].number) for j in jobs if j.attempts and _live(j)}
+
+        try:
+            gone = await self.mlflow.sweep(await self.database.read(running))
+        except (Unreachable, DanluError) as e:
+            log.warning("the MLflow users of ended attempts were not swept: %s", e)
+            return
+        if gone:
+            log.info("deleted the MLflow users of %d attempts that ended while the service was away", gone)
+
+    async def expire(self, job_id: str, attempt: int, run_id: str | None) -> None:
+        """The attempt ended: its MLflow credentials stop working."""
+        if self.mlflow is not None:
+            await self.mlflow.expire(job_id, attempt, run_id)
 
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
         reason, grace = await self.database.read(_stop, job_id, attempt, _hash(token))
@@ -154,6 +208,10 @@ def _attempt(s, job_id: str, number: int, digest: str):
     return job, attempt
 
 
+def _live(job: Job) -> bool:
+    return job.state in ACTIVE_STATES or handed_over(job)
+
+
 def _check(s, job_id: str, number: int, digest: str) -> None:
     _attempt(s, job_id, number, digest)
 
@@ -223,23 +281,40 @@ def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float]:
     return reason, float(attempt.stop_grace or 0.0)
 
 
-def _tracking(data: dict) -> dict:
-    return {k: data.get(k) for k in ("run_id", "experiment_id", "points_sent", "points_dropped", "notes")}
+def _set_run(s, job_id: str, number: int, digest: str, known: dict) -> None:
+    job, _attempt_row = _attempt(s, job_id, number, digest)
+    tracking = job.tracking if isinstance(job.tracking, dict) else {}
+    job.tracking = {**tracking, **known}
+    job.mlflow_run_id = known["run_id"]
+
+
+def _tracking(job: Job, data: dict) -> dict:
+    """What a runner reports of its tracking, about the run the service made for the job and no other:
+    a report naming another run is refused (409), so no job can claim a run it did not make."""
+    run_id = data.get("run_id")
+    if run_id and run_id != job.mlflow_run_id:
+        raise Conflict(
+            f"run {str(run_id)[:40]} is not job {job.id}'s MLflow run"
+            + (f" ({job.mlflow_run_id})" if job.mlflow_run_id else " (the service made none)"),
+            reason="not_this_jobs_run",
+            field="run_id",
+            fix="a job reports the run the service made for it (its spec's tracking.run_id)",
+        )
+    out = {k: data.get(k) for k in ("points_sent", "points_dropped", "notes")}
+    return {**out, "run_id": job.mlflow_run_id, "experiment_id": (job.tracking or {}).get("experiment_id")}
 
 
 def _record(s, job_id: str, number: int, digest: str, body: dict) -> None:
     job, attempt = _attempt(s, job_id, number, digest)
     if body["event"] == "tracking":
-        job.tracking = _tracking(body)
+        job.tracking = _tracking(job, body)
     elif body["event"] == "provenance":
         job.provenance = provenance.merge_report(job.provenance, body)
-        return
     else:
+        tracking = _tracking(job, body["tracking"]) if body.get("tracking") else None
         attempt.report = {k: body.get(k) for k in ("state", "reason", "exit_code", "infrastructure", "notes")}
-        if body.get("tracking"):
-            job.tracking = _tracking(body["tracking"])
-    if (job.tracking or {}).get("run_id"):
-        job.mlflow_run_id = job.tracking["run_id"]
+        if tracking is not None:
+            job.tracking = tracking
 
 
 def _invalid(s, job_id: str, number: int, digest: str, problem: str) -> None:

@@ -51,6 +51,7 @@ from danlu.hub.service.formats import DATASET, DATASET_REF
 from danlu.hub.service.jobs import provenance
 from danlu.hub.service.jobs.core import Core, workload_of
 from danlu.hub.service.jobs.scheduler import DRAINING, Scheduler
+from danlu.hub.service.mlflow_client import EVALUATIONS
 from danlu.hub.service.states import JobState
 from danlu.hub.service.store import audit
 from danlu.hub.service.store.database import Database
@@ -116,10 +117,17 @@ class Submission:
         return workdir
 
     async def submit(
-        self, principal, body, *, reproduces: str | None = None, pins: dict[int, dict] | None = None
+        self,
+        principal,
+        body,
+        *,
+        reproduces: str | None = None,
+        pins: dict[int, dict] | None = None,
+        evaluation: bool = False,
     ) -> tuple[int, dict]:
         """Accept a job; ``reproduces`` and ``pins`` (dataset index -> the digest a plain path must still have)
-        come from :meth:`.reproduction.Reproduction.reproduce`, never from a request body."""
+        come from :meth:`.reproduction.Reproduction.reproduce`, never from a request body; ``evaluation``
+        from the model registry, whose evaluation jobs alone log into the service's evaluation experiments."""
         if not isinstance(body, dict):
             raise ValidationError(
                 "the request body must be a JSON object",
@@ -134,10 +142,10 @@ class Submission:
                 fix="submit with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)",
             )
         async with _background() as begin:
-            return await self._submit(principal, body, begin, reproduces, pins)
+            return await self._submit(principal, body, begin, reproduces, pins, evaluation)
 
     async def _submit(
-        self, principal, body: dict, begin, reproduces: str | None, pins: dict[int, dict] | None
+        self, principal, body: dict, begin, reproduces: str | None, pins: dict[int, dict] | None, evaluation: bool
     ) -> tuple[int, dict]:
         core = self.core
         settings, jobs = self.settings, self.settings.jobs
@@ -196,9 +204,16 @@ class Submission:
             source["notebook_path"] = paths.safe_relative_path(source["notebook_path"], "source.notebook_path")
         stem = PurePosixPath(source.get("notebook_path") or "").stem
         experiment = body.get("experiment") or f"{owner}/{stem or 'jobs'}"
+        if experiment.startswith(EVALUATIONS) != evaluation:
+            raise PolicyError(
+                f"experiment '{experiment}': {EVALUATIONS}... holds the service's model evaluations only",
+                reason="experiment_not_yours",
+                field="experiment",
+                fix=f"name it '{owner}/...' or leave it out",
+            )
         writable = (
             begin(self.mlflow.check_experiment(experiment, owner, principal.admin, self.groups.exists))
-            if self.mlflow is not None
+            if self.mlflow is not None and not evaluation
             else None
         )
         account = settings.account(owner)  # refuses a user without a Unix account when they are on

@@ -256,6 +256,10 @@ class Supervisor:
                 self.metrics.finished.labels(workload.team, state).inc()
                 core.mark_ended(job_id)
             self.log.info("job %s %s%s", job_id, state, f": {reason}" if reason else "")
+        if self.mlflow is not None:  # the attempt's MLflow credentials end with it
+            ended = await self.database.read(_ended_attempt, job_id)
+            if ended is not None:
+                await self.mlflow.expire(job_id, *ended)
 
     async def rewatch_orphans(self) -> None:
         """Active attempts that nothing watches (a watcher that failed, a recording that failed): watch again."""
@@ -320,6 +324,12 @@ def _ending(attempt: Attempt | None, outcome: Outcome, stopping: tuple[str, str]
     if stopping is not None and stopping[0] == "cancelled" and ending.state != "succeeded":
         ending = Ending("cancelled", stopping[1])
     return ending
+
+
+def _ended_attempt(s, job_id: str) -> tuple[int, str | None] | None:
+    job = s.get(Job, job_id)
+    attempt = attempts.latest(job) if job is not None else None
+    return (attempt.number, job.mlflow_run_id) if attempt is not None else None
 
 
 def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: JobsConfig, ledger, number: int | None = None):

@@ -1,12 +1,14 @@
 """The evaluation gate of model versions: thresholds, the evaluation notebook, and the verdict.
 
 danlu.yaml's ``models.evaluations.NAME`` gives a registered model an evaluation notebook and metric
-thresholds (``accuracy: ">= 0.9"``). Registering a version of it submits that notebook as an ordinary
-job of the registrant's (:func:`job_body`: parameters ``model_uri``, ``model_name``, ``model_version``),
-and the version's gate follows the job: ``queued``, ``running``, then -- once the job has ended --
-``passed`` or ``failed`` by the metrics its MLflow run logged (:func:`verdict`), or ``error`` when
-the job did not succeed or logged no run. These are pure functions; the registry
-(:mod:`.versions`) calls them and records the outcome.
+thresholds (``accuracy: ">= 0.9"``). Registering a version of it submits that notebook as a job of
+the registrant's (:func:`job_body`: parameters ``model_uri``, ``model_name``, ``model_version``) whose
+run the service creates in its own experiment (``danlu-evaluations/<model>``, where the registrant holds
+only MLflow's default permission), writable only with that attempt's credentials, which end with it.
+The version's gate follows the job: ``queued``, ``running``, then -- once the job has ended --
+``passed`` or ``failed`` by the metrics of the run the service recorded for it (:func:`verdict`, frozen
+into the version's record then), or ``error`` when the job did not succeed or has no run. These are pure
+functions; the registry (:mod:`.versions`) calls them and records the outcome.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 from pathlib import Path
 
 from danlu.errors import ConfigError
+from danlu.hub.service.mlflow_client import EVALUATIONS
 
 #: the largest evaluation notebook the service reads
 MAX_NOTEBOOK = 16 * 2**20
@@ -88,7 +91,7 @@ def job_body(name: str, version: int, notebook: dict, spec: dict, owner: str) ->
         "notebook": notebook,
         "name": f"evaluate-{name}-v{version}"[:100],
         "parameters": {"model_uri": f"models:/{name}/{version}", "model_name": name, "model_version": version},
-        "experiment": f"{owner}/evaluations",
+        "experiment": f"{EVALUATIONS}{name}",
     }
     if spec.get("profile"):
         body["profile"] = spec["profile"]

@@ -1,21 +1,22 @@
 """Registered models: versions from runs, the evaluation gate, approvals, and aliases that follow them.
 
-:class:`ModelRegistry` registers an MLflow model version from a run the caller owns (the owner of
-the job that made it, else the run's ``danlu.user`` tag; admins any run; anyone else's run is a
-404), from the run's MLflow 3 logged model or from ``runs:/RUN/ARTIFACT_PATH`` -- by reference: the
-service never downloads, loads or unpickles a model. The registered model is created by the
-service's MLflow admin, so users hold only the default permission on it and MLflow refuses their
-alias and tag writes; a same-named MLflow model that Danlu did not create (no ``models`` row) is
-never written to (409). Danlu's database is the record (``models``, ``model_versions``,
+:class:`ModelRegistry` registers an MLflow model version from the run of a job the caller owns (which job
+made which run is the service's record, set when it created the run; a run's tags are never evidence; admins
+any job's run; any other run is a 404), from the run's MLflow 3 logged model or from
+``runs:/RUN/ARTIFACT_PATH`` -- by reference: the service never downloads, loads or unpickles a model. The
+registered model is created by the service's MLflow admin, so users hold only the default permission on it
+and MLflow refuses their alias and tag writes; a same-named MLflow model that Danlu did not create (no
+``models`` row) is never written to (409). Danlu's database is the record (``models``, ``model_versions``,
 ``model_decisions``); the version's MLflow tags mirror it and are re-written until they do.
 
-A model with an evaluation in danlu.yaml (:mod:`.evaluations`) gets an evaluation job per version,
-submitted as the registrant's; its gate is brought up to date whenever the version is read or
-decided on, and at start-up (:meth:`ModelRegistry.recover`). Approval is pending -> approved or
-rejected, once, by a member of ``models.approvers`` or an admin, with a comment; the registrant may
-not decide unless ``models.self_approval``; approving needs a passed (or no) evaluation. Aliases
-move only to approved versions, by approvers, through here. Every decision, alias change, gate
-verdict and registration is an audit record in the transaction of the change.
+A model with an evaluation in danlu.yaml (:mod:`.evaluations`) gets an evaluation job per version, submitted
+as the registrant's, whose run is in the service's own experiment; its gate is brought up to date whenever
+the version is read or decided on, and at start-up (:meth:`ModelRegistry.recover`). Approval is pending ->
+approved or rejected, once, by a member of ``models.approvers`` or an admin, with a comment; the registrant
+may not decide unless ``models.self_approval``; approving needs a passed (or no) evaluation. Aliases move
+only to approved versions, by approvers, through here. Reads show a version only to those who may read its
+run's experiment (:mod:`.access`). Every decision, alias change, gate verdict and registration is an audit
+record in the transaction of the change.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ import logging
 
 from sqlalchemy import select
 
-from danlu import tags
 from danlu.errors import Conflict, DanluError, Forbidden, NotFound, Unreachable, ValidationError
 from danlu.hub.service import validation
 from danlu.hub.service.formats import MODEL, RESERVED_ALIAS, RUN_ID
 from danlu.hub.service.jobs.submission import Submission
 from danlu.hub.service.mlflow_client import MlflowAccess, MlflowRegistry, latest_metrics
 from danlu.hub.service.registry import evaluations, records
+from danlu.hub.service.registry.access import ReadAccess
 from danlu.hub.service.registry.records import mlflow_tags, model_to_dict, views_of
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Job, ModelRecord, ModelVersionRecord, utcnow
 
 FIND_FIX = "see the registered models with 'danlu models list' or GET /models"
-RUN_FIX = "register a run of yours: its id is the job's mlflow_run_id ('danlu jobs show') or in MLflow's UI"
+RUN_FIX = (
+    "register the run of one of your jobs: its id is the job's mlflow_run_id ('danlu jobs show'); runs made "
+    "outside Danlu's jobs cannot be registered"
+)
 
 
 class ModelRegistry:
@@ -61,6 +65,7 @@ class ModelRegistry:
         self._registering = asyncio.Lock()  # one registration at a time: MLflow numbers versions, we record them
         self._settling = asyncio.Lock()
         self._aliasing = asyncio.Lock()  # an alias in MLflow and its audit record change together, one at a time
+        self.access = ReadAccess(database, settings, self.mlflow, self._is_approver)
 
     # who may do what ----------------------------------------------------------------------------
     def _api(self) -> MlflowRegistry:
@@ -78,9 +83,12 @@ class ModelRegistry:
             return set(principal.groups)
         return set(await self.groups.groups_of(principal.name, fallback=principal.groups))
 
+    async def _is_approver(self, principal) -> bool:
+        return principal.admin or bool((await self._groups(principal)) & set(self.settings.models.approvers))
+
     async def _require_approver(self, principal) -> None:
         approvers = self.settings.models.approvers
-        if principal.admin or (await self._groups(principal)) & set(approvers):
+        if await self._is_approver(principal):
             return
         who = f"members of {', '.join(approvers)} and admins" if approvers else "admins"
         raise Forbidden(
@@ -89,17 +97,13 @@ class ModelRegistry:
             fix=f"ask one of the {who} (danlu.yaml models.approvers)",
         )
 
-    async def _owner_of(self, run_id: str, run: dict) -> tuple[str | None, str | None]:
-        """``(owner, job id)`` of a run: the job that made it, else its ``danlu.user`` tag."""
+    async def _owner_of(self, run_id: str) -> tuple[str | None, str | None]:
+        """``(owner, job id)`` of a run from the service's own record of which job made it (the service
+        creates every job's run), else ``(None, None)``: a run's tags are the job's to write, never evidence."""
         job = await self.database.read(
             lambda s: s.scalars(select(Job).where(Job.mlflow_run_id == run_id).limit(1)).first()
         )
-        if job is not None:
-            return job.owner, job.id
-        run_tags = {
-            t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or [] if isinstance(t, dict)
-        }
-        return run_tags.get(tags.USER), run_tags.get(tags.JOB_ID)
+        return (job.owner, job.id) if job is not None else (None, None)
 
     # registering --------------------------------------------------------------------------------
     async def register(self, principal, body) -> tuple[int, dict]:
@@ -113,10 +117,15 @@ class ModelRegistry:
         name, run_id = body["name"], body["run_id"]
         check_registration(body)
         api = self._api()
-        run = await api.run(run_id)
-        owner, job_id = await self._owner_of(run_id, run) if run is not None else (None, None)
+        owner, job_id = await self._owner_of(run_id)
+        run = await api.run(run_id) if owner is not None else None
         if run is None or not (principal.admin or owner == principal.name):
-            raise NotFound(f"run {run_id} not found", reason="no_such_run", field="run_id", fix=RUN_FIX)
+            raise NotFound(
+                f"run {run_id} not found among the runs of your Danlu jobs",
+                reason="no_such_run",
+                field="run_id",
+                fix=RUN_FIX,
+            )
         source, model_id = await self._source(api, run, body.get("artifact_path"))
         spec = self.settings.models.evaluations.get(name)
         notebook = await self._evaluation_notebook(spec) if spec else None
@@ -215,7 +224,7 @@ class ModelRegistry:
         """Submit the evaluation job as the registrant; a refusal ends the gate in ``error``, naming it."""
         body = evaluations.job_body(row.name, row.version, notebook, spec, principal.name)
         try:
-            _, job = await self.submission.submit(principal, body)
+            _, job = await self.submission.submit(principal, body, evaluation=True)
         except DanluError as e:
             await self.database.write(
                 records.settle, row.id, "error", {}, [f"the evaluation job was refused: {e}"], None
@@ -226,17 +235,19 @@ class ModelRegistry:
 
     # reading ------------------------------------------------------------------------------------
     async def list(self, principal) -> builtins.list[dict]:
+        """Every model, with the newest version the caller may read (:class:`~.access.ReadAccess`)."""
         await self.settle()
 
         def query(s):
             models = list(s.scalars(select(ModelRecord).order_by(ModelRecord.name)))
-            latest = {}
-            for v in s.scalars(select(ModelVersionRecord).order_by(ModelVersionRecord.version)):
-                latest[v.name] = v
-            views = {v["name"]: v for v in views_of(s, list(latest.values()))}
-            return [model_to_dict(m, [views[m.name]] if m.name in views else []) for m in models]
+            rows = list(s.scalars(select(ModelVersionRecord).order_by(ModelVersionRecord.version)))
+            if self.access.open:  # only the newest of each is shown: no need to read the others' decisions
+                rows = list({r.name: r for r in rows}.values())
+            return models, views_of(s, rows)
 
-        return await self.database.read(query)
+        models, views = await self.database.read(query)
+        latest = {v["name"]: v for v in await self.access.readable(principal, views)}
+        return [model_to_dict(m, [latest[m.name]] if m.name in latest else []) for m in models]
 
     async def show(self, principal, name: str) -> dict:
         await self.settle(name)
@@ -244,7 +255,7 @@ class ModelRegistry:
         def query(s):
             m = s.get(ModelRecord, name)
             if m is None:
-                return None
+                return None, []
             rows = list(
                 s.scalars(
                     select(ModelVersionRecord)
@@ -252,25 +263,26 @@ class ModelRegistry:
                     .order_by(ModelVersionRecord.version)
                 )
             )
-            return model_to_dict(m, views_of(s, rows), every=True)
+            return m, views_of(s, rows)
 
-        body = await self.database.read(query)
-        if body is None:
+        model, views = await self.database.read(query)
+        if model is None:
             raise NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
-        return body
+        return model_to_dict(model, await self.access.readable(principal, views), every=True)
 
     async def version_view(self, principal, name: str, version: int) -> dict:
-        """One version's API model (the lineage view calls this too); NotFound as the API answers."""
+        """One version's API model, if the caller may read it (the lineage view calls this too); NotFound
+        as the API answers, for a version they may not read too."""
         await self.settle(name, version)
 
         def query(s):
             row = records.version_row(s, name, version)
-            return views_of(s, [row])[0] if row is not None else None
+            return views_of(s, [row]) if row is not None else []
 
-        body = await self.database.read(query)
-        if body is None:
+        views = await self.access.readable(principal, await self.database.read(query))
+        if not views:
             raise await self._missing(name, version)
-        return body
+        return views[0]
 
     async def _missing(self, name: str, version: int) -> NotFound:
         if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
