@@ -32,6 +32,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler
@@ -139,7 +140,7 @@ class ProxyHandler(AsyncHubAuthenticated, web.RequestHandler):
         self._queue: asyncio.Queue | None = None  # request chunks on their way to MLflow (None: no body to send)
         self._forward: asyncio.Future | None = None
         self._sent = False  # MLflow's answer is in (no more request chunks are taken)
-        self._refusal = None  # what to answer instead of MLflow, once the request body is read
+        self._refusal: Callable[[], None] | None = None  # what to answer instead of MLflow, once the body is read
         self._naming: bytearray | None = None  # a create/rename body, checked before it is forwarded
         self._index = False  # the UI's page: the one answer the gateway edits
         self._html: bytearray | None = None  # that page being read to add the XSRF script

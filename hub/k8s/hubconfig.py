@@ -54,7 +54,7 @@ SERVICES_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_pr
 #: load_incluster_config reads it; the service account's token is a file), and every variable of
 #: libpq (PGPASSWORD from danlu-secrets; PGSSLMODE and the like if the admin sets them), and the audit
 #: chain's key (DANLU_AUDIT_KEY from danlu-secrets)
-JOBS_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PG*", "DANLU_AUDIT_KEY")
+JOBS_SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PG*", str(names.AUDIT_KEY))
 
 
 def passed_on(environ, keys) -> dict:

@@ -124,8 +124,10 @@ class Tracking:
             }
         )
         client.log_batch(self.run_id, params=[Param(k[:250], v[:6000]) for k, v in params.items()], synchronous=True)
+        run_id = self.run_id
+        assert run_id is not None  # (start refused to go on without one)
         for digest, context in self.digests:
-            datasets.log_to_mlflow(client, self.run_id, digest, context=context)
+            datasets.log_to_mlflow(client, run_id, digest, context=context)
 
     # end ------------------------------------------------------------------------------------
     def finish(self, state: str, limit: float | None = None) -> None:
