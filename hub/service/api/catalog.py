@@ -15,7 +15,6 @@ from tornado.iostream import StreamClosedError
 
 from danlu.hub.service.api.web import APIHandler
 from danlu.hub.service.formats import ALIAS, DATASET, DATASET_VERSION, MODEL, MODEL_VERSION
-from danlu.hub.service.registry import copies
 
 #: bytes of a stored model file read and sent at a time
 CHUNK = 1 << 20
@@ -89,12 +88,10 @@ class ModelFilesHandler(ModelArgs):
         who = self.principal()
         name, number = self.name_arg(name), self.version_arg(version)
         path = self.str_arg("path", None, max_length=4096)
-        view, files = await self.manager.models.stored(who, name, number)
         if path is None:
-            self.write_json({"name": name, "version": number, "digest": view["digest"], "files": files})
+            self.write_json(await self.manager.models.stored(who, name, number))
             return
-        state = self.manager.settings.state_dir
-        fd = await asyncio.to_thread(copies.open_file, state, name, number, view["digest"], path)
+        fd = await self.manager.models.stored(who, name, number, path)
         try:
             self.set_header("Content-Type", "application/octet-stream")
             self.set_header("Content-Disposition", "attachment")

@@ -304,14 +304,18 @@ class ModelRegistry:
             raise await self._missing(name, version)
         return views[0]
 
-    async def stored(self, principal, name: str, version: int) -> tuple[dict, builtins.list[dict]]:
-        """The version (if the caller may read it) and its stored copy's files, the manifest checked against the
-        version's digest (409 if it changed; 404 ``not_copied`` for a version registered before copies)."""
-        view = await self.version_view(principal, name, version)
-        if view["digest"] is None:
+    async def stored(self, principal, name: str, version: int, path: str | None = None) -> dict | int:
+        """The manifest of the version's stored copy (if the caller may read the version), checked against the
+        version's digest (409 if it changed; 404 ``not_copied`` for a version registered before copies); with
+        ``path``, an open fd of that file of it (one the manifest lists)."""
+        digest = (await self.version_view(principal, name, version))["digest"]
+        if digest is None:
             raise copies.not_copied(name, version)
         state = self.settings.state_dir
-        return view, await asyncio.to_thread(copies.manifest, state, name, version, view["digest"])
+        if path is not None:
+            return await asyncio.to_thread(copies.open_file, state, name, version, digest, path)
+        files = await asyncio.to_thread(copies.manifest, state, name, version, digest)
+        return {"name": name, "version": version, "digest": digest, "files": files}
 
     async def _missing(self, name: str, version: int) -> NotFound:
         if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
