@@ -13,7 +13,8 @@ In a notebook of a Danlu server::
 :func:`dataset` hands code a catalog version's path, verified and recorded as
 an input of the run. Inside a job, :func:`log_dataset` records a dataset as an input of the job's
 MLflow run and :func:`checkpoint_dir` is where to save checkpoints. :func:`last_job_id` is the job
-the last ``%%train`` of this kernel submitted. This
+the last ``%%train`` of this kernel submitted. :func:`model` hands code a registered model version's
+files, checked against the digest it was registered and approved with. This
 package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
 (folder ``hub/``) runs beside JupyterHub.
 """
@@ -81,3 +82,14 @@ def dataset(ref: str, context: str = "training") -> Path:
     from danlu import datasets  # deferred: hashlib and the API client (requests) come with it; import danlu stays light
 
     return datasets.use(ref, context)
+
+
+def model(name: str, version: int | str | None = None, dest=None) -> Path:
+    """The local folder of a registered model version's files (``version``: a number, an alias, or None for the
+    newest you may read), downloaded from the copy the jobs service made at registration and checked: the
+    manifest against the version's digest, each file against the manifest (:class:`~danlu.models.ModelChanged`
+    names a mismatch). Load it with its flavor, e.g. ``mlflow.pyfunc.load_model(danlu.model("digits", "champion"))``.
+    """
+    from danlu import models  # deferred: the API client (requests) comes with it; import danlu stays light
+
+    return models.load(name, version, dest)

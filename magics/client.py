@@ -303,3 +303,17 @@ class DanluClient:
     def lineage(self, name: str, version: int) -> dict:
         """What made a model version: ``{"model", "nodes", "edges"}``."""
         return self.request("GET", f"/lineage/models/{quote(name, safe='')}/{version}").json()
+
+    def model_files(self, name: str, version: int) -> dict:
+        """The manifest of a version's stored copy: ``{"name", "version", "digest", "files"}``."""
+        return self.request("GET", f"/models/{quote(name, safe='')}/versions/{version}/files").json()
+
+    def model_file(self, name: str, version: int, path: str) -> requests.Response:
+        """One file of a version's stored copy, streamed (``iter_content``)."""
+        return self.request(
+            "GET",
+            f"/models/{quote(name, safe='')}/versions/{version}/files",
+            params={"path": path},
+            stream=True,
+            timeout=(self.timeout, 600),
+        )

@@ -41,6 +41,7 @@ VERSION_HEADER = (
 def _show_version(v: dict) -> None:
     for key in ("name", "version", "approval", "source", "run_id", "job_id", "registered_by", "registered_at"):
         print(f"{key:>14}: {v[key] if v[key] is not None else '-'}")
+    print(f"{'files':>14}: {v.get('digest') or 'not copied (registered before Danlu copied models)'}")
     print(f"{'aliases':>14}: {', '.join(v['aliases']) or '-'}")
     print(f"{'evaluation':>14}: {_gate(v)}")
     evaluation = v["evaluation"]
@@ -51,8 +52,8 @@ def _show_version(v: dict) -> None:
         print(f"{'':>14}  ! {failure}")
     for d in v["decisions"]:
         print(
-            f"{'decision':>14}: {d['decision']} by {d['actor']} at {d['at'][:19]} (audit #{d['audit_seq']}): "
-            f"{d['comment']}"
+            f"{'decision':>14}: {d['decision']} by {d['actor']} at {d['at'][:19]} (audit #{d['audit_seq']}"
+            f"{', files ' + d['digest'][:19] if d.get('digest') else ''}): {d['comment']}"
         )
 
 

@@ -363,7 +363,7 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
         ("set_model_alias", f"{name}@1", "carol"),
     ]
     approval = next(r for r in records if r["action"] == "approve_model")
-    assert approval["after"] == {"approval": "approved", "comment": "meets the bar"}
+    assert approval["after"] == {"approval": "approved", "comment": "meets the bar", "digest": registered["digest"]}
     assert approval["seq"] == decision["audit_seq"]
     assert verified["ok"] and verified["records"] == len(records)
 

@@ -50,6 +50,7 @@ from danlu.hub.service.jobs import outputs, provenance
 from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_client import MlflowAccess
+from danlu.hub.service.registry import copies
 from danlu.hub.service.store import audit, schema
 from danlu.hub.service.store.database import Database
 
@@ -174,6 +175,12 @@ class JobsServiceApp(Application):
         help="Days an ended job's handed-over notebooks are kept (0: no age limit); older ones are pruned hourly "
         "and reading them answers 410 Gone. The job's view shows outputs_pruned.",
     ).tag(config=True)
+    model_max_bytes = Integer(
+        copies.MAX_BYTES_DEFAULT,
+        min=1,
+        help="The most bytes of model files one registered version may hold: the service copies them at "
+        "registration into <state>/models, where only it writes; a larger model is refused (413 model_too_large).",
+    ).tag(config=True)
     settings_ = Instance(Settings)
 
     @default("log_level")
@@ -239,6 +246,7 @@ class JobsServiceApp(Application):
         )
         self.manager.audit.record_profiles(profiles)
         self.manager.datasets.bound(timeout=self.dataset_scan_timeout, max_bytes=self.dataset_max_bytes)
+        self.manager.models.max_bytes = self.model_max_bytes
         self.manager.runner_api.outputs.bound(
             per_user_bytes=self.outputs_per_user_bytes, max_age_days=self.outputs_max_age_days
         )

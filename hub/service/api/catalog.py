@@ -8,8 +8,16 @@ call of the manager's facades, :attr:`~danlu.hub.service.manager.JobManager.data
 
 from __future__ import annotations
 
+import asyncio
+import os
+
+from tornado.iostream import StreamClosedError
+
 from danlu.hub.service.api.web import APIHandler
 from danlu.hub.service.formats import ALIAS, DATASET, DATASET_VERSION, MODEL, MODEL_VERSION
+
+#: bytes of a stored model file read and sent at a time
+CHUNK = 1 << 20
 
 
 class DatasetsHandler(APIHandler):
@@ -70,6 +78,34 @@ class ModelVersionHandler(ModelArgs):
     async def get(self, name, version):
         who = self.principal()
         self.write_json(await self.manager.models.version_view(who, self.name_arg(name), self.version_arg(version)))
+
+
+class ModelFilesHandler(ModelArgs):
+    """A version's stored copy (read as the version is: :mod:`~danlu.hub.service.registry.access`): its manifest
+    (``{"name", "version", "digest", "files"}``), or with ``?path=`` one file it lists, streamed unchanged."""
+
+    async def get(self, name, version):
+        who = self.principal()
+        name, number = self.name_arg(name), self.version_arg(version)
+        path = self.str_arg("path", None, max_length=4096)
+        if path is None:
+            self.write_json(await self.manager.models.stored(who, name, number))
+            return
+        fd = await self.manager.models.stored(who, name, number, path)
+        try:
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header("Content-Disposition", "attachment")
+            offset = 0
+            while data := await asyncio.to_thread(os.pread, fd, CHUNK, offset):
+                offset += len(data)
+                self.write(data)
+                try:
+                    await self.flush()
+                except StreamClosedError:
+                    return
+        finally:
+            os.close(fd)
+        self.finish()
 
 
 class ModelDecisionsHandler(ModelArgs):

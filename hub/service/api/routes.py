@@ -32,6 +32,7 @@ def routes(prefix: str) -> list:
         (f"{api}/models/(?P<name>[^/]+)", catalog.ModelHandler),
         (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", catalog.ModelVersionHandler),
         (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/decisions", catalog.ModelDecisionsHandler),
+        (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/files", catalog.ModelFilesHandler),
         (f"{api}/models/(?P<name>[^/]+)/aliases/(?P<alias>[^/]+)", catalog.ModelAliasHandler),
         (f"{api}/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", catalog.LineageHandler),
         # admins (and the hub's own token for allocations and logins)

@@ -74,6 +74,7 @@ async def model_lineage(
             "approval": mv.get("approval"),
             "aliases": ", ".join(mv.get("aliases") or []) or None,
             "source": mv.get("source"),
+            "files": mv.get("digest") or "not copied (registered before Danlu copied models)",
             "registered_by": mv.get("registered_by"),
             "registered_at": mv.get("registered_at"),
         },
@@ -85,7 +86,12 @@ async def model_lineage(
             "approval",
             str(seq if seq is not None else len(graph.nodes)),
             f"{decision['decision']} by {decision['actor']}",
-            {"comment": decision.get("comment"), "at": decision.get("at"), "audit_seq": seq},
+            {
+                "comment": decision.get("comment"),
+                "at": decision.get("at"),
+                "audit_seq": seq,
+                "files": decision.get("digest"),
+            },
         )
         graph.edge(approval, model, "decided")
     evaluation = mv.get("evaluation") or {}

@@ -36,6 +36,7 @@ def decision_to_dict(d: ModelDecision) -> dict:
         "comment": d.comment,
         "at": isoformat(d.at),
         "audit_seq": d.audit_seq,
+        "digest": d.digest,
     }
 
 
@@ -46,6 +47,7 @@ def version_to_dict(v: ModelVersionRecord, decisions: list[ModelDecision], alias
         "run_id": v.run_id,
         "job_id": v.job_id,
         "source": v.source,
+        "digest": v.digest,  # of the stored copy's manifest; None: registered before copies ("not copied")
         "registered_by": v.registered_by,
         "registered_at": isoformat(v.registered_at),
         "approval": v.approval,
@@ -123,7 +125,13 @@ def insert_version(s, row: ModelVersionRecord) -> None:
         row.registered_by,
         "register_model",
         f"{row.name}@{row.version}",
-        after={"run_id": row.run_id, "job_id": row.job_id, "source": row.source, "evaluation": row.evaluation},
+        after={
+            "run_id": row.run_id,
+            "job_id": row.job_id,
+            "source": row.source,
+            "digest": row.digest,
+            "evaluation": row.evaluation,
+        },
     )
 
 
@@ -162,8 +170,11 @@ def orphaned(s) -> None:
         settle(s, row.id, "error", {}, ["the service stopped before it submitted the evaluation job"], None)
 
 
-def decide(s, name: str, version: int, who: str, decision: str, comment: str) -> None:
+def decide(s, name: str, version: int, who: str, decision: str, comment: str, digest: str | None) -> None:
+    """Record a decision on the version whose stored copy has ``digest`` (verified just before; the row's)."""
     row = version_row(s, name, version)
+    if row is not None and row.digest != digest:
+        raise Conflict(f"{name} version {version}'s copy changed while it was decided on", reason="copy_changed")
     if row is None:  # looked up before this transaction; versions are never deleted, so this is a bug's 404
         raise NotFound(f"model {name} has no version {version}", reason="no_such_version", field="version")
     if row.approval != "pending":
@@ -189,7 +200,7 @@ def decide(s, name: str, version: int, who: str, decision: str, comment: str) ->
         f"{decision}_model",
         f"{name}@{version}",
         before={"approval": row.approval},
-        after={"approval": new, "comment": comment},
+        after={"approval": new, "comment": comment, "digest": digest},
     )
     row.approval, row.synced = new, False
     s.add(
@@ -201,6 +212,7 @@ def decide(s, name: str, version: int, who: str, decision: str, comment: str) ->
             comment=comment,
             at=record.at,
             audit_seq=record.seq,
+            digest=digest,
         )
     )
 

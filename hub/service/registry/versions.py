@@ -3,7 +3,10 @@
 :class:`ModelRegistry` registers an MLflow model version from the run of a job the caller owns (which job
 made which run is the service's record, set when it created the run; a run's tags are never evidence; admins
 any job's run; any other run is a 404), from the run's MLflow 3 logged model or from
-``runs:/RUN/ARTIFACT_PATH`` -- by reference: the service never downloads, loads or unpickles a model. The
+``runs:/RUN/ARTIFACT_PATH``. MLflow's version points there, but the registrant can still overwrite or delete
+those files, so the service copies them first (:mod:`.copies`: never loaded or unpickled) into storage only it
+writes, and the version's ``digest`` names that copy: approving re-verifies it and records the digest approved,
+and loading (``GET .../files``, ``danlu.model``) serves and checks it. The
 registered model is created by the service's MLflow admin, so users hold only the default permission on it
 and MLflow refuses their alias and tag writes; a same-named MLflow model that Danlu did not create (no
 ``models`` row) is never written to (409). Danlu's database is the record (``models``, ``model_versions``,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import shutil
 
 from sqlalchemy import select
 
@@ -32,7 +36,7 @@ from danlu.hub.service import validation
 from danlu.hub.service.formats import MODEL, RESERVED_ALIAS, RUN_ID
 from danlu.hub.service.jobs.submission import Submission
 from danlu.hub.service.mlflow_client import MlflowAccess, MlflowRegistry, latest_metrics
-from danlu.hub.service.registry import evaluations, records
+from danlu.hub.service.registry import copies, evaluations, records
 from danlu.hub.service.registry.access import ReadAccess
 from danlu.hub.service.registry.records import mlflow_tags, model_to_dict, views_of
 from danlu.hub.service.store.database import Database
@@ -66,6 +70,7 @@ class ModelRegistry:
         self._settling = asyncio.Lock()
         self._aliasing = asyncio.Lock()  # an alias in MLflow and its audit record change together, one at a time
         self.access = ReadAccess(database, settings, self.mlflow, self._is_approver)
+        self.max_bytes = copies.MAX_BYTES_DEFAULT  # of one version's files (c.JobsServiceApp.model_max_bytes)
 
     # who may do what ----------------------------------------------------------------------------
     def _api(self) -> MlflowRegistry:
@@ -126,9 +131,31 @@ class ModelRegistry:
                 field="run_id",
                 fix=RUN_FIX,
             )
-        source, model_id = await self._source(api, run, body.get("artifact_path"))
+        source, model_id, files_uri = await self._source(api, run, body.get("artifact_path"))
         spec = self.settings.models.evaluations.get(name)
         notebook = await self._evaluation_notebook(spec) if spec else None
+        copier = copies.Copier(api, self.settings.state_dir, self.max_bytes)
+        staging, files = await copier.copy(files_uri)
+        try:
+            where = (source, model_id, job_id)
+            row = await self._record(principal, api, body, copier, (staging, files), where, spec)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)  # gone already once it is in place
+        if not await api.grant_read(principal.name, name):
+            self.log.warning(
+                "could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
+                "job cannot load it",
+                principal.name,
+                name,
+            )
+        self.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
+        if spec:
+            await self._evaluate(principal, row, spec, notebook)
+        return 201, await self.version_view(principal, row.name, row.version)
+
+    async def _record(self, principal, api, body, copier, copy, where, spec) -> ModelVersionRecord:
+        """The version in MLflow, its copy moved into place, its row: one registration at a time."""
+        (name, run_id), (staging, files), (source, model_id, job_id) = (body["name"], body["run_id"]), copy, where
         async with self._registering:
             if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
                 if not await api.create_registered_model(name, body.get("description", "")):
@@ -155,32 +182,25 @@ class ModelRegistry:
                 metrics={},
                 failures=[],
                 synced=True,
+                digest=copies.manifest_digest(files),
             )
             row.version = await api.create_version(
                 name, source, run_id, model_id, mlflow_tags(row, None), body.get("description", "")
             )
+            await asyncio.to_thread(copier.place, staging, name, row.version)
             await self.database.write(records.insert_version, row)
-        if not await api.grant_read(principal.name, name):
-            self.log.warning(
-                "could not grant %s READ on model %s in MLflow: under NO_PERMISSIONS their evaluation "
-                "job cannot load it",
-                principal.name,
-                name,
-            )
-        self.log.info("model %s version %s registered by %s from %s", name, row.version, principal.name, source)
-        if spec:
-            await self._evaluate(principal, row, spec, notebook)
-        return 201, await self.version_view(principal, name, row.version)
+        return row
 
-    async def _source(self, api: MlflowRegistry, run: dict, artifact_path: str | None) -> tuple[str, str | None]:
-        """``(source, logged model id)``: the run's logged model (by name with ``artifact_path``), else its
-        artifacts at ``runs:/RUN/ARTIFACT_PATH``; 400 with the fix when the run has neither."""
+    async def _source(self, api: MlflowRegistry, run: dict, artifact_path: str | None) -> tuple[str, str | None, str]:
+        """``(source, logged model id, URI of its files)``: the run's logged model (by name with
+        ``artifact_path``), else its artifacts at ``runs:/RUN/ARTIFACT_PATH``; 400 with the fix when the run has
+        neither."""
         info = run.get("info") or {}
         run_id, experiment_id = info.get("run_id", ""), str(info.get("experiment_id", ""))
         logged = await api.logged_models(experiment_id, run_id) if experiment_id else []
         if artifact_path is None:
             if len(logged) == 1:
-                return f"models:/{logged[0]['model_id']}", logged[0]["model_id"]
+                return f"models:/{logged[0]['model_id']}", logged[0]["model_id"], logged[0].get("artifact_uri", "")
             if logged:
                 names = ", ".join(sorted(str(m.get("name")) for m in logged)[:10])
                 raise ValidationError(
@@ -198,9 +218,9 @@ class ModelRegistry:
             )
         named = [m for m in logged if m.get("name") == artifact_path]
         if named:
-            return f"models:/{named[0]['model_id']}", named[0]["model_id"]
+            return f"models:/{named[0]['model_id']}", named[0]["model_id"], named[0].get("artifact_uri", "")
         if await api.has_artifact(run_id, artifact_path):
-            return f"runs:/{run_id}/{artifact_path}", None
+            return f"runs:/{run_id}/{artifact_path}", None, f"{info.get('artifact_uri', '')}/{artifact_path}"
         raise ValidationError(
             f"run {run_id} has no logged model or artifact named {artifact_path}",
             field="artifact_path",
@@ -284,6 +304,19 @@ class ModelRegistry:
             raise await self._missing(name, version)
         return views[0]
 
+    async def stored(self, principal, name: str, version: int, path: str | None = None) -> dict | int:
+        """The manifest of the version's stored copy (if the caller may read the version), checked against the
+        version's digest (409 if it changed; 404 ``not_copied`` for a version registered before copies); with
+        ``path``, an open fd of that file of it (one the manifest lists)."""
+        digest = (await self.version_view(principal, name, version))["digest"]
+        if digest is None:
+            raise copies.not_copied(name, version)
+        state = self.settings.state_dir
+        if path is not None:
+            return await asyncio.to_thread(copies.open_file, state, name, version, digest, path)
+        files = await asyncio.to_thread(copies.manifest, state, name, version, digest)
+        return {"name": name, "version": version, "digest": digest, "files": files}
+
     async def _missing(self, name: str, version: int) -> NotFound:
         if await self.database.read(lambda s: s.get(ModelRecord, name)) is None:
             return NotFound(f"model {name} not found", reason="no_such_model", field="name", fix=FIND_FIX)
@@ -308,7 +341,17 @@ class ModelRegistry:
                 reason="self_approval",
                 fix="ask another approver (danlu.yaml models.self_approval is false)",
             )
-        await self.database.write(records.decide, name, version, principal.name, body["decision"], body["comment"])
+        if body["decision"] == "approve":
+            if row.digest is None:
+                raise Conflict(
+                    f"{name} version {version} was registered before Danlu copied models: an approval names the "
+                    "digest of a stored copy, and it has none",
+                    reason="not_copied",
+                    fix="reject it, and register its run again (the new version has a copy)",
+                )
+            await asyncio.to_thread(copies.verify, self.settings.state_dir, name, version, row.digest)
+        decide = (name, version, principal.name, body["decision"], body["comment"], row.digest)
+        await self.database.write(records.decide, *decide)
         self.log.info("model %s version %s: %s by %s", name, version, body["decision"], principal.name)
         await self._sync()
         return await self.version_view(principal, name, version)

@@ -370,6 +370,9 @@ class ModelVersionRecord(Base):
     thresholds: Mapped[dict[str, Any]] = mapped_column(default=dict)
     failures: Mapped[list[Any]] = mapped_column(default=list)
     synced: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: ``sha256:...`` of the manifest of the files copied at registration (:mod:`..registry.copies`);
+    #: None: registered before Danlu copied models ("not copied")
+    digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
 
 
 class ModelDecision(Base):
@@ -385,3 +388,4 @@ class ModelDecision(Base):
     comment: Mapped[str] = mapped_column(Text)
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     audit_seq: Mapped[int] = mapped_column(Integer)
+    digest: Mapped[str | None] = mapped_column(String(80), nullable=True)  # the copy it decided on
