@@ -721,8 +721,18 @@ def test_a_tensorboard_answers_only_its_owner_through_the_server(tmp_path, upstr
         assert started.status_code == 200, started.text
         board = started.json()
         page = requests.get(f"http://127.0.0.1:{lab.port}{board['url']}", headers=lab.auth, timeout=120)
-        [proc] = [p for p in psutil.Process(lab.proc.pid).children() if "tensorboard" in " ".join(p.cmdline())]
-        [port] = [c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        assert page.status_code == 200, page.text[:300]
+
+        def listening():  # the TensorBoard the server started, once it listens (slow on a busy machine)
+            for p in psutil.Process(lab.proc.pid).children():
+                if "tensorboard" in " ".join(p.cmdline()):
+                    ports = [c.laddr.port for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+                    if ports:
+                        return p, ports[0]
+            return None
+
+        wait_for(lambda: listening() is not None, what="alice's TensorBoard to listen")
+        proc, port = listening()
         cmdline = " ".join(proc.cmdline())
 
         direct = requests.get(f"http://127.0.0.1:{port}{board['url']}", timeout=30)

@@ -169,8 +169,7 @@ HOSTILE_JOB = r"""
 import json, os, uuid, requests, mlflow
 from mlflow import MlflowClient
 out = {}
-mlflow.set_experiment(f"bob/job-{uuid.uuid4().hex[:6]}")
-with mlflow.start_run() as run:
+with mlflow.start_run(run_id=os.environ["HOSTILE_RUN_ID"]) as run:  # the run the service made for the job
     mlflow.log_param("lr", 0.1)
     mlflow.log_metric("loss", 0.5, step=1)
     mlflow.log_text("hello", "notes.txt")
@@ -197,7 +196,11 @@ print(json.dumps(out))
 @pytest.mark.service
 def test_a_job_logs_as_before_and_is_refused_what_the_gateway_refuses(mlflow_server, tmp_path):
     url, secret = mlflow_server
-    job_env = MlflowAccess(url, secret).env_for("bob")  # what the jobs service gives bob's runner and kernels
+    # what the jobs service gives an attempt of bob's job: its run, and credentials for that run alone
+    opened = asyncio.run(
+        MlflowAccess(url, secret).open_run(uuid.uuid4().hex[:12], 1, "bob", f"bob/job-{uuid.uuid4().hex[:6]}", None, {})
+    )
+    job_env = {**opened["env"], "HOSTILE_RUN_ID": opened["run_id"]}
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     done = subprocess.run(
         [sys.executable, "-c", HOSTILE_JOB],
