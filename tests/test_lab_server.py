@@ -1034,3 +1034,29 @@ def check_alices_server(wb, token: str) -> None:
         what="TensorBoard to read the job's event files",
     )
     assert any(name.startswith("tb-demo-") for name in runs_seen), runs_seen
+
+
+def test_a_tensorboard_still_starting_is_not_stopped_as_idle():
+    """A cold TensorBoard on a busy machine may take longer to answer than a short idle time: the reaper
+    stopped it while it started, and the user got "exited while starting: no output"."""
+    import logging
+
+    from danlu.lab.tensorboard import TensorBoard, TensorBoardManager
+
+    manager = TensorBoardManager(
+        base_url="/", command=[], idle_seconds=2, start_timeout=90, log=logging.getLogger("test")
+    )
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        board = TensorBoard(id="b", logdirs={}, prefix="/b")
+        board.proc, board.ready = proc, asyncio.Event()
+        board.last_used = time.monotonic() - 10  # started 10 s ago, not answering yet
+        manager.boards["b"] = board
+        asyncio.run(manager.reap())
+        assert board.running  # still starting: left alone
+        board.ready.set()
+        asyncio.run(manager.reap())
+        assert not board.running  # answering and idle for 10 s: stopped
+    finally:
+        proc.kill()
+        proc.wait()

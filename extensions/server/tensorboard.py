@@ -185,10 +185,12 @@ class TensorBoardManager:
                     url, headers={HEADER: board.token}, request_timeout=5, follow_redirects=False
                 )
                 board.ready.set()
+                board.last_used = time.monotonic()  # idle from when it answers
                 return
             except HTTPClientError as e:
                 if e.code != 599:  # it answers (a redirect is an answer too)
                     board.ready.set()
+                    board.last_used = time.monotonic()
                     return
             except OSError:
                 pass
@@ -209,7 +211,10 @@ class TensorBoardManager:
         """Stop every TensorBoard idle for longer than ``idle_seconds``."""
         now = time.monotonic()
         for board in list(self.boards.values()):
-            if board.running and now - board.last_used > self.idle_seconds:
+            # one still starting is not idle (a cold TensorBoard on a busy machine takes longer than a short
+            # idle time to answer): it is stopped only once it could not have started in time
+            idle = self.idle_seconds if board.ready.is_set() else self.idle_seconds + self.start_timeout
+            if board.running and now - board.last_used > idle:
                 self.log.info("danlu: stopping TensorBoard %s after %g s idle", board.id, self.idle_seconds)
                 await self._stop(board)
 
