@@ -125,5 +125,8 @@ def _uncopied(v: dict, name: str, number: int, dest) -> Path:
             f"{name} version {number} is not copied, and loading it from MLflow needs the mlflow package",
             fix="pip install mlflow, or register its run again to have a copy",
         ) from None
-    where = None if dest is None else str(Path(dest).mkdir(parents=True, exist_ok=True) or dest)
+    where = None
+    if dest is not None:
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        where = str(dest)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=v["source"], dst_path=where))
