@@ -7,8 +7,9 @@ that lists the allowed ones (an unknown route is a 404 whatever the method);
 anything unexpected is a logged 500 with no traceback in the response.
 Request bodies are streamed (``stream_request_body``): the caller is identified in ``prepare``, before
 a byte of the body is read, and a caller no one has authenticated may send at most
-:data:`ANONYMOUS_BODY` bytes (``JobsServiceApp.anonymous_max_body``), a 413 that says so as soon as the
-headers announce more; authenticated callers keep their route's bound (``max_body``). Bodies then go
+:data:`ANONYMOUS_BODY` bytes (``JobsServiceApp.anonymous_max_body``); authenticated callers keep their
+route's bound (``max_body``). A body over the bound is never kept: it is read and dropped (up to
+:data:`DISCARD_BODY`, beyond which the answer comes at once) and answered with a 413 that says so. Bodies then go
 through :func:`~danlu.hub.service.jsonbody.parse_json` (size, depth, non-finite numbers, surrogates, NUL)
 and must be JSON objects; path and
 query parameters are read as sent (UTF-8, given once, no control character
@@ -36,6 +37,9 @@ from danlu.hub.service.formats import JOB_ID
 from danlu.hub.service.manager import JobManager
 
 MAX_BODY = jsonbody.MAX_BODY
+#: what the service reads and drops of a body over its caller's bound before it answers 413; a body announced
+#: larger is answered at once (configurable-http-proxy, still writing it, may then give the caller a 503)
+DISCARD_BODY = 2**20
 #: what a caller no one has authenticated may send, unless the app says otherwise (anonymous_max_body)
 ANONYMOUS_BODY = 64 * 1024
 MAX_QUERY = 256
@@ -90,14 +94,33 @@ class BaseHandler(web.RequestHandler):
         authenticated = await self.authenticate()
         limit = self.body_limit(authenticated)
         who = "you" if authenticated else "an unauthenticated caller"
+        self._body_limit, self._who, self._received, self._refusal = limit, who, 0, None
         length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.strip().isdigit() or int(length) > limit):
-            raise too_large(limit, who)
-        # a chunked body is cut off by tornado itself past the limit (400, connection closed)
-        self.request.connection.set_max_body_size(limit)
-        self._body_limit = limit
+        if length is not None and (not length.strip().isdigit() or int(length) > max(limit, DISCARD_BODY)):
+            raise too_large(limit, who)  # answered at once: the connection closes
+        if length is not None and int(length) > limit:
+            self._refuse_after_body(too_large(limit, who))
+        # a body over the limit is read and dropped, never kept, up to DISCARD_BODY, and then refused: a 413
+        # answered before the body is read closes the connection while a proxy in front is still writing it,
+        # and the caller gets the proxy's 503 instead of the 413 (tornado itself cuts off past DISCARD_BODY)
+        self.request.connection.set_max_body_size(max(limit, DISCARD_BODY))
+
+    def _refuse_after_body(self, error: DanluError) -> None:
+        """Answer ``error`` once the body is in (read and dropped), instead of the route's own method."""
+        self._refusal, self._body = error, None
+
+        def refused(*args, **kwargs):
+            raise error
+
+        setattr(self, self.request.method.lower(), refused)  # what tornado calls once the body is in
 
     def data_received(self, chunk: bytes) -> None:
+        if self._refusal is not None:
+            return  # dropped
+        self._received += len(chunk)
+        if self._received > self._body_limit:  # a chunked body, past the limit
+            self._refuse_after_body(too_large(self._body_limit, self._who))
+            return
         if self._body is None:
             self._body = bytearray()
         self._body += chunk
