@@ -10,10 +10,7 @@ called with each of those names, as its Service's clients would.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import subprocess
 from urllib.parse import urlsplit
 
 import pytest
@@ -28,8 +25,8 @@ from danlu.hub.k8s import mlflowserver
 from danlu.hub.k8s.hubconfig import configure
 from danlu.hub.testing import free_port
 
-from .fakes import until
 from .k8shub import deployment, hub_pod_environment, load_example
+from .mlflowkit import running_mlflow
 
 PATIENCE = 180.0  # bounds a hang on a busy machine; nothing here measures time
 SECRET = "mlflow-secret-of-the-test"
@@ -84,27 +81,9 @@ def mlflow_server(rendered, tmp_path_factory):
     command[command.index("--host") + 1] = "127.0.0.1"  # on loopback, not 0.0.0.0
     command[command.index("--port") + 1] = str(port)
     config = mlflow_auth.write_auth_config(folder, settings, SECRET)
-    proc = subprocess.Popen(
-        command,
-        env={**os.environ, **mlflow_auth.server_environment(config, SECRET)},
-        stdout=subprocess.DEVNULL,
-        stderr=open(folder / "mlflow.log", "wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        try:
-            return requests.get(f"{url}/services/mlflow/health", timeout=2).ok
-        except requests.RequestException:
-            return proc.poll() is not None and pytest.fail((folder / "mlflow.log").read_text()[-2000:])
-
-    asyncio.run(until(healthy, "MLflow to answer", PATIENCE, 0.5))
-    try:
+    environ = {**os.environ, **mlflow_auth.server_environment(config, SECRET)}
+    with running_mlflow(folder, PATIENCE, command, port, environ, health="/services/mlflow/health") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
 
 
 def test_mlflow_answers_each_name_the_deployment_uses(rendered, mlflow_server):

@@ -15,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +27,11 @@ from danlu.hub.backends.kubernetes import KubernetesBackend
 from danlu.hub.k8s import manifests, names
 from danlu.hub.profiles import ProfileSet, builtin_profiles
 from danlu.hub.service.mlflow_client import MlflowAccess
-from danlu.hub.testing import free_port
 
 from .fakes import FakeGroups, admin, final, make_settings, notebook, until, user
 from .k8sfake import FakeCluster
 from .k8sfake.kueue import is_true as kueue_true
+from .mlflowkit import running_mlflow
 from .servicekit import RunnerAPIService
 
 pytestmark = pytest.mark.service
@@ -77,43 +74,8 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mlflow(tmp_path_factory):
     """A real MLflow tracking server on loopback (no permissions: those are tested with danlu up)."""
-    folder = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "danlu.hub.mlflowserver",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'mlflow.db'}",
-            "--serve-artifacts",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(folder / "mlflow.log", "wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        try:
-            return requests.get(f"{url}/health", timeout=2).ok
-        except requests.RequestException:
-            return proc.poll() is not None and pytest.fail((folder / "mlflow.log").read_text()[-2000:])
-
-    asyncio.run(until(healthy, "MLflow to answer", PATIENCE, 0.5))
-    try:
+    with running_mlflow(tmp_path_factory.mktemp("mlflow"), PATIENCE) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")

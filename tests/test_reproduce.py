@@ -19,15 +19,10 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-import requests
 from sqlalchemy import delete
 
 from danlu import cli, cliclient, tags
@@ -37,7 +32,6 @@ from danlu.hub.profiles import ProfileSet
 from danlu.hub.service.mlflow_client import MlflowAccess
 from danlu.hub.service.store.orm import DatasetVersion, Job, JobInput
 from danlu.hub.service.validation import check_schema
-from danlu.hub.testing import free_port
 from danlu.submit import build_job_notebook
 
 from .fakes import (
@@ -50,9 +44,9 @@ from .fakes import (
     make_settings,
     notebook,
     serving,
-    until,
     user,
 )
+from .mlflowkit import running_mlflow
 from .servicekit import RunnerAPIService, jupyter_path_of
 
 ALICE = user("alice", "research")
@@ -329,43 +323,8 @@ print("score", score)
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on loopback (no permissions: the comparison reads with admin rights)."""
-    folder = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "danlu.hub.mlflowserver",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'mlflow.db'}",
-            "--serve-artifacts",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(folder / "mlflow.log", "wb"),
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        try:
-            return requests.get(f"{url}/health", timeout=2).ok
-        except requests.RequestException:
-            return proc.poll() is not None and pytest.fail((folder / "mlflow.log").read_text()[-2000:])
-
-    asyncio.run(until(healthy, "MLflow to answer", PATIENCE, 0.5))
-    try:
+    with running_mlflow(tmp_path_factory.mktemp("mlflow"), PATIENCE) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
 
 
 @pytest.fixture(scope="module")
