@@ -234,3 +234,61 @@ def test_a_jobs_code_is_rate_bounded_on_the_runner_api(wb):
     codes = [code for code, _ in seen]
     assert codes[0] == 200 and 429 in codes, codes
     assert all(int(after) >= 1 for code, after in seen if code == 429), seen
+
+
+def _answers(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer's head and body from a keep-alive connection (b"", b"" once the server closed it)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"", b""
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    while len(rest) < _length(head + b"\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head, rest
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        "PROPFIND /services/danlu/api/v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n",  # a method tornado does not know
+        "POST /services/danlu/api/v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",  # a 405
+        "POST /services/danlu/api/v1/nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",  # a 404
+        # a body over an unauthenticated caller's bound, sent whole
+        "POST /services/danlu/api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" + "x" * 70000,
+        # the runner API: a method its route does not have, before its rate bound
+        "POST /services/danlu/api/v1/runner/jobs/0123456789ab/attempts/1/spec HTTP/1.1\r\nHost: x\r\n"
+        "Authorization: Bearer nope\r\nContent-Length: 2\r\n\r\n{}",
+    ],
+    ids=["unknown-method", "405", "404", "413", "runner-405"],
+)
+def test_a_refusal_before_the_body_keeps_the_connection_or_says_it_ends(wb, refused):
+    """configurable-http-proxy reuses its connections to the service: an answer given before the body was read
+    used to end the connection without 'Connection: close', so the proxy's next request on it (anyone's)
+    got a 503. A refusal is now answered after the body is read, and the connection serves the next request;
+    where tornado answers before any handler runs, the answer says the connection ends."""
+    with socket.create_connection(("127.0.0.1", wb.info["service_port"]), timeout=20) as sock:
+        sock.sendall(refused.encode())
+        head, body_ = _answers(sock)
+        status = int(head.split(b" ", 2)[1])
+        assert 400 <= status < 500 and json.loads(body_)["reason"], head + body_
+        if b"connection: close" in head.lower():  # tornado refuses an unknown method before any handler runs
+            assert refused.startswith("PROPFIND") and sock.recv(1) == b"", head
+            return
+        sock.sendall(b"GET /services/danlu/api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body_ = _answers(sock)
+        assert head.startswith(b"HTTP/1.1 200"), (head, body_)
+
+
+def test_a_body_too_large_to_read_ends_the_connection_and_says_so(wb):
+    """Over 1 MiB announced, the refusal comes at once and the connection ends: the answer says so."""
+    with socket.create_connection(("127.0.0.1", wb.info["service_port"]), timeout=20) as sock:
+        sock.sendall(b"POST /services/danlu/api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n")
+        head, body_ = _answers(sock)
+        assert head.startswith(b"HTTP/1.1 413") and json.loads(body_)["reason"] == "too_large", head
+        assert b"connection: close" in head.lower(), head

@@ -30,6 +30,9 @@ DATASET_REF = re.compile(r"^([a-z0-9](?:[-a-z0-9_.]{0,62}[a-z0-9])?)@([1-9][0-9]
 #: a registered model, one of its versions, an alias of one, and an alias MLflow gives a meaning of its own
 MODEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,126}[A-Za-z0-9])?\Z")
 MODEL_VERSION = re.compile(r"^[1-9][0-9]{0,8}\Z")
+#: the longest path of one file in a model's copy (characters): GET .../files?path= must fit a request line
+#: through configurable-http-proxy (16 KiB of headers, and a character may take 12 bytes percent-encoded)
+MODEL_FILE_PATH = 1024
 ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
 RESERVED_ALIAS = re.compile(r"^(latest|[vV][0-9]+)\Z")
 #: MLflow's run and experiment ids (a runner reports them: checked, not trusted)

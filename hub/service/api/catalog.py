@@ -14,7 +14,7 @@ import os
 from tornado.iostream import StreamClosedError
 
 from danlu.hub.service.api.web import APIHandler
-from danlu.hub.service.formats import ALIAS, DATASET, DATASET_VERSION, MODEL, MODEL_VERSION
+from danlu.hub.service.formats import ALIAS, DATASET, DATASET_VERSION, MODEL, MODEL_FILE_PATH, MODEL_VERSION
 
 #: bytes of a stored model file read and sent at a time
 CHUNK = 1 << 20
@@ -87,7 +87,7 @@ class ModelFilesHandler(ModelArgs):
     async def get(self, name, version):
         who = self.principal()
         name, number = self.name_arg(name), self.version_arg(version)
-        path = self.str_arg("path", None, max_length=4096)
+        path = self.str_arg("path", None, max_length=MODEL_FILE_PATH)
         if path is None:
             self.write_json(await self.manager.models.stored(who, name, number))
             return

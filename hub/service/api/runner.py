@@ -54,11 +54,8 @@ class RunnerHandler(BaseHandler):
     def check_xsrf_cookie(self):
         return  # bearer tokens only, never cookies
 
-    async def prepare(self):
-        self._rate_bound()
-        await super().prepare()
-
-    def _rate_bound(self) -> None:
+    async def admit(self) -> None:
+        await super().admit()
         bounds: RateBounds | None = self.settings.get("danlu_runner_rate")
         if bounds is None:
             return

@@ -90,22 +90,36 @@ class BaseHandler(web.RequestHandler):
             return self.max_body
         return min(self.max_body, self.settings.get("danlu_anonymous_max_body", ANONYMOUS_BODY))
 
-    async def prepare(self):
-        authenticated = await self.authenticate()
-        limit = self.body_limit(authenticated)
-        who = "you" if authenticated else "an unauthenticated caller"
-        self._body_limit, self._who, self._received, self._refusal = limit, who, 0, None
-        length = self.request.headers.get("Content-Length")
-        if length is not None and (not length.strip().isdigit() or int(length) > max(limit, DISCARD_BODY)):
-            raise too_large(limit, who)  # answered at once: the connection closes
-        if length is not None and int(length) > limit:
-            self._refuse_after_body(too_large(limit, who))
-        # a body over the limit is read and dropped, never kept, up to DISCARD_BODY, and then refused: a 413
-        # answered before the body is read closes the connection while a proxy in front is still writing it,
-        # and the caller gets the proxy's 503 instead of the 413 (tornado itself cuts off past DISCARD_BODY)
-        self.request.connection.set_max_body_size(max(limit, DISCARD_BODY))
+    async def admit(self) -> None:
+        """What refuses the request before its body is read, raised: here a method the route does not have
+        (a 405); a rate bound, an unknown route in subclasses."""
+        if self.request.method not in self.allowed_methods():
+            raise web.HTTPError(405)
 
-    def _refuse_after_body(self, error: DanluError) -> None:
+    async def prepare(self):
+        self._received, self._refusal = 0, None
+        self._body_limit, self._who = self.max_body, "you"
+        length = self.request.headers.get("Content-Length")
+        if length is not None and not length.strip().isdigit():
+            raise too_large(self._body_limit, self._who)  # answered at once: the connection closes
+        try:
+            await self.admit()
+            authenticated = await self.authenticate()
+            self._body_limit = self.body_limit(authenticated)
+            self._who = "you" if authenticated else "an unauthenticated caller"
+            if length is not None and int(length) > self._body_limit:
+                raise too_large(self._body_limit, self._who)
+        except (DanluError, web.HTTPError) as refusal:
+            # A refusal is answered once the body is in (read and dropped, up to DISCARD_BODY): answering
+            # before it makes tornado close the connection after the answer, which configurable-http-proxy may
+            # be writing to still or reusing for its next request (that caller then gets the proxy's 503)
+            if length is not None and int(length) > DISCARD_BODY:
+                raise  # answered at once, with Connection: close (see finish)
+            self._refuse_after_body(refusal)
+        # tornado itself cuts off a body past this (a chunked one, which announces no length)
+        self.request.connection.set_max_body_size(max(self._body_limit, DISCARD_BODY))
+
+    def _refuse_after_body(self, error: Exception) -> None:
         """Answer ``error`` once the body is in (read and dropped), instead of the route's own method."""
         self._refusal, self._body = error, None
 
@@ -113,6 +127,14 @@ class BaseHandler(web.RequestHandler):
             raise error
 
         setattr(self, self.request.method.lower(), refused)  # what tornado calls once the body is in
+
+    def finish(self, chunk=None):
+        # An answer before the whole body is read (a body too large, a method tornado does not know) ends the
+        # connection: say so, or the proxy may send its next request down a socket that is closing
+        body_read = getattr(self.request, "_body_future", None)  # tornado's, set while a body streams in
+        if body_read is not None and not body_read.done() and not self._headers_written:
+            self.set_header("Connection", "close")
+        return super().finish(chunk)
 
     def data_received(self, chunk: bytes) -> None:
         if self._refusal is not None:
@@ -365,5 +387,5 @@ class NotFoundHandler(BaseHandler):
             fix="see /services/danlu/api/v1/openapi.json",
         )
 
-    def prepare(self):
+    async def admit(self) -> None:
         raise self.missing(self.request)

@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from danlu.errors import Conflict, DanluError, NotFound
+from danlu.hub.service.formats import MODEL_FILE_PATH
 from danlu.hub.service.jobs.outputs import size_text
 
 MANIFEST = "manifest.json"
@@ -112,6 +113,14 @@ class Copier:
                         raise self._too_large(f"folders nested deeper than {MAX_DEPTH}")
                     pending.append((rel, depth + 1))
                     continue
+                if len(rel) > MODEL_FILE_PATH:
+                    raise DanluError(
+                        f"the model holds a file whose path is over {MODEL_FILE_PATH} characters: {rel[:80]!r}...",
+                        status=413,
+                        reason="too_large",
+                        fix=f"shorten the file's path in the run's artifacts to at most {MODEL_FILE_PATH} "
+                        "characters and register again",
+                    )
                 size = int(entry.get("file_size") or 0)
                 total += size
                 found.append((rel, size))
