@@ -50,7 +50,8 @@ DAVE = user("dave", "research", "ml-leads")  # an approver who registers his own
 ADMIN = admin()
 GROUPS = {"alice": ["research"], "bob": [], "carol": ["ml-leads"], "dave": ["ml-leads", "research"], "admin": []}
 EVAL_NOTEBOOK = notebook(
-    "import mlflow\nmodel = mlflow.pyfunc.load_model(model_uri)\nmlflow.log_metric('accuracy', 0.95)"
+    "import danlu, mlflow\nmodel = mlflow.pyfunc.load_model(str(danlu.model(model_name, model_version)))\n"
+    "mlflow.log_metric('accuracy', 0.95)"
 )
 
 
@@ -331,7 +332,10 @@ async def test_a_passing_evaluation_is_approved_by_an_approver_not_its_author_an
     assert registered["approval"] == "pending" and registered["evaluation"]["job_id"]  # the fake job may be done
     # the evaluation ran as an ordinary job of dave's, on the version, and its metrics are on the version
     assert evaluation_job.owner == "dave" and evaluation_job.state == "succeeded"
-    assert backend.parameters == [{"model_uri": f"models:/{name}/1", "model_name": name, "model_version": 1}]
+    # and names the copy the service made, which danlu.model loads and checks (the run can still be rewritten)
+    assert registered["digest"] and backend.parameters == [
+        {"model_uri": f"models:/{name}/1", "model_name": name, "model_version": 1, "model_digest": registered["digest"]}
+    ]
     assert passed["evaluation"]["state"] == "passed", passed["evaluation"]
     assert passed["evaluation"]["metrics"] == {"accuracy": 0.95, "loss": 0.2} and passed["evaluation"]["failures"] == []
     assert own.value.reason == "self_approval" and outsider.value.reason == "not_an_approver"

@@ -2,7 +2,7 @@
 
 danlu.yaml's ``models.evaluations.NAME`` gives a registered model an evaluation notebook and metric
 thresholds (``accuracy: ">= 0.9"``). Registering a version of it submits that notebook as a job of
-the registrant's (:func:`job_body`: parameters ``model_uri``, ``model_name``, ``model_version``) whose
+the registrant's (:func:`job_body`: parameters ``model_uri``, ``model_name``, ``model_version``, ``model_digest``) whose
 run the service creates in its own experiment (``danlu-evaluations/<model>``, where the registrant holds
 only MLflow's default permission), writable only with that attempt's credentials, which end with it.
 The version's gate follows the job: ``queued``, ``running``, then -- once the job has ended --
@@ -85,12 +85,19 @@ def read_notebook(path: str) -> dict:
     return nb
 
 
-def job_body(name: str, version: int, notebook: dict, spec: dict, owner: str) -> dict:
-    """The submission of the evaluation job: the notebook, the version as parameters, the profile."""
+def job_body(name: str, version: int, notebook: dict, spec: dict, owner: str, digest: str | None = None) -> dict:
+    """The submission of the evaluation job: the notebook, the version as parameters, the profile.
+
+    ``model_digest`` names the copy the service made at registration: ``danlu.model(model_name, model_version)``
+    loads that copy and checks it, where ``model_uri`` reads the registrant's run, which she can still rewrite.
+    """
+    parameters: dict = {"model_uri": f"models:/{name}/{version}", "model_name": name, "model_version": version}
+    if digest:
+        parameters["model_digest"] = digest
     body = {
         "notebook": notebook,
         "name": f"evaluate-{name}-v{version}"[:100],
-        "parameters": {"model_uri": f"models:/{name}/{version}", "model_name": name, "model_version": version},
+        "parameters": parameters,
         "experiment": f"{EVALUATIONS}{name}",
     }
     if spec.get("profile"):

@@ -242,7 +242,7 @@ class ModelRegistry:
 
     async def _evaluate(self, principal, row: ModelVersionRecord, spec: dict, notebook: dict) -> None:
         """Submit the evaluation job as the registrant; a refusal ends the gate in ``error``, naming it."""
-        body = evaluations.job_body(row.name, row.version, notebook, spec, principal.name)
+        body = evaluations.job_body(row.name, row.version, notebook, spec, principal.name, row.digest)
         try:
             _, job = await self.submission.submit(principal, body, evaluation=True)
         except DanluError as e:
