@@ -389,3 +389,57 @@ class ModelDecision(Base):
     at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     audit_seq: Mapped[int] = mapped_column(Integer)
     digest: Mapped[str | None] = mapped_column(String(80), nullable=True)  # the copy it decided on
+
+
+class Sweep(Base):
+    """A hyperparameter sweep: ordinary jobs of its owner, searched by an Optuna study (``study``).
+
+    ``spec`` is the sweep's checked options (space, objective, trials, parallel, scheduler, sampler, seed,
+    priority); ``template`` the trials' job body (JSON text: it holds the notebook). ``state`` is
+    ``running`` | ``succeeded`` | ``stopped`` | ``failed``; ``best`` the best trial so far
+    (``{"number", "job_id", "value", "params"}``); ``notes`` what the sweep wants its owner to know.
+    """
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    spec: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    template: Mapped[str] = mapped_column(Text)
+    study: Mapped[str] = mapped_column(String(64))
+    experiment: Mapped[str] = mapped_column(String(255), default="")
+    parent_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    best: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    notes: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class SweepTrial(Base):
+    """One trial of a sweep: its Optuna trial number, its job and how it ended.
+
+    ``state`` is ``running`` (its job is queued, running or preempted) | ``complete`` | ``pruned`` |
+    ``failed`` | ``stopped``; ``step`` the last step of the objective reported to Optuna, ``value`` its
+    objective (the final one when complete, the last reported when pruned); ``rungs`` the ASHA rungs it
+    completed; ``tagged`` whether its MLflow run names the sweep's parent run yet.
+    """
+
+    __tablename__ = "sweep_trials"
+    __table_args__ = (UniqueConstraint("sweep_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state: Mapped[str] = mapped_column(String(20))
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rungs: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    tagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
