@@ -2,7 +2,7 @@
 
 The jobs service (``hub/service/``) is a few leaf modules and packages in one order::
 
-    leaves < store < admission < usage < datasets < jobs < registry < manager < api < app
+    leaves < store < admission < usage < datasets < jobs < sweeps < registry < manager < api < app
 
 A module may import its own package and those to its left, never one to its right; leaves (the modules
 directly in ``hub/service/`` but ``manager``, ``app`` and ``__main__``) import only leaves. Beyond the
@@ -25,8 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE = "danlu.hub.service"
-ORDER = ("leaves", "store", "admission", "usage", "datasets", "jobs", "registry", "manager", "api", "app")
-PACKAGES = {"store", "admission", "usage", "datasets", "jobs", "registry", "api"}
+ORDER = ("leaves", "store", "admission", "usage", "datasets", "jobs", "sweeps", "registry", "manager", "api", "app")
+PACKAGES = {"store", "admission", "usage", "datasets", "jobs", "sweeps", "registry", "api"}
 #: what ``danlu.hub`` may import of ``danlu`` (the kernel side): its leaves, which import nothing of their own
 KERNEL_LEAVES = {
     "danlu",

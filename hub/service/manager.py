@@ -8,9 +8,9 @@
 see or control which job (404, never 403, for someone else's), reading a job's log and notebooks through the
 backend, usage, allocations, profiles, lineage. The rest is reached through its named facades, each doing
 its own authorization: :attr:`datasets` (the catalog), :attr:`models` (the model registry), :attr:`queues`
-(queue administration), :attr:`servers` (notebook servers' GPUs), :attr:`audit` (the audit log) and
-:attr:`runner_api` (what a job's runner may ask and tell). Authorization lives here and in the facades, not
-in the handlers.
+(queue administration), :attr:`servers` (notebook servers' GPUs), :attr:`sweeps` (hyperparameter sweeps),
+:attr:`audit` (the audit log) and :attr:`runner_api` (what a job's runner may ask and tell). Authorization
+lives here and in the facades, not in the handlers.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.ledger import Ledger
 from danlu.hub.service.store.orm import Job, JobInput, utcnow
 from danlu.hub.service.store.rows import STORED_COLUMNS, stored
+from danlu.hub.service.sweeps.sweeps import Sweeps
 from danlu.hub.service.usage import reports as usage
 
 
@@ -124,6 +125,7 @@ class JobManager:
         self.audit = AuditLog(database, settings.state_dir)
         self.usage_cache = usage.Cache()
         self.views = Views(settings.public_url, self.scheduler, backend)
+        self.sweeps = Sweeps(**shared, submission=self.submission, cancel=self.cancel, mlflow=mlflow, log=log)
 
     @property
     def draining(self) -> bool:
@@ -460,6 +462,7 @@ class JobManager:
         await self.scheduler.schedule()
         self.core.spawn(self.models.recover())  # evaluation gates: MLflow may be slower to start than we are
         self.core.spawn(self.runner_api.sweep())  # MLflow credentials of attempts that ended while we were away
+        self.core.spawn(self.sweeps.run_forever())  # running sweeps are picked up where they were
 
     async def run_forever(self, interval: float = 2.0) -> None:
         await self.scheduler.run_forever(interval)
@@ -470,6 +473,7 @@ class JobManager:
         self.core.cancel_tasks()
         await self.backend.shutdown()
         self.submission.close()
+        self.sweeps.close()
         self.database.close()
 
 

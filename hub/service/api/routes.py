@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from danlu.hub.service.api import admin, catalog, jobs, pages, runner
+from danlu.hub.service.api import admin, catalog, jobs, pages, runner, sweeps
 
 
 def routes(prefix: str) -> list:
@@ -35,6 +35,9 @@ def routes(prefix: str) -> list:
         (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)/files", catalog.ModelFilesHandler),
         (f"{api}/models/(?P<name>[^/]+)/aliases/(?P<alias>[^/]+)", catalog.ModelAliasHandler),
         (f"{api}/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", catalog.LineageHandler),
+        (f"{api}/sweeps", sweeps.SweepsHandler),
+        (f"{api}/sweeps/(?P<sweep_id>[^/]+)", sweeps.SweepHandler),
+        (f"{api}/sweeps/(?P<sweep_id>[^/]+)/stop", sweeps.SweepStopHandler),
         # admins (and the hub's own token for allocations and logins)
         (f"{api}/allocations", admin.AllocationsHandler),
         (f"{api}/allocations/server/(?P<holder>[^/]+)", admin.ServerAllocationHandler),

@@ -126,19 +126,24 @@ class Engine:
         return trial.number, dict(trial.params)
 
     def _trial(self, study: optuna.Study, number: int) -> optuna.trial.Trial:
-        frozen = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
-        return optuna.trial.Trial(study, frozen._trial_id)
+        storage = study._storage
+        return optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
 
     def report(self, name: str, spec: SweepSpec, number: int, points: list[tuple[int, float]]) -> tuple[bool, int]:
-        """Report ``points`` (step, value) of a running trial; (whether it should be pruned, the rungs it
-        completed)."""
+        """Report ``points`` (step, value) of a running trial, in order; (whether the pruner stops it, the rungs
+        it completed). The pruner is asked at each rung's step and after the last point, so a batch of points
+        read at once is judged at each rung as it would have been point by point."""
         study = self.study(name, spec)
         trial = self._trial(study, number)
-        for step, value in points:
-            if math.isfinite(value):
-                trial.report(value, step)
-        prune = bool(points) and trial.should_prune()
-        return prune, rungs_of(study, number)
+        rungs = rung_steps(spec, max(step for step, _ in points)) if points and spec.scheduler != "none" else set()
+        for i, (step, value) in enumerate(points):
+            if not math.isfinite(value):
+                continue
+            trial.report(value, step)
+            if (step in rungs or i == len(points) - 1) and spec.scheduler != "none":
+                if trial.should_prune():
+                    return True, rungs_of(study, number)
+        return False, rungs_of(study, number)
 
     def tell(self, name: str, spec: SweepSpec, number: int, state: str, value: float | None = None) -> int:
         """End a trial: ``complete`` with its objective, ``pruned`` or ``failed``; answers its rungs."""
@@ -153,6 +158,15 @@ class Engine:
         study = self.study(name, spec)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def rung_steps(spec: SweepSpec, up_to: int) -> set[int]:
+    """The steps at which a rung is judged: ``min_resource * reduction_factor ** k`` up to ``up_to``."""
+    steps, step = set(), spec.min_resource
+    while step <= up_to:
+        steps.add(step)
+        step *= spec.reduction_factor
+    return steps
 
 
 def rungs_of(study: optuna.Study, number: int) -> int:
