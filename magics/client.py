@@ -264,6 +264,20 @@ class DanluClient:
     def dataset_version(self, name: str, version: int) -> dict:
         return self.request("GET", f"/datasets/{quote(name, safe='')}/versions/{version}").json()
 
+    def start_sweep(self, body: dict) -> dict:
+        """``POST /sweeps``: the sweep, checked and stored, with its first trials submitted."""
+        return self.request("POST", "/sweeps", json=body, timeout=300).json()
+
+    def sweeps(self, owner: str | None = None, state: str | None = None) -> list[dict]:
+        params = {k: v for k, v in {"owner": owner, "state": state}.items() if v}
+        return self.request("GET", "/sweeps", params=params).json()["sweeps"]
+
+    def sweep(self, sweep_id: str) -> dict:
+        return self.request("GET", f"/sweeps/{quote(sweep_id, safe='')}").json()
+
+    def stop_sweep(self, sweep_id: str) -> dict:
+        return self.request("POST", f"/sweeps/{quote(sweep_id, safe='')}/stop", timeout=120).json()
+
     def reproduce(self, job_id: str) -> dict:
         """Run a job again exactly, as a new job of the caller's; the new job."""
         return self.request("POST", f"/jobs/{job_id}/reproduce", timeout=120).json()

@@ -52,9 +52,21 @@ def cmd_submit(args) -> int:
         retries=args.retries,
         timeout=args.timeout,
         dry_run=args.dry_run,
+        sweep=args.sweep,
+        trials=args.trials,
+        objective=args.objective,
+        scheduler=args.scheduler,
+        sampler=args.sampler,
+        parallel=args.parallel,
+        seed=args.seed,
     )
+    if args.sweep and args.wait:
+        raise UsageError("--wait is for one job; follow a sweep with: danlu sweeps show ID")
     client = cliclient.client(args)
     job = submit.submit_notebook(Path(args.notebook), options, client=client, cwd=args.cwd)
+    if args.sweep:
+        print(submit.sweep_line(job))
+        return 0
     if args.dry_run:
         print("would start now" if job["admitted"] else f"would wait: {job['reason']}")
         return 0
@@ -231,6 +243,52 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def _sweep_row(sweep: dict) -> str:
+    counts = sweep["counts"]
+    best = sweep.get("best")
+    shown = f"best #{best['number']} {best['value']:.6g}" if best else "no best yet"
+    done = sum(n for state, n in counts.items() if state != "running")
+    return (
+        f"{sweep['id']}  {sweep['state']:<9} {sweep['name'][:24]:<24} {sweep['owner'][:10]:<10} "
+        f"{sweep['objective']['text'][:20]:<20} {done}/{sweep['options']['trials']} ended, "
+        f"{counts['running']} running, {counts['pruned']} pruned  {shown}"
+    )
+
+
+def cmd_sweeps(args) -> int:
+    """``danlu sweeps list|show ID|stop ID``: one call each; ``--json`` prints what the API answered."""
+    client = cliclient.client(args)
+    if args.action in ("show", "stop") and not args.id:
+        raise UsageError(f"danlu sweeps {args.action} needs a sweep id (see danlu sweeps list)")
+    if args.action == "list" or args.action is None:
+        sweeps = client.sweeps(owner=args.owner, state=args.state)
+        if args.json:
+            print(json.dumps(sweeps, indent=1))
+        else:
+            print("\n".join(_sweep_row(s) for s in sweeps) if sweeps else "no sweeps")
+        return 0
+    sweep = client.stop_sweep(args.id) if args.action == "stop" else client.sweep(args.id)
+    if args.json:
+        print(json.dumps(sweep, indent=1))
+        return 0
+    print(_sweep_row(sweep))
+    if sweep.get("reason"):
+        print(f"  {sweep['reason']}")
+    for note in sweep.get("notes") or []:
+        print(f"  note: {note}")
+    if sweep.get("mlflow_run_url"):
+        print(f"  MLflow: {sweep['mlflow_run_url']}")
+    for t in sweep["trials"]:
+        value = f"{t['value']:.6g}" if t["value"] is not None else "-"
+        params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["params"].items())
+        step = t["step"] if t["step"] is not None else "-"
+        print(
+            f"  #{t['number']:<4} {t['state']:<9} {t['job_id'] or '-':<12} step {step:<6}"
+            f" {value:<12} {params}  {t['reason'][:60]}".rstrip()
+        )
+    return 0
+
+
 def add_parser(sub) -> None:
     """``danlu jobs ...`` and ``danlu reproduce`` under the ``danlu`` command's subparsers."""
     jobs = sub.add_parser("jobs", help="submit and follow jobs")
@@ -267,6 +325,13 @@ def add_parser(sub) -> None:
     s.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"))
     s.add_argument("--wait", action="store_true", help="stream the log until the job ends")
     s.add_argument("--dry-run", action="store_true")
+    s.add_argument("--sweep", action="append", default=[], metavar="NAME=DIST(ARGS)", help="search a parameter")
+    s.add_argument("--trials", type=int, help="sweep: trials in all (default 16)")
+    s.add_argument("--objective", metavar="METRIC:min|max", help="sweep: the logged metric to optimize")
+    s.add_argument("--scheduler", help="sweep: asha (default), hyperband or none")
+    s.add_argument("--sampler", help="sweep: tpe (default) or random")
+    s.add_argument("--parallel", type=int, help="sweep: trials under way at once")
+    s.add_argument("--seed", type=int, help="sweep: the sampler's seed")
     s.set_defaults(func=cmd_submit)
     ls = jsub.add_parser("list", help="your jobs (admins: everyone's), newest first")
     ls.add_argument("--state", help="only these states (comma-separated)")
@@ -300,6 +365,14 @@ def add_parser(sub) -> None:
     for p in (s, ls, sh, lg, cc, pp, df):
         add_client_args(p)
     ls.add_argument("--queue", help="only this queue")
+    sw = sub.add_parser("sweeps", help="hyperparameter sweeps: list, show, stop")
+    sw.add_argument("action", nargs="?", choices=("list", "show", "stop"), default="list")
+    sw.add_argument("id", nargs="?", help="a sweep id (show, stop)")
+    sw.add_argument("--owner", help="admins: only this user's sweeps")
+    sw.add_argument("--state", help="only sweeps in this state (running, succeeded, stopped, failed)")
+    sw.add_argument("--json", action="store_true", help="what the API answered")
+    sw.set_defaults(func=cmd_sweeps)
+    add_client_args(sw)
     rp = sub.add_parser(
         "reproduce", help="run a job again exactly (same notebook, parameters, profile, data) and compare"
     )

@@ -64,6 +64,29 @@ class JobOptions:
     retries: int | None = None
     timeout: int | None = None  # seconds
     dry_run: bool = False
+    #: a sweep (``--sweep NAME=DIST(ARGS)``, repeatable): the service parses and checks it, so the magic and
+    #: the CLI print its words; the other sweep options go as given (None: the service's default)
+    sweep: list[str] = field(default_factory=list)
+    trials: int | None = None
+    objective: str | None = None
+    scheduler: str | None = None
+    sampler: str | None = None
+    parallel: int | None = None
+    seed: int | None = None
+
+    def sweep_options(self) -> dict:
+        return {
+            k: v
+            for k, v in (
+                ("trials", self.trials),
+                ("objective", self.objective),
+                ("scheduler", self.scheduler),
+                ("sampler", self.sampler),
+                ("parallel", self.parallel),
+                ("seed", self.seed),
+            )
+            if v is not None
+        }
 
     def resources(self) -> dict:
         """The body's ``resources``: nodes only when more than one, the others only when given."""
@@ -104,6 +127,34 @@ def job_body(notebook: dict, options: JobOptions, *, cwd: str | None, source: di
     if options.dry_run:
         body["dry_run"] = True
     return body
+
+
+def send(client: DanluClient, body: dict, options: JobOptions) -> dict:
+    """``POST /jobs`` with the body, or, with ``--sweep``, ``POST /sweeps`` with it as the trials' job."""
+    if not options.sweep:
+        if options.sweep_options():
+            raise UsageError(f"--{next(iter(options.sweep_options()))} is a sweep's option: add --sweep NAME=DIST(...)")
+        return client.submit(body)
+    if options.dry_run:
+        raise UsageError("--dry-run does not go with --sweep: the sweep is checked in full before anything is queued")
+    if options.objective is None:
+        raise UsageError("a sweep needs --objective METRIC:min or METRIC:max, e.g. --objective val_loss:min")
+    return client.start_sweep({"job": body, "sweep": list(options.sweep), **options.sweep_options()})
+
+
+def sweep_line(sweep: dict) -> str:
+    """One line on a sweep just started (the magic's and the CLI's)."""
+    options = sweep["options"]
+    return (
+        f"Sweep {sweep['id']} ({sweep['name']}) started: {options['trials']} trials of "
+        f"{sweep['objective']['text']}, {options['parallel']} at once, {options['scheduler']}/{options['sampler']}; "
+        f"follow it with: danlu sweeps show {sweep['id']}"
+    )
+
+
+def unquote(text: str) -> str:
+    """``text`` without the quotes IPython keeps around an argument (``--sweep "lr=uniform(0,1)"``)."""
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def parse_param(text: str) -> tuple[str, object]:
@@ -250,7 +301,7 @@ def submit_cell(cell: str, options: JobOptions, *, client: DanluClient, setup: S
         }.items()
         if v is not None
     }
-    return client.submit(job_body(json.loads(nbformat.writes(nb)), options, cwd=place["cwd"], source=source))
+    return send(client, job_body(json.loads(nbformat.writes(nb)), options, cwd=place["cwd"], source=source), options)
 
 
 def submit_notebook(path: Path, options: JobOptions, *, client: DanluClient, cwd: str | None = None) -> dict:
@@ -265,7 +316,7 @@ def submit_notebook(path: Path, options: JobOptions, *, client: DanluClient, cwd
     except Exception as e:
         raise UsageError(f"{path}: not a notebook ({e})") from None
     source = {"notebook_path": str(path) if not path.is_absolute() else path.name}
-    return client.submit(job_body(json.loads(nbformat.writes(nb)), options, cwd=cwd, source=source))
+    return send(client, job_body(json.loads(nbformat.writes(nb)), options, cwd=cwd, source=source), options)
 
 
 def follow(client: DanluClient, job: dict) -> dict:

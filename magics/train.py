@@ -21,7 +21,7 @@ import danlu
 from danlu.card import JobCard
 from danlu.client import DanluClient
 from danlu.errors import DanluError, UsageError
-from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell
+from danlu.submit import JobOptions, SetupCells, follow, parse_param, submit_cell, sweep_line, unquote
 
 
 def _cell_id(shell) -> str | None:
@@ -136,6 +136,20 @@ class TrainMagics(Magics):
         help="Print only the job's id, with no job card, and return at once (for tools: see danlu.last_job_id()).",
     )
     @argument("--dry-run", action="store_true", help="Show the notebook that would run and whether it would start now.")
+    @argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=DIST(ARGS)",
+        help="Search a parameter (repeatable): uniform(a,b), loguniform(a,b), int(a,b) or choice(v1,...). "
+        "The cell becomes a sweep: a set of ordinary jobs, one per trial.",
+    )
+    @argument("--trials", type=int, help="Sweep: trials in all (default 16).")
+    @argument("--objective", metavar="METRIC:min|max", help="Sweep: the logged metric to minimize or maximize.")
+    @argument("--scheduler", help="Sweep: asha (default), hyperband or none (no early stopping).")
+    @argument("--sampler", help="Sweep: tpe (default) or random.")
+    @argument("--parallel", type=int, help="Sweep: trials under way at once (default min(4, trials)).")
+    @argument("--seed", type=int, help="Sweep: the sampler's seed.")
     @cell_magic
     def train(self, line, cell):
         """Run this cell as a Danlu job (papermill, torchrun for --nproc > 1), tracked in MLflow.
@@ -155,6 +169,7 @@ class TrainMagics(Magics):
             %%train --gpus 1 --profile pytorch --dataset data/mnist
             %%train --dataset mnist@3 --eval-dataset mnist-test@1
             %%train --quiet --param lr=0.1
+            %%train --sweep "lr=loguniform(1e-4,1e-1)" --trials 64 --objective val_loss:min
         """
         try:
             args = parse_argstring(self.train, line)
@@ -179,12 +194,24 @@ class TrainMagics(Magics):
                 priority=args.priority or None,
                 name=args.name or None,
                 experiment=args.experiment or None,
+                sweep=[unquote(s) for s in args.sweep],
+                trials=args.trials,
+                objective=unquote(args.objective) if args.objective else None,
+                scheduler=args.scheduler or None,
+                sampler=args.sampler or None,
+                parallel=args.parallel,
+                seed=args.seed,
             )
+            if options.sweep and (args.wait or args.quiet):
+                raise UsageError("--wait and --quiet are for one job; follow a sweep with: danlu sweeps show ID")
             client = self.client_factory()
             self.setup.forget(_deleted_cells(self.shell))
             result = submit_cell(cell, options, client=client, setup=self.setup, cell_id=_cell_id(self.shell))
             if args.dry_run:
                 show_dry_run(result)
+                return None
+            if options.sweep:
+                print(sweep_line(result))
                 return None
             danlu._last_job_id = result["id"]
             if args.quiet:

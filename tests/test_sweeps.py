@@ -23,6 +23,7 @@ from danlu.hub.service.sweeps.space import parse_request
 from .fakes import FakeGroups, admin, make_manager, make_settings, notebook, serving, until, user
 from .mlflowkit import running_mlflow
 from .sweepkit import CurveBackend, PointsObjective, most_at_once
+from .test_train_magic import magics, shell  # noqa: F401 - the magic in a real shell
 
 ALICE, BOB, ADMIN = user("alice", "research"), user("bob"), admin()
 CELL = notebook("train(lr, batch)")
@@ -276,3 +277,64 @@ def test_a_sweep_the_service_refuses_queues_nothing(tmp_path):
     ], errors
     assert all(400 <= status < 500 for status, _ in errors)
     assert jobs == [] and sweeps == {"sweeps": []}
+
+
+# the magic and the CLI relay the service's words --------------------------------------------------------------
+class ServiceWords:
+    """A client whose ``POST /sweeps`` answers as the service does: the body checked by the service's own
+    parser, a refusal sent as the HTTP handler writes it (status, reason, message, field, fix) and parsed back
+    by the client's one error parser; an accepted sweep as its view's first fields."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+
+    def start_sweep(self, body: dict) -> dict:
+        from danlu.client import error_from
+
+        self.bodies.append(body)
+        try:
+            spec = parse_request(body, max_trials=1000, max_parallel=64)
+        except UsageError as e:
+            raise error_from(400, json.dumps({**e.to_dict(), "fix": e.fix})) from None
+        return {
+            "id": "0123456789ab",
+            "name": "sweep-012345",
+            "objective": {"text": spec.objective},
+            "options": {"trials": spec.trials, "parallel": spec.parallel, "scheduler": "asha", "sampler": "tpe"},
+        }
+
+
+def service_message(sweep: str) -> str:
+    with pytest.raises(UsageError) as e:
+        parse_request(body(sweep), max_trials=1000, max_parallel=64)
+    return str(e.value)
+
+
+def test_the_magic_and_the_cli_show_the_services_refusal_in_one_line(shell, magics, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from IPython.core.error import UsageError as IPythonUsageError
+
+    from danlu import cli, cliclient
+
+    client = ServiceWords()
+    magics.client_factory = lambda: client
+    expected = service_message("lr=loguniform(0,1e-1)")
+    with pytest.raises(IPythonUsageError) as magic:
+        shell.run_cell_magic("train", '--sweep "lr=loguniform(0,1e-1)" --objective val_loss:min', "train(lr)")
+    shell.run_cell_magic(
+        "train",
+        '--sweep "lr=loguniform(1e-4,1e-1)" --sweep "batch=choice(32,64)" --trials 64 '
+        "--objective val_loss:min --scheduler asha --parallel 2 --seed 3",
+        "train(lr, batch)",
+    )
+    started = capsys.readouterr().out
+    path = tmp_path / "train.ipynb"
+    path.write_text(json.dumps(CELL))
+    monkeypatch.setattr(cliclient, "client", lambda args: client)
+    code = cli.main(["jobs", "submit", str(path), "--sweep", "lr=loguniform(0,1e-1)", "--objective", "val_loss:min"])
+    err = capsys.readouterr().err
+    assert str(magic.value) == expected and "\n" not in expected
+    assert code == 2 and err == f"danlu: {expected}\n"
+    assert "Sweep 0123456789ab (sweep-012345) started: 64 trials of val_loss:min, 2 at once" in started
+    sent = client.bodies[1]
+    assert sent["sweep"] == ["lr=loguniform(1e-4,1e-1)", "batch=choice(32,64)"] and sent["seed"] == 3
+    assert (sent["trials"], sent["parallel"], sent["scheduler"]) == (64, 2, "asha") and "notebook" in sent["job"]

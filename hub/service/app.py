@@ -181,6 +181,23 @@ class JobsServiceApp(Application):
         help="The most bytes of model files one registered version may hold: the service copies them at "
         "registration into <state>/models, where only it writes; a larger model is refused (413 model_too_large).",
     ).tag(config=True)
+    sweep_max_trials = Integer(
+        1000, min=1, help="The most trials one sweep may ask for (--trials); more is refused (400 naming trials)."
+    ).tag(config=True)
+    sweep_max_parallel = Integer(
+        64,
+        min=1,
+        help="The most trials of one sweep under way at once (--parallel); the team's quota queues them beyond.",
+    ).tag(config=True)
+    sweep_interval = Float(
+        5.0,
+        min=0.01,
+        help="Seconds between two reads of running trials' objectives from MLflow (and pruning decisions).",
+    ).tag(config=True)
+    sweeps_storage_url = Unicode(
+        help="The SQLAlchemy URL of Optuna's storage for sweeps. Default: beside the jobs database "
+        "(SQLite: <jobs database>-optuna.sqlite next to it; PostgreSQL: the same database, schema danlu_optuna)."
+    ).tag(config=True)
     settings_ = Instance(Settings)
 
     @default("log_level")
@@ -247,6 +264,12 @@ class JobsServiceApp(Application):
         self.manager.audit.record_profiles(profiles)
         self.manager.datasets.bound(timeout=self.dataset_scan_timeout, max_bytes=self.dataset_max_bytes)
         self.manager.models.max_bytes = self.model_max_bytes
+        self.manager.sweeps.bound(
+            max_trials=self.sweep_max_trials,
+            max_parallel=self.sweep_max_parallel,
+            interval=self.sweep_interval,
+            storage_url=self.sweeps_storage_url or None,
+        )
         self.manager.runner_api.outputs.bound(
             per_user_bytes=self.outputs_per_user_bytes, max_age_days=self.outputs_max_age_days
         )

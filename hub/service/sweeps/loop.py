@@ -82,7 +82,8 @@ async def _follow(sweeps: Sweeps, snap: dict, trial: dict) -> None:
         value = points[-1][1]
         if math.isfinite(value):
             rungs = await engine.call(engine.tell, snap["study"], spec, number, "complete", value)
-            await db.write(records.update_trial, sweep_id, number, {"state": "complete", "value": value, "rungs": rungs})
+            changes = {"state": "complete", "value": value, "rungs": rungs}
+            await db.write(records.update_trial, sweep_id, number, changes)
             return
         reason = f"its objective {spec.metric} ended {value}"
     elif job_state == "succeeded":

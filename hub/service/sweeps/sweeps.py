@@ -19,7 +19,7 @@ import logging
 import uuid
 from pathlib import PurePosixPath
 
-from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError, ValidationError
+from danlu.errors import Conflict, DanluError, Forbidden, NotFound, UsageError
 from danlu.hub import scopes
 from danlu.hub.service import validation
 from danlu.hub.service.auth import Principal
@@ -82,6 +82,7 @@ class Sweeps:
                 fix="start it with a user's token (JUPYTERHUB_API_TOKEN in their server, or /hub/token)",
             )
         spec = parse_request(body, max_trials=self.max_trials, max_parallel=self.max_parallel)
+        validation.check_schema("SweepSubmission", body)  # the rest: types, unknown fields, the job's own schema
         if self.source is None:
             raise DanluError(
                 "sweeps read each trial's objective from its MLflow run, and this jobs service has no MLflow",
@@ -90,11 +91,6 @@ class Sweeps:
                 fix="run the workbench with its MLflow (danlu up starts one)",
             )
         job = {k: v for k, v in spec.job.items() if k != "dry_run"}
-        try:
-            validation.check_schema("JobSubmission", job)
-        except ValidationError as e:
-            e.field = f"job.{e.field}" if e.field and e.field != "body" else "job"
-            raise
         owner = principal.name
         priority = job.get("priority") or lowest_priority(self.settings)
         stem = PurePosixPath(str((job.get("source") or {}).get("notebook_path") or "")).stem
@@ -127,7 +123,7 @@ class Sweeps:
         self.log.info("sweep %s started by %s: %d trials of %s", sweep_id, owner, spec.trials, spec.objective)
         async with self.lock:
             await advance(self, sweep_id)
-        return 201, await self.database.read(records.view, sweep_id)
+        return 201, self._with_url(await self.database.read(records.view, sweep_id), sweep)
 
     async def _parent(self, sweep: Sweep) -> None:
         try:
