@@ -167,7 +167,9 @@ def test_a_sweep_from_one_cell_under_a_quota_of_2_prunes_promotes_survives_preem
     assert any(t["preemptions"] >= 1 and t["state"] in ("complete", "pruned") for t in done["trials"]), done["trials"]
     assert any(t["rungs"] >= 2 for t in done["trials"]), "no trial was promoted past a rung"
     assert all(job.owner == "alice" and job.priority_class == "normal" for job in jobs.values())
-    assert all(jobs[t["job_id"]].state == "cancelled" for t in done["trials"] if t["state"] == "pruned")
+    # a pruned trial's job is cancelled at once (unless it finished its last step between the read and the cancel)
+    pruned_jobs = [jobs[t["job_id"]].state for t in done["trials"] if t["state"] == "pruned"]
+    assert "cancelled" in pruned_jobs and set(pruned_jobs) <= {"cancelled", "succeeded"}, pruned_jobs
     # never more trials at once than the team's quota (2 GPUs), the urgent job included
     assert most_at_once(backend.events) <= 2
     complete = [t for t in done["trials"] if t["state"] == "complete"]
