@@ -187,12 +187,12 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     before = dump(url)
     previous_sql = list(writer.iterdump())
     assert len(before["jobs"]) == 15 and len(before["audit"]) == 19 and len(before["flags"]) == 2
-    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0010"):
+    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0011"):
         db_schema.check(url)
 
     result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0010"
+    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0011"
     assert "no schema revision: Danlu 0.1.0 made it" in caplog.text
     backup = Path(result["backup"])
     assert backup.parent == tmp_path / "backups"
@@ -209,7 +209,7 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     assert after["job_inputs"] == []
     with make_sessionmaker(url)() as s:
         for job in s.scalars(select(Job)):
-            assert (job.cell_sha256, job.tracking) == ("", {})
+            assert (job.cell_sha256, job.tracking, job.checkpoint, job.save_requests) == ("", {}, None, 0)
         for attempt in s.scalars(select(Attempt)):
             assert (attempt.token_hash, attempt.stop_reason, attempt.stop_grace, attempt.report) == ("", "", None, {})
         verified = audit.verify(s)
@@ -319,7 +319,7 @@ def test_migrated_schema_equals_the_models(url):
 
 def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     sessions = db_schema.prepare(url)
-    unchanged = {"from": "0010", "to": "0010", "backup": None}
+    unchanged = {"from": "0011", "to": "0011", "backup": None}
     assert db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == unchanged
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
@@ -345,7 +345,7 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
         assert [{k: row[k] for k in at_0001[table][0]} for row in before[table]] == at_0001[table]
     if url.startswith("sqlite"):
         assert schema(url) == schema(load_previous(tmp_path / "previous.sqlite"))
-    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0010"):
+    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0011"):
         db_schema.check(url)
 
     assert db_schema.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
@@ -364,7 +364,7 @@ def test_check_refuses_an_old_and_an_unknown_revision(url):
     set_revision(url, "0001")
     with pytest.raises(ConfigError) as e:
         db_schema.check(url)
-    assert "revision 0001, and this Danlu needs 0010 (start it with danlu up, which upgrades it)" in str(e.value)
+    assert "revision 0001, and this Danlu needs 0011 (start it with danlu up, which upgrades it)" in str(e.value)
     assert e.value.reason == "db_schema"
     set_revision(url, "0999")
     for refuse in (lambda: db_schema.check(url), lambda: db_schema.upgrade(url, backup_dir=None, log=LOG)):
@@ -397,7 +397,7 @@ def test_upgrade_of_danlu_0_1_0_rows_on_postgres(postgres_url, tmp_path, caplog)
 
     result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result == {"from": "0001", "to": "0010", "backup": None}
+    assert result == {"from": "0001", "to": "0011", "backup": None}
     assert "pg_dump" in caplog.text and not (tmp_path / "backups").exists()
     after = dump(url)
     for table, rows in before.items():
