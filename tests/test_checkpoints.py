@@ -151,3 +151,16 @@ async def test_the_admission_model_sees_a_running_jobs_checkpoint(tmp_path):
         assert (await final(manager, job_id))["state"] == "succeeded"
 
     assert before == 0.0 and after >= wl.admitted_at > 0
+
+
+def test_the_cli_and_the_job_card_say_the_step_and_age_of_the_last_checkpoint():
+    from danlu.card import summary_html  # deferred: only these two lines need the client side
+    from danlu.jobs_cli import checkpoint_line  # deferred: as above
+
+    saved = {"step": 1500, "age_seconds": 40.2, "attempt": 2}
+    running = {"id": "0a1b2c3d4e5f", "name": "n", "state": "running", "profile": "python", "checkpoint": saved}
+    assert checkpoint_line(running) == "step 1500, 40 s ago (attempt 2)"
+    assert checkpoint_line({**running, "state": "succeeded"}) == "step 1500, 40 s before it ended (attempt 2)"
+    assert checkpoint_line({**running, "checkpoint": {**saved, "age_seconds": 600}}).startswith("step 1500, 10 min")
+    assert "checkpoint step 1500, 40 s old" in summary_html(running)
+    assert "checkpoint" not in summary_html({**running, "checkpoint": None})
