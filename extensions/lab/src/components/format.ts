@@ -78,15 +78,18 @@ export function formatNumber(value: number | null | undefined): string {
 
 /**
  * A job's last checkpoint: `checkpoint step 1500, 40s ago`; `extraSeconds`
- * (since the job was polled) ages it while the job runs. Empty without one.
+ * (since the job was polled) ages it while the job runs. For a job that
+ * ended (`ended`), its age then: `checkpoint step 1500, 40s before the end`.
+ * Empty without one.
  */
 export function formatCheckpoint(
   checkpoint: { step: number; age_seconds: number } | null | undefined,
-  extraSeconds = 0
+  extraSeconds = 0,
+  ended = false
 ): string {
   if (!checkpoint) {
     return '';
   }
   const age = formatDuration(checkpoint.age_seconds + extraSeconds);
-  return `checkpoint step ${checkpoint.step}, ${age} ago`;
+  return `checkpoint step ${checkpoint.step}, ${age} ${ended ? 'before the end' : 'ago'}`;
 }

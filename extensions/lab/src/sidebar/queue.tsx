@@ -146,7 +146,7 @@ function JobItem(props: {
     details.push(formatDuration(elapsed));
   }
   if (job.checkpoint) {
-    details.push(formatCheckpoint(job.checkpoint, props.extraSeconds));
+    details.push(formatCheckpoint(job.checkpoint, props.extraSeconds, !active));
   }
   return (
     <li className="danlu-job" data-job-id={job.id} data-state={job.state}>
