@@ -395,6 +395,7 @@ dist.init_process_group("gloo")
 total = torch.tensor([float(os.environ["RANK"]) + 1])
 dist.all_reduce(total)
 print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: sum {total.item():g}", flush=True)
+print("checkpoints in", os.environ["DANLU_CHECKPOINT_DIR"], flush=True)
 dist.destroy_process_group()
 """
 
@@ -412,6 +413,10 @@ def test_a_job_on_two_nodes_is_one_trainjob_of_two_pods_whose_ranks_meet(service
     assert tj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     assert "rank 0 of 2: sum 3" in output(service, job_id)
     assert rank1 is not None and "rank 1 of 2: sum 3" in rank1[0].decode()
+    # every rank of every node keeps its checkpoints in the owner's home claim (the fake kubelet maps the
+    # claim's mount to the owner's folder here), not in its pod
+    where = f"checkpoints in {service.homes['alice'] / '.danlu' / 'checkpoints' / job_id}\\n"
+    assert where in output(service, job_id) and where in rank1[0].decode()
     # policies.py: the pods may meet through their own NetworkPolicy, deleted with the TrainJob
     assert ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies") in cluster.requests
     if cluster.get("TrainJob", NS, tj["metadata"]["name"]) is None:
