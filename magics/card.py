@@ -45,6 +45,9 @@ def summary_html(job: dict) -> str:
         parts.append(html.escape(job["reason"]))
     if job.get("elapsed_seconds") is not None:
         parts.append(f"{job['elapsed_seconds']:.0f} s")
+    saved = job.get("checkpoint")
+    if isinstance(saved, dict):  # the last checkpoint its code reported
+        parts.append(f"checkpoint step {int(saved['step'])}, {saved['age_seconds']:.0f} s old")
     resources = job.get("resources", {})
     parts.append(f"{resources.get('nproc', 1)} proc, {resources.get('gpus', 0)} GPU · {html.escape(job['profile'])}")
     tracking = job.get("tracking") or {}

@@ -188,6 +188,10 @@ class DanluClient:
     def cancel(self, job_id: str) -> dict:
         return self.request("POST", f"/jobs/{job_id}/cancel", timeout=120).json()
 
+    def checkpoint(self, job_id: str) -> dict:
+        """Ask a running job to save a checkpoint now: ``{"id", "save"}`` (the requests so far)."""
+        return self.request("POST", f"/jobs/{job_id}/checkpoint").json()
+
     def logs(
         self, job_id: str, *, follow: bool = False, tail: int | None = None, offset: int | None = None
     ) -> Iterator[str]:

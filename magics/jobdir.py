@@ -64,6 +64,8 @@ def read_json(path: Path) -> Any | None:
 @dataclass(frozen=True)
 class JobDir:
     path: Path
+    #: where checkpoints go, when not in the job's folder (a pod: a folder in the owner's home claim)
+    checkpoints: Path | None = None
 
     # files -----------------------------------------------------------------
     @property
@@ -103,7 +105,7 @@ class JobDir:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.path / "checkpoints"
+        return self.checkpoints if self.checkpoints is not None else self.path / "checkpoints"
 
     @property
     def seed_file(self) -> Path:

@@ -1,4 +1,5 @@
-"""``danlu jobs`` and ``danlu reproduce``: submit, list, show, follow, cancel, reprioritize, compare and re-run jobs.
+"""``danlu jobs`` and ``danlu reproduce``: submit, list, show, follow, cancel, checkpoint, reprioritize, compare and
+re-run jobs.
 
 Each command is one call of the jobs service's REST API (through
 :func:`danlu.cliclient.client`), or, for ``submit``, one
@@ -139,6 +140,8 @@ def cmd_show(args) -> int:
         if job.get(key) not in (None, ""):
             print(f"{key:>15}: {job[key]}")
     print(f"{'resources':>15}: {job['resources']['nproc']} process(es), {job['resources']['gpus']} GPU(s)")
+    if job.get("checkpoint"):
+        print(f"{'checkpoint':>15}: {checkpoint_line(job)}")
     tracking = job.get("tracking") or {}
     if tracking:
         line = f"{tracking.get('state')}, {tracking.get('points_sent', 0)} metric points"
@@ -164,6 +167,32 @@ def cmd_logs(args) -> int:
 def cmd_cancel(args) -> int:
     job = cliclient.client(args).cancel(args.id)
     print(f"{job['id']} {job['state']}")
+    return 0
+
+
+def age(seconds: float) -> str:
+    """``40 s``, ``12 min``, ``3.5 h``: how long ago, as people say it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def checkpoint_line(job: dict) -> str:
+    """``step 1500, 40 s ago (attempt 2)``: the job's last checkpoint (for an ended job, its age when it ended)."""
+    saved = job["checkpoint"]
+    when = "before it ended" if job.get("state") in FINAL_STATES else "ago"
+    return f"step {saved['step']}, {age(saved['age_seconds'])} {when} (attempt {saved['attempt']})"
+
+
+def cmd_checkpoint(args) -> int:
+    answer = cliclient.client(args).checkpoint(args.id)
+    if args.json:
+        print(json.dumps(answer, indent=1))
+        return 0
+    print(
+        f"{answer['id']}: asked to save a checkpoint now (request {answer['save']}); a job that uses "
+        "danlu.resumable saves within about 10 s, and `danlu jobs show` then says its step"
+    )
     return 0
 
 
@@ -353,6 +382,10 @@ def add_parser(sub) -> None:
     cc = jsub.add_parser("cancel", help="cancel a job")
     cc.add_argument("id")
     cc.set_defaults(func=cmd_cancel)
+    ck = jsub.add_parser("checkpoint", help="ask a running job to save a checkpoint now")
+    ck.add_argument("id", metavar="JOB")
+    ck.add_argument("--json", action="store_true", help="what the API answered")
+    ck.set_defaults(func=cmd_checkpoint)
     pp = jsub.add_parser("priority", help="reprioritize a job (admins)")
     pp.add_argument("id")
     pp.add_argument("priority", help="a priority class")
@@ -362,7 +395,7 @@ def add_parser(sub) -> None:
     df.add_argument("b", metavar="B", help="another job id")
     df.add_argument("--json", action="store_true")
     df.set_defaults(func=cmd_diff)
-    for p in (s, ls, sh, lg, cc, pp, df):
+    for p in (s, ls, sh, lg, cc, pp, df, ck):
         add_client_args(p)
     ls.add_argument("--queue", help="only this queue")
     sw = sub.add_parser("sweeps", help="hyperparameter sweeps: list, show, stop")

@@ -908,3 +908,41 @@ def test_waiting_reads_and_changes_like_a_dict():
     waiting["c"] = "retrying later"
     del waiting["a"]
     assert dict(waiting) == {"b": reason, "c": "retrying later"} and waiting.get("a") is None
+
+
+# victims among equals: the least work lost (checkpoints) ----------------------------------------------------
+
+
+def test_among_equals_the_victim_is_the_job_with_the_freshest_checkpoint():
+    model = solo()
+    fill(model, job("l1", "solo", priority=LOW), now=0)
+    fill(model, job("l2", "solo", priority=LOW), now=1)
+    model.admitted["l1"].checkpointed_at = 5.0  # l1 would lose 1 s, l2 everything since it started (5 s)
+
+    decision = model.cycle([job("h", "solo", priority=HIGH, created=6)], now=6)
+
+    assert pairs(decision.preempted) == [("l1", "h")]
+
+
+def test_a_checkpoint_older_than_the_attempt_counts_as_its_start():
+    """A checkpoint of an earlier attempt is where this one began: only work since the later of the two is lost,
+    so l1 (resumed from an old checkpoint, started at 0) loses more than l2 (started at 1)."""
+    model = solo()
+    fill(model, job("l1", "solo", priority=LOW), now=0)
+    fill(model, job("l2", "solo", priority=LOW), now=1)
+    model.admitted["l1"].checkpointed_at = -100.0
+
+    decision = model.cycle([job("h", "solo", priority=HIGH, created=6)], now=6)
+
+    assert pairs(decision.preempted) == [("l2", "h")]  # Kueue's order: most recently admitted
+
+
+def test_priority_still_comes_before_a_fresh_checkpoint():
+    model = solo()
+    fill(model, job("low", "solo", priority=LOW), now=0)
+    fill(model, job("normal", "solo", priority=NORMAL), now=1)
+    model.admitted["normal"].checkpointed_at = 5.0
+
+    decision = model.cycle([job("h", "solo", priority=HIGH, created=6)], now=6)
+
+    assert pairs(decision.preempted) == [("low", "h")]

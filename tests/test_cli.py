@@ -96,3 +96,43 @@ def test_list_follows_pages_and_json_has_the_apis_fields(workbench, notebook_fil
     assert "cursor 'nope' is not a cursor of GET /jobs" in bad.stderr
     none = danlu(workbench, "jobs", "list", "--json", token=workbench.create_user("dora"))
     assert none.returncode == 0 and json.loads(none.stdout) == [] and not none.stderr
+
+
+SAVES_WHEN_ASKED = """import json, os, time, urllib.request
+api, job, attempt = os.environ["DANLU_RUNNER_API"], os.environ["DANLU_JOB_ID"], os.environ["DANLU_ATTEMPT"]
+auth = {"Authorization": "Bearer " + os.environ["DANLU_JOB_TOKEN"], "Content-Type": "application/json"}
+base = f"{api}/runner/jobs/{job}/attempts/{attempt}"
+save = 0
+for _ in range(1500):  # as danlu.resumable polls GET .../stop, until a save is asked for
+    save = json.load(urllib.request.urlopen(urllib.request.Request(base + "/stop", headers=auth), timeout=30))["save"]
+    if save:
+        break
+    time.sleep(0.2)
+body = json.dumps({"event": "checkpoint", "step": 1500}).encode()
+urllib.request.urlopen(urllib.request.Request(base + "/events", data=body, headers=auth), timeout=30).read()
+print("saved for request", save, flush=True)
+"""
+
+
+def test_jobs_checkpoint_asks_a_running_job_to_save_and_show_says_the_step(workbench, tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(SAVES_WHEN_ASKED))
+    path = tmp_path / "saver.ipynb"
+    nbformat.write(nb, path)
+    submitted = danlu(workbench, "jobs", "submit", str(path), "--name", "saver")
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[1]
+    for _ in range(600):  # 409 not_running (exit 2) while it is queued or starting
+        asked = danlu(workbench, "jobs", "checkpoint", job_id, "--json")
+        if asked.returncode == 0:
+            break
+        assert "only a running job can save" in asked.stderr, asked.stderr
+    assert json.loads(asked.stdout) == {"id": job_id, "save": 1}
+    done = danlu(workbench, "jobs", "logs", job_id, "--follow")
+    assert "saved for request 1" in done.stdout
+    shown = danlu(workbench, "jobs", "show", job_id)
+    assert shown.returncode == 0 and "checkpoint: step 1500, " in shown.stdout and "(attempt 1)" in shown.stdout
+    again = danlu(workbench, "jobs", "checkpoint", job_id)
+    assert again.returncode == 2 and "is succeeded: only a running job can save" in again.stderr
+    hidden = danlu(workbench, "jobs", "checkpoint", job_id, token=workbench.tokens["bob"])
+    assert hidden.returncode == 2 and f"job {job_id} not found" in hidden.stderr

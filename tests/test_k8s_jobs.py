@@ -72,6 +72,8 @@ def test_a_trainjob_is_queued_suspended_for_its_team_with_its_token_kept_out_of_
                         "valueFrom": {"secretKeyRef": {"name": "danlu-0a1b2c3d4e5f-2-token", "key": "token"}},
                     },
                     {"name": "DANLU_JOB_DIR", "value": "/danlu/job"},
+                    # in the home claim, by job: every attempt finds the last one's checkpoints
+                    {"name": "DANLU_CHECKPOINT_DIR", "value": "/home/jovyan/.danlu/checkpoints/0a1b2c3d4e5f"},
                     {"name": "HOME", "value": "/home/jovyan"},
                     {"name": "PYTHONUNBUFFERED", "value": "1"},
                     # privacy.allow_outbound is off: no telemetry from the job's libraries
@@ -141,7 +143,24 @@ def test_a_cpu_job_without_limits_or_home_asks_for_nothing_it_did_not_ask_for():
     assert "activeDeadlineSeconds" not in tj["spec"]
     pod = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert pod["template"]["spec"]["template"] == {"metadata": {"labels": LABELS}}
+    # no home claim: checkpoints stay in the runner's folder in the pod's scratch space (the admin guide says so)
+    assert "DANLU_CHECKPOINT_DIR" not in {e["name"] for e in tj["spec"]["trainer"]["env"]}
     assert errors(tj) == []
+
+
+def test_every_attempt_of_a_job_keeps_its_checkpoints_in_the_same_folder_of_the_same_claim():
+    def where(attempt):
+        tj = jobs.trainjob(**{**BASE, "attempt": attempt}, home_claim="claim-alice")
+        pod = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        spec = pod["template"]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in tj["spec"]["trainer"]["env"]}
+        assert errors(tj) == []
+        return spec["volumes"], spec["containers"][0]["volumeMounts"], env["DANLU_CHECKPOINT_DIR"]
+
+    assert where(1) == where(2)
+    volumes, mounts, folder = where(3)
+    assert volumes == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+    assert folder.startswith(mounts[0]["mountPath"] + "/") and folder.endswith("/" + BASE["job_id"])
 
 
 @pytest.mark.parametrize("job_id", ["0a1b2c3d4e5f", "9fffffffffff"])

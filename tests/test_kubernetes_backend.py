@@ -243,6 +243,58 @@ def test_a_high_priority_job_evicts_a_borrowing_one_which_is_requeued(service, c
     assert trainjobs(cluster, borrower) == []
 
 
+CHECKPOINTING = """import json, os, pathlib, urllib.request
+folder = pathlib.Path(os.environ["DANLU_CHECKPOINT_DIR"])
+folder.mkdir(parents=True, exist_ok=True)
+print("found", sorted(p.name for p in folder.iterdir()), flush=True)
+(folder / ("attempt-" + os.environ["DANLU_ATTEMPT"])).write_text("saved")
+api, job, attempt = os.environ["DANLU_RUNNER_API"], os.environ["DANLU_JOB_ID"], os.environ["DANLU_ATTEMPT"]
+urllib.request.urlopen(urllib.request.Request(
+    f"{api}/runner/jobs/{job}/attempts/{attempt}/events",
+    data=json.dumps({"event": "checkpoint", "step": 10 * int(attempt)}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["DANLU_JOB_TOKEN"], "Content-Type": "application/json"},
+), timeout=30).read()
+print("checkpointed", flush=True)
+"""
+
+
+def test_an_evicted_jobs_next_pod_finds_its_checkpoint_in_the_owners_home_claim(service, cluster):
+    """Kueue evicts a job that saved a checkpoint: its second attempt's pod mounts the same claim and finds it
+    at the same path, and the job's record says where it resumes."""
+    borrower = submit(service, ALICE, CHECKPOINTING + waiting("saver"), resources={"gpus": 2})
+    wait_log(service, borrower, "checkpointed")
+    first = cluster.get("TrainJob", NS, names.trainjob_name(borrower, 1))
+    urgent = submit(service, BOB, waiting("urgent2"), resources={"gpus": 1}, priority="urgent")
+    evicted = wait_for(
+        service,
+        borrower,
+        "evicted and back in the queue",
+        lambda j: len(j["attempts"]) >= 1 and j["attempts"][0]["state"] == "preempted",
+    )
+    wait_log(service, urgent, "urgent2 is running")
+    go(service, "bob", "urgent2")
+    assert wait_final(service, urgent)["state"] == "succeeded"
+    wait_for(service, borrower, "its second attempt to save", lambda j: (j["checkpoint"] or {}).get("step") == 20)
+    second = cluster.get("TrainJob", NS, names.trainjob_name(borrower, 2))
+    go(service, "alice", "saver")
+    done = wait_final(service, borrower)
+
+    def claim_and_folder(tj):
+        patch = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = patch["template"]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in tj["spec"]["trainer"]["env"]}
+        return pod["volumes"], pod["containers"][0]["volumeMounts"], env["DANLU_CHECKPOINT_DIR"]
+
+    assert claim_and_folder(first) == claim_and_folder(second)
+    assert claim_and_folder(second)[2] == names.checkpoint_dir(borrower)
+    assert "resumes from its checkpoint at step 10" in evicted["attempts"][0]["reason"], evicted["attempts"][0]
+    assert done["state"] == "succeeded" and [a["state"] for a in done["attempts"]] == ["preempted", "succeeded"]
+    assert "found ['attempt-1']" in log(service, borrower)  # the second pod's log: the first one's checkpoint
+    kept = service.homes["alice"] / ".danlu" / "checkpoints" / borrower
+    assert sorted(p.name for p in kept.iterdir()) == ["attempt-1", "attempt-2"]
+    assert done["checkpoint"]["step"] == 20 and done["checkpoint"]["attempt"] == 2
+
+
 def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
     running = submit(service, ALICE, waiting("cancelled-running"), resources={"gpus": 2})
     wait_log(service, running, "cancelled-running is running")
@@ -343,6 +395,7 @@ dist.init_process_group("gloo")
 total = torch.tensor([float(os.environ["RANK"]) + 1])
 dist.all_reduce(total)
 print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: sum {total.item():g}", flush=True)
+print("checkpoints in", os.environ["DANLU_CHECKPOINT_DIR"], flush=True)
 dist.destroy_process_group()
 """
 
@@ -360,6 +413,10 @@ def test_a_job_on_two_nodes_is_one_trainjob_of_two_pods_whose_ranks_meet(service
     assert tj["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     assert "rank 0 of 2: sum 3" in output(service, job_id)
     assert rank1 is not None and "rank 1 of 2: sum 3" in rank1[0].decode()
+    # every rank of every node keeps its checkpoints in the owner's home claim (the fake kubelet maps the
+    # claim's mount to the owner's folder here), not in its pod
+    where = f"checkpoints in {service.homes['alice'] / '.danlu' / 'checkpoints' / job_id}\\n"
+    assert where in output(service, job_id) and where in rank1[0].decode()
     # policies.py: the pods may meet through their own NetworkPolicy, deleted with the TrainJob
     assert ("POST", f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies") in cluster.requests
     if cluster.get("TrainJob", NS, tj["metadata"]["name"]) is None:

@@ -453,7 +453,7 @@ async def test_cancel_while_running_stops_the_runner_with_the_reason_cancelled(t
     assert (cancelled["state"], cancelled["reason"]) == ("cancelled", "cancelled by alice")
     assert [(a["state"], a["reason"]) for a in cancelled["attempts"]] == [("cancelled", "cancelled by alice")]
     assert backend.cancels == [(job_id, "cancelled")] and set(backend.cleanups) == {job_id}
-    assert run.stop == {"reason": "cancelled", "grace": 2.0}
+    assert run.stop == {"reason": "cancelled", "grace": 2.0, "save": 0}
     assert ("finished cancelled", 200) in run.answers
     assert rows[0]["stop_reason"] == "cancelled" and rows[0]["report"]["state"] == "cancelled"
     assert backend.machine.alive() == []
@@ -475,7 +475,9 @@ async def test_preemption_stops_the_victim_which_goes_back_to_the_queue_and_runs
         preempts = await manager.audit.records(ADMIN, limit=5, action="preempt", target=victim)
 
     assert (victim, "preempted") in backend.cancels
-    assert first.stop == {"reason": "preempted", "grace": 2.0} and ("finished preempted", 200) in first.answers
+    assert (
+        first.stop == {"reason": "preempted", "grace": 2.0, "save": 0} and ("finished preempted", 200) in first.answers
+    )
     assert requeued["state"] == "queued"
     [attempt] = requeued["attempts"]
     assert (attempt["state"], attempt["failure"]) == ("preempted", None)

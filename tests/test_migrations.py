@@ -211,7 +211,7 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     assert after["job_inputs"] == []
     with make_sessionmaker(url)() as s:
         for job in s.scalars(select(Job)):
-            assert (job.cell_sha256, job.tracking) == ("", {})
+            assert (job.cell_sha256, job.tracking, job.checkpoint, job.save_requests) == ("", {}, None, 0)
         for attempt in s.scalars(select(Attempt)):
             assert (attempt.token_hash, attempt.stop_reason, attempt.stop_grace, attempt.report) == ("", "", None, {})
         verified = audit.verify(s)

@@ -7,7 +7,8 @@ LocalQueue and priority class, so Kueue admits it (and injects the chosen flavor
 tolerations); ``numNodes`` x ``numProcPerNode`` ranks, each running ``python -m danlu.runner
 --kubernetes``. The runner reads its launch from the environment; the token comes from the attempt's
 Secret, never from the TrainJob's spec. The owner's home volume is mounted where the notebook server
-has it, so the job sees the notebook's folder.
+has it, so the job sees the notebook's folder, and ``$DANLU_CHECKPOINT_DIR`` is a folder in it named by the
+job (:func:`~danlu.hub.k8s.names.checkpoint_dir`), so every attempt finds the checkpoints of the one before.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def trainjob(
         *({"name": k, "value": v} for k, v in sorted(env.private_environment(allow_outbound, {}).items())),
     ]
     pod_spec: dict = {}
-    if home_claim:
+    if home_claim:  # checkpoints in the home claim, kept across attempts; without one, in the pod's scratch
+        container_env.insert(5, {"name": env.CHECKPOINT_DIR, "value": names.checkpoint_dir(job_id)})
         pod_spec["volumes"] = [{"name": "home", "persistentVolumeClaim": {"claimName": home_claim}}]
         pod_spec["containers"] = [
             {"name": names.TRAINER_CONTAINER, "volumeMounts": [{"name": "home", "mountPath": names.HOME}]}

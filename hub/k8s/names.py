@@ -38,6 +38,14 @@ TRAINER_CONTAINER = "node"
 #: where a job pod's scratch folder (its job folder) and the owner's home are mounted
 JOB_DIR = "/danlu/job"
 HOME = "/home/jovyan"
+CHECKPOINTS = ".danlu/checkpoints"  # under the owner's home: a job's checkpoints, in a folder named by its id
+
+
+def checkpoint_dir(job_id: str) -> str:
+    """Where a job's pods keep ``$DANLU_CHECKPOINT_DIR``: in the owner's home claim, keyed by the job (not the
+    attempt, pod or node), so that a checkpoint outlives the eviction it was saved for."""
+    return f"{HOME}/{CHECKPOINTS}/{job_id}"
+
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

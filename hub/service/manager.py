@@ -27,7 +27,7 @@ from danlu.hub.backends.base import Backend, FileRefused
 from danlu.hub.service.auth import ADMIN_FIX, require_admin
 from danlu.hub.service.datasets.catalog import Catalog, uses_of_jobs
 from danlu.hub.service.formats import JOB_ID
-from danlu.hub.service.jobs import outputs
+from danlu.hub.service.jobs import checkpoints, outputs
 from danlu.hub.service.jobs.attempts import handed_over
 from danlu.hub.service.jobs.core import Core
 from danlu.hub.service.jobs.experiments import experiments_of
@@ -332,6 +332,12 @@ class JobManager:
             await self.supervisor.cancel(job_id, dict(job.backend_state or {}), f"cancelled by {who}")
         await self.scheduler.schedule()
         return await self.job_dict(job_id)
+
+    async def checkpoint(self, principal, job_id: str) -> dict:
+        """Ask a running job the caller may control to save a checkpoint now (its code polls the count)."""
+        job = await self.get(principal, job_id, write=True)
+        save = await self.database.write(checkpoints.request_save, job.id, principal.name)
+        return {"id": job.id, "save": save}
 
     async def reproduce(self, principal, job_id: str) -> dict:
         """Run a job the caller may see again, as the caller's new job (404 for a job they may not see)."""

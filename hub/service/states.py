@@ -80,15 +80,17 @@ def next_state(
     failures_before: int,
     limit_seconds: float,
     backoff_seconds: float,
+    resumes: str | None = None,
 ) -> Next:
     """Decide what follows an attempt of a running or preempted job (a pure function).
 
     ``stopping`` is why the service was stopping the attempt (cancelled, preempted, timed_out),
     ``failures_before`` the infrastructure failures of earlier attempts, ``retries`` the job's
-    allowance. In order: success wins; then what the service was doing (a cancel, a time limit,
-    a preemption); an interruption requeues without counting; an error in the user's code fails
-    the job; an infrastructure failure retries after ``backoff × 2^(n-1)`` (at most an hour)
-    while the allowance lasts, else fails the job.
+    allowance, ``resumes`` where a preempted job resumes (the checkpoint it reported). In order:
+    success wins; then what the service was doing (a cancel, a time limit, a preemption, which
+    requeues without counting against the allowance); an interruption requeues without counting; an
+    error in the user's code fails the job; an infrastructure failure retries after
+    ``backoff × 2^(n-1)`` (at most an hour) while the allowance lasts, else fails the job.
     """
     job_state = JobState(job_state)
     if ending.state == "succeeded":
@@ -100,7 +102,8 @@ def next_state(
         reason = f"ran longer than its limit of {limit_seconds:g} s and was stopped"
         return Next(JobState.timed_out, reason, "", "timed_out", reason)
     if job_state == JobState.preempted or stopping == "preempted" or ending.state == "preempted":
-        reason = f"{preempt_reason}; back in the queue (checkpoint in $DANLU_CHECKPOINT_DIR)"
+        where = resumes or "(checkpoint in $DANLU_CHECKPOINT_DIR)"  # a checkpoint it reported, else the folder
+        reason = f"{preempt_reason}; back in the queue{'; ' if resumes else ' '}{where}"
         return Next(JobState.queued, reason, "", "preempted", reason)
     if ending.interrupted:
         return Next(JobState.queued, f"{ending.reason}; runs again", "", "failed", ending.reason)

@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             stop_kernel(km, now=True)
         return 0
     os.environ[env.JOB_ID] = launch.job_id
-    jd = JobDir(Path(launch.job_dir))
+    # in a pod, the TrainJob may keep checkpoints in the owner's home claim, which outlives the pod
+    kept = env.CHECKPOINT_DIR.get() if args.kubernetes else None
+    jd = JobDir(Path(launch.job_dir), Path(kept) if kept else None)
     jd.path.mkdir(parents=True, exist_ok=True)
     os.chdir(jd.path)
     if not args.kubernetes:  # in a pod, stdout is the pod's log

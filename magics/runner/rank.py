@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from danlu import env as names
 from danlu.jobdir import JobDir, read_json, write_json_atomic
 from danlu.runner.base import describe_error
 from danlu.runner.kernels import execute_notebook, job_env, let_kernel_finish, prime, start_kernel, stop_kernel
@@ -26,7 +27,8 @@ from danlu.runner.kernels import execute_notebook, job_env, let_kernel_finish, p
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    jd = JobDir(Path(argv[0]))
+    kept = names.CHECKPOINT_DIR.get()  # the runner's (torchrun passes on its job_env): a pod's is in the home claim
+    jd = JobDir(Path(argv[0]), Path(kept) if kept else None)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"[rank {rank}] %(message)s")
     for noisy in ("urllib3", "mlflow"):

@@ -55,6 +55,14 @@ export interface IProfile {
   [key: string]: unknown;
 }
 
+/** A job's last checkpoint, as its code reported it (kept across attempts). */
+export interface ICheckpoint {
+  step: number;
+  /** Seconds since it was saved (for a job that ended: until it ended). */
+  age_seconds: number;
+  attempt: number;
+}
+
 export interface IJob {
   id: string;
   name: string;
@@ -73,6 +81,7 @@ export interface IJob {
   finished_at?: string | null;
   mlflow_run_id?: string | null;
   mlflow_run_url?: string | null;
+  checkpoint?: ICheckpoint | null;
   [key: string]: unknown;
 }
 

@@ -383,7 +383,7 @@ def _consider(
     ):
         reason = "waiting for the jobs it preempted to stop"
     elif preempt and ask.circle not in m._preempted_in:
-        victims = preemption.victims(m, wl, held_back, admitted_now)
+        victims = preemption.victims(m, wl, held_back, admitted_now, now)
         for victim in victims:
             m._run(victim, -1.0)
             m._changes[team.cohort or team.name] += 1

@@ -61,9 +61,18 @@ class Freed:
 
 
 def victims(
-    m: Model, wl: Workload, reserved: dict[str, float] | None = None, admitted_now: AbstractSet[str] = frozenset()
+    m: Model,
+    wl: Workload,
+    reserved: dict[str, float] | None = None,
+    admitted_now: AbstractSet[str] = frozenset(),
+    now: float = 0.0,
 ) -> list[Workload]:
     """The fewest workloads to stop so that ``wl`` fits, per its team's policies; [] if none.
+
+    Among candidates of one priority, those that would lose the least work go first: the freshest
+    checkpoint, or the most recent start where none is fresher (:meth:`Workload.work_at_risk` at the pass's
+    ``now``). Without checkpoints that is Kueue's order, most recently admitted first; with them Danlu
+    departs from Kueue, which does not know checkpoints (kueue#477).
 
     Only the victims chosen here count as freed (not those stopping for another workload), what
     starving workloads hold back stays held back, and a workload admitted in this pass is no victim:
@@ -97,8 +106,8 @@ def victims(
     # Kueue's classic preemption: what other teams borrow first, then its own team's lower priorities,
     # newest and least important first, a job of another team only while that team still borrows what the
     # preemptor reclaims, and the preemptor then within its nominal quota; failing that, only its own
-    # team's, the preemptor allowed to borrow
-    order = lambda v: (v.priority, -v.admitted_at, -v.created, v.id)
+    # team's, the preemptor allowed to borrow. "Newest" is the least work lost: the freshest checkpoint
+    order = lambda v: (v.priority, v.work_at_risk(now), -v.created, v.id)
     mine = sorted((v for v in candidates if v.team == wl.team), key=order)
     theirs = sorted((v for v in candidates if v.team != wl.team), key=order)
     if theirs:

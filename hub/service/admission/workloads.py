@@ -79,6 +79,7 @@ class Workload:
     flavor: str | None = None
     devices: tuple[int, ...] = ()
     admitted_at: float = 0.0
+    checkpointed_at: float = 0.0  # when it last saved a checkpoint (0: never), on the clock of admitted_at
     stopping: bool = False  # preempted, its processes are being stopped
     stopping_for: str = ""  # the workload it was preempted for
     _group: int = field(default=-1, repr=False, compare=False)
@@ -98,6 +99,12 @@ class Workload:
         if self._ask < 0:
             self._ask = _ASKS.setdefault((self.team, self.request), len(_ASKS))
         return self._ask
+
+    def work_at_risk(self, now: float) -> float:
+        """Seconds of work stopping it now would lose: since its last checkpoint, or since it started this
+        attempt when that is later (a checkpoint of an earlier attempt is where this one began). Not clamped
+        at 0, so that it orders workloads as their times do whatever ``now`` a caller passes."""
+        return now - max(self.admitted_at, self.checkpointed_at)
 
     def reprioritize(self, priority: int) -> None:
         self.priority = priority

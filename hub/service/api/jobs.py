@@ -96,6 +96,12 @@ class CancelHandler(APIHandler):
         self.write_json(await self.manager.cancel(who, self.job_arg(job_id)))
 
 
+class CheckpointHandler(APIHandler):
+    async def post(self, job_id):
+        who = self.principal()  # 202: asked; the job's code saves at its next look (at most every 10 s)
+        self.write_json(await self.manager.checkpoint(who, self.job_arg(job_id)), status=202)
+
+
 class NotebookHandler(APIHandler):
     """The executed notebook (``/output``, any rank) or the submitted one (``/input``), streamed."""
 

@@ -28,6 +28,7 @@ def routes(prefix: str) -> list:
         (f"{api}/datasets/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", catalog.DatasetVersionHandler),
         (f"{api}{job}/reproduce", jobs.ReproduceHandler),
         (f"{api}{job}/compare/(?P<other>[^/]+)", jobs.CompareHandler),
+        (f"{api}{job}/checkpoint", jobs.CheckpointHandler),
         (f"{api}/models", catalog.ModelsHandler),
         (f"{api}/models/(?P<name>[^/]+)", catalog.ModelHandler),
         (f"{api}/models/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", catalog.ModelVersionHandler),

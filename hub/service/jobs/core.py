@@ -19,6 +19,7 @@ from sqlalchemy import select
 from danlu.hub.service.admission import quotas
 from danlu.hub.service.admission.model import Model
 from danlu.hub.service.admission.workloads import Decision, Request, Workload
+from danlu.hub.service.jobs import checkpoints
 from danlu.hub.service.store.database import Database
 from danlu.hub.service.store.orm import Attempt, Flag, Job, QueueSetting
 
@@ -42,6 +43,7 @@ def workload_of(job: Job, attempt: Attempt | None = None) -> Workload:
         wl.flavor = attempt.flavor
         wl.devices = tuple(attempt.devices or ())
         wl.admitted_at = ts(attempt.started_at)
+        wl.checkpointed_at = ts(checkpoints.saved_at(job))
     return wl
 
 

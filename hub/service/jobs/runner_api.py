@@ -3,7 +3,8 @@
 A runner authenticates every call with its attempt's job token (the service
 keeps only its sha256, cleared when the attempt ends), which binds it to one
 attempt of one job: it can fetch that attempt's spec, ask why it is being
-stopped, report its MLflow run, what only the job knows of its provenance
+stopped (and whether its owner asked it to save now), report that it saved a checkpoint
+(:mod:`~.checkpoints`), report its MLflow run, what only the job knows of its provenance
 (the seed its code set, git's dirty state, a plain dataset's digest:
 :func:`~.provenance.merge_report`) and how it ended, and -- for
 ``danlu.dataset`` in its code -- resolve a catalog version as the job's owner
@@ -33,7 +34,7 @@ from danlu.hub.service import jsonbody, validation
 from danlu.hub.service.auth import Principal
 from danlu.hub.service.datasets.catalog import Catalog, manifest_of, record_uses
 from danlu.hub.service.formats import JOB_TOKEN
-from danlu.hub.service.jobs import outputs, provenance
+from danlu.hub.service.jobs import checkpoints, outputs, provenance
 from danlu.hub.service.jobs.attempts import ACTIVE_STATES, admit, handed_over
 from danlu.hub.service.jobs.supervisor import Supervisor
 from danlu.hub.service.mlflow_client import EVALUATIONS, run_tags
@@ -134,8 +135,10 @@ class RunnerApi:
             await self.mlflow.expire(job_id, attempt, run_id)
 
     async def stop(self, job_id: str, attempt: int, token: str) -> dict:
-        reason, grace = await self.database.read(_stop, job_id, attempt, _hash(token))
-        return {"reason": reason or None, "grace": grace}
+        """Why the attempt is being stopped and its grace, and ``save``: how many times its owner asked it to
+        save a checkpoint now (its code saves when the number grows)."""
+        reason, grace, save = await self.database.read(_stop, job_id, attempt, _hash(token))
+        return {"reason": reason or None, "grace": grace, "save": save}
 
     async def output(self, job_id: str, attempt: int, token: str, rank: int, body: bytes) -> dict:
         """Keep rank ``rank``'s executed notebook, from a runner whose folder the service cannot read (a pod)."""
@@ -151,6 +154,10 @@ class RunnerApi:
     async def event(self, job_id: str, attempt: int, token: str, body) -> dict:
         digest = _hash(token)
         await self.database.read(_check, job_id, attempt, digest)
+        if isinstance(body, dict) and body.get("event") == "checkpoint":  # a bad one is refused, never fails it
+            saved = await self.database.write(_checkpoint, job_id, attempt, digest, checkpoints.step_of(body))
+            self.supervisor.checkpointed(job_id, saved)
+            return {"recorded": "checkpoint"}
         try:
             validation.check_schema("RunnerEvent", body)
         except ValidationError as e:
@@ -275,10 +282,15 @@ def _fetched(s, job_id: str, number: int, digest: str) -> None:
     job.backend_state = {**(job.backend_state or {}), "spec_fetched": True}
 
 
-def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float]:
+def _stop(s, job_id: str, number: int, digest: str) -> tuple[str, float, int]:
     job, attempt = _attempt(s, job_id, number, digest)
     reason = attempt.stop_reason or ("preempted" if job.state == "preempted" else "")
-    return reason, float(attempt.stop_grace or 0.0)
+    return reason, float(attempt.stop_grace or 0.0), int(job.save_requests or 0)
+
+
+def _checkpoint(s, job_id: str, number: int, digest: str, step: int) -> dict:
+    job, attempt = _attempt(s, job_id, number, digest)
+    return checkpoints.record(job, attempt, step)
 
 
 def _set_run(s, job_id: str, number: int, digest: str, known: dict) -> None:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from danlu.hub.backends.base import Backend, Launch, Outcome
 from danlu.hub.options import JobsConfig
-from danlu.hub.service.jobs import attempts
+from danlu.hub.service.jobs import attempts, checkpoints
 from danlu.hub.service.jobs.attempts import ACTIVE_STATES
-from danlu.hub.service.jobs.core import Core, workload_of
+from danlu.hub.service.jobs.core import Core, ts, workload_of
 from danlu.hub.service.metrics import Metrics
 from danlu.hub.service.states import Ending, JobState, next_state, transition
 from danlu.hub.service.store import audit
@@ -202,6 +203,12 @@ class Supervisor:
         if watcher is not None:
             watcher.cancel()
 
+    def checkpointed(self, job_id: str, saved: dict) -> None:
+        """The job saved a checkpoint: the admission model's victim choice sees it (while it holds resources)."""
+        wl = self.core.model.admitted.get(job_id)
+        if wl is not None:
+            wl.checkpointed_at = ts(checkpoints.saved_at(SimpleNamespace(checkpoint=saved)))
+
     def reap_after_report(self, job_id: str, number: int, seconds: float = 30.0) -> None:
         """A runner's last act is its ``finished`` report; if attempt ``number`` still runs ``seconds`` later,
         it is ended (only that attempt: a later one of the same job is left alone)."""
@@ -352,6 +359,7 @@ def _finalize(s, job_id: str, outcome: Outcome, stopping, jobs: JobsConfig, ledg
         failures_before=failures,
         limit_seconds=job.timeout_seconds or jobs.max_runtime_seconds,
         backoff_seconds=jobs.retry_backoff_seconds,
+        resumes=checkpoints.resumes(job),
     )
     now = utcnow()
     if attempt is not None:

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any, NamedTuple, Protocol
 
+from danlu.hub.service.jobs import checkpoints
 from danlu.hub.service.states import FINAL
 from danlu.hub.service.store.orm import Job, isoformat, utcnow
 from danlu.hub.service.store.rows import ATTEMPT_COLUMNS, JSON_COLUMNS, VIEW_COLUMNS, Stored
@@ -169,6 +170,7 @@ class Views:
             "tensorboard_dir": self.backend.tensorboard_dir(job.id),
             "runner": ("warm" if state.get("warm") else "cold") if "pid" in state else None,
             "reproduces": job.reproduces,  # the job this one re-runs (POST /jobs/{id}/reproduce)
+            "checkpoint": checkpoints.view(job, job.state in _FINAL),  # its last, as its runner reported it
         }
 
     def of_stored(self, stored: Stored) -> dict:

@@ -97,6 +97,10 @@ class Job(Base):
     provenance: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # the job this one re-runs (POST /jobs/{id}/reproduce), if any
     reproduces: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # the last checkpoint its runner reported (step, saved_at on the service's clock, attempt); kept across attempts
+    checkpoint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # how many times its owner (or an admin) asked it to save now (POST /jobs/{id}/checkpoint)
+    save_requests: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     attempts: Mapped[list["Attempt"]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan", lazy="selectin"

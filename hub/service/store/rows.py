@@ -44,7 +44,7 @@ VIEW_COLUMNS = (
     "mlflow_run_id",
     "reproduces",
 )
-JSON_COLUMNS = ("parameters", "datasets", "source", "tracking", "backend_state")
+JSON_COLUMNS = ("parameters", "datasets", "source", "tracking", "backend_state", "checkpoint")
 ATTEMPT_COLUMNS = (
     "number",
     "state",

@@ -51,6 +51,7 @@ const RUNNING: IJob = {
   resources: { nproc: 1, gpus: 1 },
   devices: [3],
   elapsed_seconds: 75,
+  checkpoint: { step: 1500, age_seconds: 40, attempt: 2 },
   created_at: '2025-01-01T00:00:00Z'
 };
 
@@ -178,6 +179,9 @@ describe('DanluSidebar', () => {
     expect(running.getAttribute('data-state')).toBe('running');
     expect(running.textContent).toMatch(/1 GPU \(3\)/);
     expect(running.textContent).toMatch(/1m 1\ds/);
+    // its last checkpoint: the step and how long ago (the queued one has none)
+    expect(running.textContent).toMatch(/checkpoint step 1500, 4\ds ago/);
+    expect(queued.textContent).not.toMatch(/checkpoint/);
     for (const label of [
       'Cancel job r1',
       'Show log of job r1',

@@ -1,5 +1,5 @@
 /**
- * Small text formatters of the Danlu UI: durations, times and GPU counts.
+ * Small text formatters of the Danlu UI: durations, times, GPU counts and checkpoints.
  */
 
 /** `75` -> `1m 15s`, `3725` -> `1h 02m`; empty for unknown. */
@@ -74,4 +74,22 @@ export function formatNumber(value: number | null | undefined): string {
     return value.toExponential(3);
   }
   return String(Number(value.toPrecision(4)));
+}
+
+/**
+ * A job's last checkpoint: `checkpoint step 1500, 40s ago`; `extraSeconds`
+ * (since the job was polled) ages it while the job runs. For a job that
+ * ended (`ended`), its age then: `checkpoint step 1500, 40s before the end`.
+ * Empty without one.
+ */
+export function formatCheckpoint(
+  checkpoint: { step: number; age_seconds: number } | null | undefined,
+  extraSeconds = 0,
+  ended = false
+): string {
+  if (!checkpoint) {
+    return '';
+  }
+  const age = formatDuration(checkpoint.age_seconds + extraSeconds);
+  return `checkpoint step ${checkpoint.step}, ${age} ${ended ? 'before the end' : 'ago'}`;
 }

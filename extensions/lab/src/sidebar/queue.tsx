@@ -1,6 +1,6 @@
 /**
  * The Queue tab: this user's jobs with state, queue position, estimated start,
- * pending reason, GPUs and elapsed time, and per job the buttons cancel, show
+ * pending reason, GPUs, elapsed time and last checkpoint, and per job the buttons cancel, show
  * log (live), open output and open TensorBoard. Admins also see each team's GPU
  * quota use.
  */
@@ -12,7 +12,12 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { formatDuration, formatRelative, gpuTotal } from '../components/format';
+import {
+  formatCheckpoint,
+  formatDuration,
+  formatRelative,
+  gpuTotal
+} from '../components/format';
 import { LogView } from '../components/logview';
 import { QueueModel } from '../model';
 import { FINAL_STATES, IJob, IQueue } from '../tokens';
@@ -139,6 +144,9 @@ function JobItem(props: {
   );
   if (elapsed !== null) {
     details.push(formatDuration(elapsed));
+  }
+  if (job.checkpoint) {
+    details.push(formatCheckpoint(job.checkpoint, props.extraSeconds, !active));
   }
   return (
     <li className="danlu-job" data-job-id={job.id} data-state={job.state}>

@@ -4,15 +4,15 @@
 Optuna's own tables are not here: Optuna creates them in its storage (see ``sweeps/engine.py``).
 
 Revision ID: 0012
-Revises: 0010
-Create Date: 2027-01-12
+Revises: 0011
+Create Date: 2026-12-03
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
