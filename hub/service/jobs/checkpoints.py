@@ -79,7 +79,7 @@ def view(job, final: bool) -> dict | None:
 def resumes(job: Job) -> str | None:
     """Where a preempted job resumes, for its reason: ``resumes from its checkpoint at step N``; None if it
     reported no checkpoint."""
-    if saved_at(job) is None:
+    if saved_at(job) is None or not isinstance(job.checkpoint, dict):
         return None
     return f"resumes from its checkpoint at step {int(job.checkpoint.get('step') or 0)}"
 

@@ -62,6 +62,7 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
 def distribution(d: Dimension):
     if d.distribution == "choice":
         return CategoricalDistribution(list(d.choices))
+    assert d.low is not None and d.high is not None  # the ranges have both bounds (space.parse_dimension)
     if d.distribution == "int":
         return IntDistribution(int(d.low), int(d.high))
     return FloatDistribution(float(d.low), float(d.high), log=d.distribution == "loguniform")
@@ -111,7 +112,7 @@ class Engine:
             study = optuna.create_study(
                 study_name=name,
                 storage=self.storage(),
-                direction=spec.direction,
+                direction="maximize" if spec.direction == "maximize" else "minimize",
                 sampler=sampler_for(spec),
                 pruner=pruner_for(spec),
                 load_if_exists=True,

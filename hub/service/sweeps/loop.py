@@ -58,6 +58,8 @@ async def _follow(sweeps: Sweeps, snap: dict, trial: dict) -> None:
             await db.write(records.update_trial, sweep_id, number, {"tagged": True})
         except DanluError as e:
             sweeps.log.warning("sweep %s: trial %d's run is not a child yet: %s", sweep_id, number, e)
+    if sweeps.source is None:  # no MLflow: refused when the sweep was made (no_mlflow)
+        return
     try:
         points = await sweeps.source.history(trial, spec.metric)
     except DanluError as e:

@@ -39,7 +39,7 @@ def spec_of(sweep: Sweep) -> SweepSpec:
     )
 
 
-def spec_data(spec: SweepSpec, priority: str) -> dict:
+def spec_data(spec: SweepSpec, priority: str | None) -> dict:
     return {
         "space": [{"name": d.name, **d.to_dict(), "text": d.text()} for d in spec.space],
         "metric": spec.metric,
@@ -223,6 +223,7 @@ def view(s, sweep_id: str) -> dict:
     """``GET /sweeps/{id}``: the summary, every trial, and the best-so-far curve (in the order trials ended)."""
     sweep = s.get(Sweep, sweep_id)
     snap = snapshot(s, sweep_id)
+    assert sweep is not None and snap is not None  # the caller found the sweep first
     counts: dict[str, int] = {}
     for t in snap["trials"]:
         counts[t["state"]] = counts.get(t["state"], 0) + 1

@@ -174,7 +174,8 @@ def parse_request(body, *, max_trials: int, max_parallel: int) -> SweepSpec:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise _bad(f"sweep[{i}]", f"parameter '{name}' is swept twice", "give each parameter one --sweep")
-    fixed = job.get("parameters") if isinstance(job.get("parameters"), dict) else {}
+    given = job.get("parameters")
+    fixed: dict = given if isinstance(given, dict) else {}
     for i, name in enumerate(names):
         if name in fixed:
             raise _bad(f"sweep[{i}]", f"'{name}' is both a fixed --param and swept", f"drop --param {name}=...")
