@@ -9,7 +9,11 @@ Request bodies are streamed (``stream_request_body``): the caller is identified 
 a byte of the body is read, and a caller no one has authenticated may send at most
 :data:`ANONYMOUS_BODY` bytes (``JobsServiceApp.anonymous_max_body``); authenticated callers keep their
 route's bound (``max_body``). A body over the bound is never kept: it is read and dropped (up to
-:data:`DISCARD_BODY`, beyond which the answer comes at once) and answered with a 413 that says so. Bodies then go
+:data:`DISCARD_BODY`, beyond which the answer comes at once) and answered with a 413 that says so. Every refusal
+decided before the body (:meth:`BaseHandler.admit`: a method the route lacks, an unknown route, a rate bound; a
+size) is answered the same way, once the body is in, because an answer before it makes tornado close the
+connection that configurable-http-proxy reuses; an answer that does end the connection says so
+(``Connection: close``). Bodies then go
 through :func:`~danlu.hub.service.jsonbody.parse_json` (size, depth, non-finite numbers, surrogates, NUL)
 and must be JSON objects; path and
 query parameters are read as sent (UTF-8, given once, no control character
