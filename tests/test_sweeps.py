@@ -340,3 +340,35 @@ def test_the_magic_and_the_cli_show_the_services_refusal_in_one_line(shell, magi
     sent = client.bodies[1]
     assert sent["sweep"] == ["lr=loguniform(1e-4,1e-1)", "batch=choice(32,64)"] and sent["seed"] == 3
     assert (sent["trials"], sent["parallel"], sent["scheduler"]) == (64, 2, "asha") and "notebook" in sent["job"]
+
+
+@pytest.mark.postgres
+def test_optuna_keeps_its_tables_in_a_schema_of_its_own_on_postgresql():
+    """On PostgreSQL Optuna's tables go into schema danlu_optuna of the jobs database: its own alembic_version
+    would otherwise clash with the jobs database's, whatever search_path the jobs database's URL sets."""
+    import optuna
+    from sqlalchemy import create_engine, text
+
+    from danlu.hub.service.sweeps import engine
+
+    from .conftest import NO_POSTGRES, POSTGRES_URL, cannot_run
+
+    if not POSTGRES_URL:
+        cannot_run("postgres", NO_POSTGRES)
+    jobs_url = POSTGRES_URL + ("&" if "?" in POSTGRES_URL else "?") + "options=-csearch_path%3Ddanlu_jobs_elsewhere"
+    study = optuna.create_study(
+        study_name="schema-probe", storage=engine.make_storage(engine.storage_url_for(jobs_url)), load_if_exists=True
+    )
+    trial = study.ask()
+    trial.report(1.0, 1)
+    study.tell(trial, 0.5)
+    found = create_engine(POSTGRES_URL)
+    with found.connect() as c:
+        schemas = {
+            row[0]
+            for row in c.execute(
+                text("SELECT table_schema FROM information_schema.tables WHERE table_name IN ('studies', 'trials')")
+            )
+        }
+    found.dispose()
+    assert schemas == {engine.PG_SCHEMA}
