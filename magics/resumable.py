@@ -43,7 +43,8 @@ import time
 import types
 from pathlib import Path
 
-from danlu import checkpoint_dir, env, resumable_store as store
+from danlu import checkpoint_dir, env
+from danlu import resumable_store as store
 from danlu.errors import UsageError
 from danlu.resumable_ranks import Ranks, ServiceLink
 
@@ -195,7 +196,9 @@ class Resumable:
             # deferred: it reads the job's event files and asks MLflow; only a resumed attempt needs it
             from danlu import resumable_metrics
 
-            resumable_metrics.install(resumable_metrics.high_steps(resumable_metrics.run_id(), resumable_metrics.jobdir()))
+            resumable_metrics.install(
+                resumable_metrics.high_steps(resumable_metrics.run_id(), resumable_metrics.jobdir())
+            )
 
     def _load(self, folder: Path, fmt: str) -> None:
         if fmt == "dcp":

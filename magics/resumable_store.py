@@ -115,7 +115,9 @@ def read_marker(folder: Path, verify: bool = True) -> Checkpoint | None:
             if verify and entry.get("sha256") and _sha256(path) != entry["sha256"]:
                 return None
         attempt = data.get("attempt")
-        return Checkpoint(folder, step, int(attempt) if attempt is not None else None, float(data["time"]), data["format"])
+        return Checkpoint(
+            folder, step, int(attempt) if attempt is not None else None, float(data["time"]), data["format"]
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
