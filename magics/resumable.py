@@ -56,6 +56,9 @@ SHARDED_BYTES = 2**30
 SYNC_SECONDS = 1.0
 #: the jobs service is asked whether to save now at most this often (seconds)
 POLL_SECONDS = 10.0
+#: a stop seen through the service or the stop file waits this long for the SIGTERM before ending the cell
+#: (a cell that ended first would be an error in the user's code to a runner that is not stopping yet)
+SIGTERM_WAIT = 10.0
 #: the stop file the runner writes for a torchrun job's ranks is looked at this often (seconds)
 STOP_FILE_SECONDS = 1.0
 
@@ -291,7 +294,7 @@ class Resumable:
                     stop, wish = sync.step(stop, wish) or (False, False)
                 save = wish or (self.every_steps is not None and self.step % self.every_steps == 0)
                 if stop:
-                    self._stop()
+                    self._stop(stop_file.hit)
                 if save:
                     self.save()
             if self._saved_step != self.step:
@@ -301,7 +304,7 @@ class Resumable:
             if self.service is not None:
                 self.service.pause()
 
-    def _stop(self) -> None:
+    def _stop(self, runner_stopping: bool = False) -> None:
         started = time.monotonic()
         if self._saved_step != self.step:
             self.save()
@@ -318,18 +321,31 @@ class Resumable:
             if grace:
                 self.service.grace = grace
                 self._check_grace()
+        deadline = time.monotonic() + SIGTERM_WAIT
+        while not (runner_stopping or _sig["flag"].is_set()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # seen before the signal: the runner must be stopping when the cell ends
         _sig["flag"].clear()  # heard: a later loop in this kernel starts afresh (the stop file still says it)
         raise Stopped(self.step, reason)
 
 
 class StopFile:
     """The runner's word to a torchrun job's ranks that the job is stopping (``<job>/stop``), looked at
-    once a second: a rank's kernel may not get SIGTERM itself."""
+    once a second: a rank's kernel may not get SIGTERM itself. A file already there when the loop starts
+    is an earlier attempt's and is passed over."""
 
     def __init__(self, clock):
         value = env.JOB_DIR.get()
         self.path = Path(value) / "stop" if value else None
         self.clock, self.next = clock, 0.0
+        self.stale = self._identity()
+        self.hit = False  # the runner wrote it: it got its SIGTERM and is stopping
+
+    def _identity(self):
+        try:
+            st = self.path.stat() if self.path is not None else None
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns) if st is not None else None
 
     def seen(self) -> bool:
         if self.path is None:
@@ -338,7 +354,9 @@ class StopFile:
         if now < self.next:
             return False
         self.next = now + STOP_FILE_SECONDS
-        return self.path.exists()
+        found = self._identity()
+        self.hit = self.hit or (found is not None and found != self.stale)
+        return self.hit
 
     @staticmethod
     def reason() -> str | None:

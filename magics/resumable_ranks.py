@@ -9,9 +9,10 @@ or ranks that never called ``init_process_group``) each process decides alone an
 
 :class:`ServiceLink` is the kernel's best-effort side of the runner API (never a reason for training
 to fail; skipped outside a job): after each committed checkpoint rank 0 sends the ``checkpoint`` event
-with its step, and a background thread asks ``/stop`` at most every 10 s whether the service wants a
-save now (its ``save`` counter grew) or is stopping the job (``reason``, ``grace``). A 404 or 405
-from an older service is ignored.
+with its step (once ``/stop`` has shown, by its ``save`` counter, a service that takes that event), and
+a background thread asks ``/stop`` at most every 10 s whether the service wants a save now (its
+``save`` counter grew) or is stopping the job (``reason``, ``grace``). A 404 or 405 from an older
+service is ignored.
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ class ServiceLink:
         self._thread: threading.Thread | None = None
         self._session = None
         self._complained = False
+        # a service whose /stop says "save" takes the checkpoint event; an older one would refuse the
+        # report as invalid (and fail the attempt), so nothing is sent until /stop has said it
+        self.knows_checkpoints = False
 
     # the poll ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,6 +189,7 @@ class ServiceLink:
             self.reason, self.stopping = str(data["reason"])[:200], True
         count = data.get("save")
         if isinstance(count, int) and not isinstance(count, bool):
+            self.knows_checkpoints = True
             if self._seen is not None and count > self._seen:
                 self._requested = True
             self._seen = count if self._seen is None else max(self._seen, count)
@@ -205,7 +210,7 @@ class ServiceLink:
     # the report ----------------------------------------------------------------------------------------
     def checkpoint(self, step: int) -> None:
         """Tell the service a checkpoint of ``step`` is committed (in the background)."""
-        if self.enabled:
+        if self.enabled and self.knows_checkpoints:
             body = {"event": "checkpoint", "step": int(step)}
             threading.Thread(target=self._call, args=("POST", "/events", body), daemon=True).start()
 
