@@ -346,3 +346,32 @@ def test_torchrun_ranks_resume_together(tmp_path, sharded):
     assert lines == ["rank 0 start 3 same True", "rank 1 start 3 same True"]
     marker = json.loads((resumable_store.root(tmp_path / "cut") / "step-9" / "COMMITTED").read_text())
     assert marker["format"] == ("dcp" if sharded else "torch")
+
+
+def test_an_earlier_attempts_stop_file_is_passed_over_and_a_new_one_stops(tmp_path, monkeypatch):
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    (jobdir / "stop").write_text(json.dumps({"reason": "preempted", "grace": 30}))  # attempt 1's
+    monkeypatch.setenv(env.JOB_DIR, str(jobdir))
+    now = [0.0]
+    state = Resumable(every=1000, directory=tmp_path / "ckpt", n=0, clock=lambda: now[0])
+    with pytest.raises(Stopped) as stopped:
+        for step in state.steps(50):
+            now[0] += 0.5
+            if step == 10:  # this attempt's runner got SIGTERM and tells its ranks
+                os.unlink(jobdir / "stop")
+                (jobdir / "stop").write_text(json.dumps({"reason": "cancelled", "grace": 30}))
+    assert 11 <= stopped.value.step <= 13 and stopped.value.reason == "cancelled"
+
+
+def test_the_runs_highest_steps_come_from_mlflow(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    for step in range(12):
+        client.log_metric(run_id, "loss", 1.0 / (step + 1), step=step)
+    client.log_metric(run_id, "val/acc", 0.5, step=10)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert resumable_metrics.high_steps(run_id, None) == {"loss": 11, "val/acc": 10}
