@@ -12,7 +12,8 @@ In a notebook of a Danlu server::
 
 :func:`dataset` hands code a catalog version's path, verified and recorded as
 an input of the run. Inside a job, :func:`log_dataset` records a dataset as an input of the job's
-MLflow run and :func:`checkpoint_dir` is where to save checkpoints. :func:`last_job_id` is the job
+MLflow run, :func:`checkpoint_dir` is where to save checkpoints and ``danlu.resumable(model=..., optimizer=...)``
+makes a training loop resume after a preemption (:mod:`danlu.resumable`). :func:`last_job_id` is the job
 the last ``%%train`` of this kernel submitted. :func:`model` hands code a registered model version's
 files, checked against the digest it was registered and approved with. This
 package (folder ``magics/``) is what runs in kernels and jobs; ``danlu.hub``
@@ -43,6 +44,15 @@ def last_job_id() -> str | None:
     The lab extension's "Run cell as training job" submits with ``%%train --quiet`` and then asks this.
     """
     return _last_job_id
+
+
+def __getattr__(name: str):
+    """``danlu.resumable``, imported on first use so ``import danlu`` stays light (see :mod:`danlu.resumable`)."""
+    if name == "resumable":
+        import importlib  # deferred: only the first use of danlu.resumable imports it
+
+        return importlib.import_module("danlu.resumable")
+    raise AttributeError(f"module 'danlu' has no attribute {name!r}")
 
 
 def checkpoint_dir() -> Path:

@@ -120,6 +120,7 @@ class JobRunner:
         )
         self.jd.tensorboard_dir.mkdir(parents=True, exist_ok=True)
         self.jd.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.jd.stop_file.unlink(missing_ok=True)  # an earlier attempt's: this one is not stopping
         inputs = self._digest_datasets()  # a missing dataset fails the job, with its name
         self._report_provenance(inputs)
         self.tracking = Tracking(spec, self.jd, spec["attempt"], inputs)
