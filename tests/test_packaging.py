@@ -215,3 +215,22 @@ def test_no_spawner_passes_the_lab_extension_by_argument():
     for path in [*sorted((ROOT / "hub").rglob("*.py")), *sorted((ROOT / "helm-values").rglob("*.yaml"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             assert not re.search(r"jpserver_extensions|labextensions_path", line), f"{path}:{number}: {line}"
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject.toml lists Danlu's packages one by one: a new package folder left off the list is missing
+    from the wheel, the unix tier's installation and the images, while tests that import from the checkout
+    still pass (the sweeps package was, once)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(project["packages"])
+    found = set()
+    for package, folder in project["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" in init.parts or "node_modules" in init.parts:
+                continue
+            relative = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *relative)))
+    missing = sorted(found - listed)
+    assert not missing, f"add {missing} to [tool.setuptools] packages in pyproject.toml"
