@@ -110,8 +110,10 @@ def prepare_home(home: Path) -> None:
 
     config = home / ".jupyter"
     config.mkdir(parents=True, exist_ok=True)
-    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
     labextensions = home / ".local" / "share" / "jupyter" / "labextensions" / "@jupyterlab"
+    # first on the path: in a venv Jupyter prefers the venv's labextensions to the user's
+    lab = {"expose_app_in_browser": True, "extra_labextensions_path": [str(labextensions.parent)]}
+    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": lab}))
     labextensions.mkdir(parents=True, exist_ok=True)
     link = labextensions / "galata-extension"
     if not link.exists():
