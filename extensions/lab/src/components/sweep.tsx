@@ -9,7 +9,7 @@
  * HTML; links go through `safeUrl`.
  */
 import { MainAreaWidget, ReactWidget } from '@jupyterlab/apputils';
-import { listIcon, refreshIcon, stopIcon } from '@jupyterlab/ui-components';
+import { listIcon, refreshIcon } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { DanluService } from '../handler';
@@ -97,7 +97,6 @@ export function SweepView(props: {
             disabled={stopping}
             onClick={() => void stop()}
           >
-            <stopIcon.react tag="span" className="danlu-icon" />
             Stop sweep
           </button>
         )}
@@ -216,10 +215,12 @@ function BestCurve(props: { sweep: ISweep }): JSX.Element {
     >
       <Axes
         plot={plot}
-        xTicks={layout.xTicks.map(t => ({
-          label: formatNumber(t.value),
-          x: t.x
-        }))}
+        xTicks={layout.xTicks
+          .filter(t => Number.isInteger(t.value))
+          .map(t => ({
+            label: formatNumber(t.value),
+            x: t.x
+          }))}
         yTicks={layout.yTicks.map(t => ({
           label: formatNumber(t.value),
           y: t.y
