@@ -142,6 +142,8 @@ UI_ARTIFACTS = Var("DANLU_UI_ARTIFACTS", "Browser tests: where screenshots and t
 UI_DOCS_IMAGES = Var("DANLU_UI_DOCS_IMAGES", "Browser tests: where screenshots for the docs go, if set.")
 UI_DATASET = Var("DANLU_UI_DATASET", "Browser tests: the dataset the lineage test registered for the job.")
 UI_APPROVER_TOKEN = Var("DANLU_UI_APPROVER_TOKEN", "Browser tests: an admin's API token, to approve the model.")
+UI_TOKEN = Var("DANLU_UI_TOKEN", "Browser tests: the test user's API token, to start a sweep through the jobs API.")
+UI_SPEC = Var("DANLU_UI_SPEC", "Browser tests: run only this spec file (tests/<name>.spec.ts), e.g. sweeps.")
 
 ALL: tuple[Var, ...] = tuple(v for v in globals().values() if isinstance(v, Var))
 

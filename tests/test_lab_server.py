@@ -43,6 +43,7 @@ UPSTREAM_TOKEN = "server-token-0123"  # what the spawner gives the server as $JU
 BROWSER_TOKEN = "browser-token-4567"  # what the browser logs in to Jupyter with
 A, B, C = "aaaaaaaaaaa1", "bbbbbbbbbbb2", "ccccccccccc3"  # alice's ended job, bob's job, alice's running job
 RUN_A, RUN_B = "a" * 32, "b" * 32
+SWEEP_A, SWEEP_B = "5eeeeeeeeea1", "5eeeeeeeeeb2"  # alice's running sweep, bob's
 
 FAKE_TENSORBOARD = r"""
 import argparse, http.server, json
@@ -99,6 +100,19 @@ def _run(run_id, user, job_id, experiment_id="1"):
     }
 
 
+def _sweep(sweep_id, owner):
+    """A sweep as GET /sweeps/{id} answers it (trimmed to what the extension forwards)."""
+    return {
+        "id": sweep_id,
+        "name": f"{owner}-sweep",
+        "owner": owner,
+        "state": "running",
+        "counts": {"running": 1, "complete": 1, "pruned": 0, "failed": 0, "stopped": 0},
+        "trials": [{"number": 0, "job_id": A, "state": "complete", "params": {"lr": 0.01}, "value": 0.5}],
+        "best_curve": [{"trial": 0, "finished_at": "2024-01-01T00:00:00Z", "value": 0.5, "best": 0.5}],
+    }
+
+
 def model_version(name, run_id):
     """The jobs service's answer to POST /models (its API contract)."""
     return {
@@ -142,6 +156,8 @@ class FakeUpstream:
         }
         self.runs = {RUN_A: _run(RUN_A, "alice", A), RUN_B: _run(RUN_B, "bob", B)}
         self.cancelled: list[str] = []
+        self.sweeps = {SWEEP_A: _sweep(SWEEP_A, "alice"), SWEEP_B: _sweep(SWEEP_B, "bob")}
+        self.stopped: list[str] = []
         self.registrations: list[dict] = []
         self.filters: list[str] = []
         self.experiment_calls = 0
@@ -338,6 +354,29 @@ class FakeUpstream:
                 else:
                     self.answer(LINEAGE)
 
+        class Sweeps(Handler):
+            def get(self):  # like an admin token would: every sweep, so the extension must filter
+                fake.filters.append(f"sweeps owner={self.get_argument('owner', '')}")
+                self.answer({"sweeps": [{k: v for k, v in s.items() if k != "trials"} for s in fake.sweeps.values()]})
+
+        class Sweep(Handler):
+            def get(self, sweep_id):
+                if sweep_id not in fake.sweeps:
+                    self.answer(
+                        {"status": 404, "reason": "no_such_sweep", "message": f"sweep {sweep_id} not found"}, 404
+                    )
+                else:
+                    self.answer(fake.sweeps[sweep_id])
+
+        class SweepStop(Handler):
+            def post(self, sweep_id):
+                sweep = fake.sweeps[sweep_id]
+                if sweep["state"] != "running":
+                    self.answer({"status": 409, "reason": "ended", "message": f"sweep {sweep_id} has ended"}, 409)
+                    return
+                fake.stopped.append(sweep_id)
+                self.answer({**sweep, "state": "stopped"})
+
         class HubUser(Handler):
             def get(self):
                 self.answer({"name": "alice", "admin": False})
@@ -358,6 +397,9 @@ class FakeUpstream:
                 (f"{mlflow}/metrics/get-history", History),
                 (f"{api}/models", Models),
                 (f"{api}/lineage/models/([^/]+)/([^/]+)", Lineage),
+                (f"{api}/sweeps", Sweeps),
+                (f"{api}/sweeps/(\\w+)", Sweep),
+                (f"{api}/sweeps/(\\w+)/stop", SweepStop),
                 ("/hub/api/user", HubUser),
             ]
         )
@@ -504,13 +546,16 @@ def wait_for(predicate, timeout=30.0, what="condition"):
         ("GET", "api/models"),
         ("POST", "api/models"),
         ("GET", "api/lineage/models/mnist.v2/1"),
+        ("GET", "api/sweeps"),
+        ("GET", f"api/sweeps/{SWEEP_A}"),
+        ("POST", f"api/sweeps/{SWEEP_A}/stop"),
     ],
 )
 def test_every_endpoint_needs_a_login(lab, upstream, method, path):
     r = requests.request(method, f"{lab.url}danlu/{path}", timeout=30, allow_redirects=False)
     assert r.status_code == 403
     assert "traceback" not in r.text.lower()
-    assert upstream.cancelled == [] and upstream.registrations == []
+    assert upstream.cancelled == [] and upstream.registrations == [] and upstream.stopped == []
 
 
 def test_a_browser_without_login_is_sent_to_log_in_for_tensorboard(lab):
@@ -535,6 +580,8 @@ def test_whoami_names_the_servers_user_and_no_token(lab):
         ("GET", "api/runs", "experiment_id"),
         ("GET", "api/metric-history?run_id=x&run_id=..%2Fy&key=loss", "run_id"),
         ("GET", f"api/metric-history?run_id={RUN_A}", "key"),
+        ("GET", "api/sweeps/..%2Fjobs", "id"),
+        ("POST", "api/sweeps/ABC/stop", "id"),
     ],
 )
 def test_bad_ids_are_refused_naming_the_field(lab, upstream, method, path, field):
@@ -849,6 +896,35 @@ def test_lineage_of_an_unknown_version_is_the_services_404(lab):
     assert r.json()["reason"] == "no_such_model_version" and r.json()["message"] == "model mnist.v2 version 7 not found"
 
 
+# sweeps ----------------------------------------------------------------------------------------
+def test_sweeps_are_only_the_users(lab, upstream):
+    r = lab.get("api/sweeps")
+    assert r.status_code == 200
+    assert [s["id"] for s in r.json()["sweeps"]] == [SWEEP_A]
+    assert "sweeps owner=alice" in upstream.filters
+
+
+def test_one_sweep_with_its_trials_and_curve(lab):
+    r = lab.get(f"api/sweeps/{SWEEP_A}")
+    assert r.status_code == 200
+    assert r.json()["trials"][0]["params"] == {"lr": 0.01} and r.json()["best_curve"][0]["best"] == 0.5
+    missing = lab.get("api/sweeps/0123456789ab")
+    assert missing.status_code == 404 and missing.json()["reason"] == "no_such_sweep"
+
+
+def test_stopping_a_sweep_goes_to_the_jobs_service_and_its_refusal_comes_back(lab, upstream):
+    r = lab.post(f"api/sweeps/{SWEEP_A}/stop")
+    assert r.status_code == 200 and r.json()["state"] == "stopped"
+    assert upstream.stopped == [SWEEP_A]
+    upstream.sweeps[SWEEP_A]["state"] = "stopped"
+    try:
+        again = lab.post(f"api/sweeps/{SWEEP_A}/stop")
+        assert again.status_code == 409 and again.json()["message"] == f"sweep {SWEEP_A} has ended"
+    finally:
+        upstream.sweeps[SWEEP_A]["state"] = "running"
+        upstream.stopped.clear()
+
+
 def _ts_union(name: str) -> set[str]:
     source = (Path(__file__).resolve().parents[1] / "extensions" / "lab" / "src" / "tokens.ts").read_text()
     match = re.search(rf"export type {name} =([^;]+);", source)
@@ -868,7 +944,15 @@ def _enums(node, found: list[set[str]]) -> list[set[str]]:
     return found
 
 
-@pytest.mark.parametrize("name, member", [("ApprovalState", "rejected"), ("LineageNodeKind", "dataset_version")])
+@pytest.mark.parametrize(
+    "name, member",
+    [
+        ("ApprovalState", "rejected"),
+        ("LineageNodeKind", "dataset_version"),
+        ("SweepTrialState", "pruned"),
+        ("SweepState", "succeeded"),
+    ],
+)
 def test_the_lab_extensions_model_words_are_the_services(name, member):
     from danlu.hub.service.validation import openapi
 

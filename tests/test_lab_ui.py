@@ -10,7 +10,8 @@ extension: alice's own Jupyter config turns both on (``~/.jupyter`` and
 ``~/.local/share/jupyter/labextensions`` in her home), so the workbench itself
 runs unmodified. Screenshots land in ``extensions/lab/ui-tests/screenshots/``
 (and in ``docs/images/lab-*.png`` with ``DANLU_UI_DOCS_IMAGES=1``); traces and
-the HTML report of a failure in ``test-artifacts/ui-tests/``.
+the HTML report of a failure in ``test-artifacts/ui-tests/``. ``DANLU_UI_SPEC=sweeps``
+runs one spec file (``tests/sweeps.spec.ts``) instead of all of them.
 """
 
 from __future__ import annotations
@@ -102,19 +103,26 @@ def notebook(kernel_name: str, display_name: str) -> dict:
 
 
 def prepare_home(home: Path) -> None:
-    """alice's own Jupyter config: expose the app to the page and load Galata's helper extension."""
+    """alice's own Jupyter config: expose the app to the page, load Galata's helper extension, and this
+    checkout's build of the lab extension (a user's labextensions come before the venv's, which may link
+    another checkout's)."""
     import jupyterlab
 
     config = home / ".jupyter"
     config.mkdir(parents=True, exist_ok=True)
-    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
     labextensions = home / ".local" / "share" / "jupyter" / "labextensions" / "@jupyterlab"
+    # first on the path: in a venv Jupyter prefers the venv's labextensions to the user's
+    lab = {"expose_app_in_browser": True, "extra_labextensions_path": [str(labextensions.parent)]}
+    (config / "jupyter_server_config.json").write_text(json.dumps({"LabApp": lab}))
     labextensions.mkdir(parents=True, exist_ok=True)
     link = labextensions / "galata-extension"
     if not link.exists():
         link.symlink_to(
             Path(jupyterlab.__file__).parent / "galata" / "@jupyterlab" / "galata-extension", target_is_directory=True
         )
+    ours = labextensions.parent / "danlu-lab"
+    if not ours.exists():
+        ours.symlink_to(LABEXTENSION.parent, target_is_directory=True)
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +171,14 @@ def lab(tmp_path_factory):
             json={"type": "notebook", "format": "json", "content": notebook(name, display)},
         )
         assert r.status_code in (200, 201), r.text
-        yield wb
+        yield wb, token
     finally:
         wb.stop()
 
 
 def test_lab_extension_in_the_browser(lab):
+    lab, token = lab
+    spec = os.environ.get("DANLU_UI_SPEC", "")
     env = {
         **os.environ,
         "DANLU_UI_HUB_URL": lab.url,
@@ -179,13 +189,15 @@ def test_lab_extension_in_the_browser(lab):
         "DANLU_UI_DATASET": DATASET,
         # an admin (admins may always decide on a model version), who approves alice's in the lineage scenario
         "DANLU_UI_APPROVER_TOKEN": lab.admin_token,
+        # alice's API token: the sweeps scenario starts its sweep through the jobs API, as %%train --sweep does
+        "DANLU_UI_TOKEN": token,
         "DANLU_UI_ARTIFACTS": str(ARTIFACTS),
         "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
         "CI": "1",
     }
     try:
         done = subprocess.run(
-            ["npx", "--no-install", "playwright", "test"],
+            ["npx", "--no-install", "playwright", "test", *([f"tests/{spec}.spec.ts"] if spec else [])],
             cwd=UI_TESTS,
             env=env,
             stdout=subprocess.PIPE,

@@ -28,6 +28,7 @@ from danlu.lab.upstream import Stream
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
 MLFLOW_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # run and experiment ids (uuid hex, or numbers)
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$")  # the jobs service's model names
+SWEEP = "a sweep id (12 hex digits)"
 MODEL_VERSION = re.compile(r"^[1-9][0-9]{0,8}$")
 MAX_BODY = 4096  # bytes of a request body the extension forwards (a model registration is a few dozen)
 MAX_IDS = 50
@@ -430,6 +431,32 @@ class LineageHandler(DanluHandler):
         self.write_json(await self.lab.jobs.fetch("GET", f"/lineage/models/{name}/{version}"))
 
 
+class SweepsHandler(DanluHandler):
+    """``GET sweeps``: this user's sweeps (an admin's server, too, lists only its user's)."""
+
+    @web.authenticated
+    async def get(self):
+        sweeps = (await self.lab.jobs.fetch("GET", "/sweeps", params={"owner": self.user}))["sweeps"]
+        self.write_json({"sweeps": [s for s in sweeps if s.get("owner") == self.user]})
+
+
+class SweepHandler(DanluHandler):
+    """``GET sweeps/{id}``: one sweep with its trials and best-so-far curve."""
+
+    @web.authenticated
+    async def get(self, sweep_id):
+        self.write_json(await self.lab.jobs.fetch("GET", f"/sweeps/{check_id(sweep_id, 'id', JOB_ID, SWEEP)}"))
+
+
+class SweepStopHandler(DanluHandler):
+    """``POST sweeps/{id}/stop``: the jobs service cancels the sweep's queued and running trials."""
+
+    @web.authenticated
+    async def post(self, sweep_id):
+        path = f"/sweeps/{check_id(sweep_id, 'id', JOB_ID, SWEEP)}/stop"
+        self.write_json(await self.lab.jobs.fetch("POST", path, timeout=120))
+
+
 class NotFoundHandler(DanluHandler):
     @web.authenticated
     def prepare_404(self):
@@ -453,5 +480,8 @@ ROUTES = [
     (r"danlu/api/tensorboard", TensorBoardHandler),
     (r"danlu/api/models", ModelsHandler),
     (r"danlu/api/lineage/models/(?P<name>[^/]+)/(?P<version>[^/]+)", LineageHandler),
+    (r"danlu/api/sweeps", SweepsHandler),
+    (r"danlu/api/sweeps/(?P<sweep_id>[^/]+)", SweepHandler),
+    (r"danlu/api/sweeps/(?P<sweep_id>[^/]+)/stop", SweepStopHandler),
     (r"danlu/api/.*", NotFoundHandler),
 ]

@@ -23,6 +23,8 @@ import {
   IProfile,
   IQueue,
   IRun,
+  ISweep,
+  ISweepSummary,
   ITensorBoard,
   IWhoami
 } from './tokens';
@@ -254,6 +256,24 @@ export class DanluService {
     return this.request<ILineage>(
       `lineage/models/${encodeURIComponent(name)}/${encodeURIComponent(String(version))}`
     );
+  }
+
+  /** `GET sweeps`: this user's sweeps, newest first, without their trials. */
+  async sweeps(): Promise<ISweepSummary[]> {
+    const data = await this.request<{ sweeps: ISweepSummary[] }>('sweeps');
+    return data?.sweeps ?? [];
+  }
+
+  /** `GET sweeps/{id}`: one sweep with its trials and best-so-far curve. */
+  sweep(id: string): Promise<ISweep> {
+    return this.request<ISweep>(`sweeps/${encodeURIComponent(id)}`);
+  }
+
+  /** `POST sweeps/{id}/stop`: the jobs service cancels its queued and running trials. */
+  stopSweep(id: string): Promise<ISweep> {
+    return this.request<ISweep>(`sweeps/${encodeURIComponent(id)}/stop`, {
+      method: 'POST'
+    });
   }
 
   /**

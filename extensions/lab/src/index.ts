@@ -5,7 +5,7 @@
  * puts "Run cell as training job" in the cell toolbar and context menu) creates
  * the REST service and the shared models, the "Danlu" left sidebar, the cell
  * badges, and the commands `danlu:run-cell-as-job`, `danlu:open-tensorboard`,
- * `danlu:open-lineage` and `danlu:refresh`. It provides `IDanlu` for other
+ * `danlu:open-lineage`, `danlu:open-sweep` and `danlu:refresh`. It provides `IDanlu` for other
  * extensions.
  */
 import {
@@ -34,6 +34,7 @@ import {
   showRegisterModelDialog
 } from './components/register';
 import { showSubmitDialog } from './components/submit';
+import { createSweepWidget, sweepWidgetId } from './components/sweep';
 import {
   createTensorBoardWidget,
   tensorBoardWidgetId
@@ -54,10 +55,12 @@ import {
 } from './model';
 import { ISidebarActions } from './sidebar/actions';
 import { DanluSidebar } from './sidebar/sidebar';
+import { SweepsModel } from './sweeps';
 import { CommandIDs, IDanlu, IJob, IProfile, SIDEBAR_ID } from './tokens';
 
 export { DanluError, DanluService } from './handler';
 export * from './model';
+export * from './sweeps';
 export * from './tokens';
 
 const PLUGIN_ID = 'danlu-lab:plugin';
@@ -90,6 +93,7 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     });
     const queue = new QueueModel({ service });
     const experiments = new ExperimentsModel({ service });
+    const sweeps = new SweepsModel({ service });
 
     if (settingRegistry) {
       settingRegistry
@@ -198,6 +202,44 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     });
     palette?.addItem({ command: CommandIDs.openLineage, category: 'Danlu' });
 
+    // ---- sweep tabs ------------------------------------------------------
+    commands.addCommand(CommandIDs.openSweep, {
+      label: args => `Sweep ${args.name ?? args.id ?? ''}`,
+      caption:
+        'Show a sweep: its trials, the best-so-far curve and each parameter against the objective',
+      icon: danluIcon,
+      execute: args => {
+        const id = String(args.id ?? '');
+        const name = String(args.name ?? id);
+        const widgetId = sweepWidgetId(id);
+        for (const widget of shell.widgets('main')) {
+          if (widget.id === widgetId) {
+            shell.activateById(widgetId);
+            return;
+          }
+        }
+        const widget = createSweepWidget(service, id, name, {
+          confirmStop: async sweep => {
+            const running = sweep.counts?.running ?? 0;
+            const result = await showDialog({
+              title: 'Stop sweep?',
+              body: `Stop sweep "${sweep.name}" (${sweep.id})? Its queued and running trials (${running} running) are cancelled; no new trials start.`,
+              buttons: [
+                Dialog.cancelButton({ label: 'Keep it' }),
+                Dialog.warnButton({ label: 'Stop sweep' })
+              ]
+            });
+            return result.button.accept;
+          },
+          showError: async (title, message) => {
+            await showErrorMessage(title, message);
+          }
+        });
+        shell.add(widget, 'main');
+        shell.activateById(widget.id);
+      }
+    });
+
     // ---- sidebar ---------------------------------------------------------
     const actions: ISidebarActions = {
       cancel: async (job: IJob) => {
@@ -266,9 +308,12 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
           name,
           version: String(version)
         });
+      },
+      openSweep: async (id, name) => {
+        await commands.execute(CommandIDs.openSweep, { id, name });
       }
     };
-    const sidebar = new DanluSidebar({ queue, experiments, actions });
+    const sidebar = new DanluSidebar({ queue, experiments, sweeps, actions });
     shell.add(sidebar, 'left', { rank: 650 });
     restorer?.add(sidebar, SIDEBAR_ID);
 
@@ -464,7 +509,7 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
       }
     }
 
-    return { service, queue, experiments };
+    return { service, queue, experiments, sweeps };
   }
 };
 

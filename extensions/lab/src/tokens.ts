@@ -9,6 +9,7 @@ import { Token } from '@lumino/coreutils';
 
 import type { DanluService } from './handler';
 import type { ExperimentsModel, QueueModel } from './model';
+import type { SweepsModel } from './sweeps';
 
 /** Command ids, stable: the UI tests and the cell toolbar setting use them. */
 export namespace CommandIDs {
@@ -17,6 +18,8 @@ export namespace CommandIDs {
   export const refresh = 'danlu:refresh';
   /** Args `{name, version}`: the lineage graph of a model version in the main area. */
   export const openLineage = 'danlu:open-lineage';
+  /** Args `{id, name?}`: one sweep (trials, best-so-far curve, parameters against the objective) in the main area. */
+  export const openSweep = 'danlu:open-sweep';
 }
 
 /** Id of the left sidebar widget. */
@@ -218,14 +221,104 @@ export interface ILineage {
   edges: ILineageEdge[];
 }
 
+/** Where a sweep stands (the jobs service's SweepSummary `state`). */
+export type SweepState = 'running' | 'succeeded' | 'stopped' | 'failed';
+
+/** Where a trial of a sweep stands (the jobs service's SweepTrial `state`). */
+export type SweepTrialState =
+  'running' | 'complete' | 'pruned' | 'failed' | 'stopped';
+
+/** One searched parameter: `lr=loguniform(1e-4,1e-1)` as `{name, distribution, low, high, text}`. */
+export interface ISweepDimension {
+  name: string;
+  distribution: 'uniform' | 'loguniform' | 'int' | 'choice' | string;
+  low?: number;
+  high?: number;
+  choices?: unknown[];
+  text: string;
+}
+
+export interface ISweepObjective {
+  metric: string;
+  direction: 'minimize' | 'maximize' | string;
+  text: string;
+}
+
+export interface ISweepTrialCounts {
+  running: number;
+  complete: number;
+  pruned: number;
+  failed: number;
+  stopped: number;
+}
+
+/** A sweep without its trials (`GET sweeps`). */
+export interface ISweepSummary {
+  id: string;
+  name: string;
+  owner: string;
+  state: SweepState | string;
+  reason: string;
+  created_at: string | null;
+  finished_at?: string | null;
+  objective: ISweepObjective;
+  space: ISweepDimension[];
+  options: Record<string, unknown>;
+  experiment: string;
+  mlflow_run_id: string | null;
+  counts: ISweepTrialCounts;
+  best: {
+    number: number;
+    job_id: string | null;
+    value: number;
+    params: Record<string, unknown>;
+  } | null;
+  notes: string[];
+}
+
+/** One trial: an ordinary job of the owner's, with the parameters Optuna chose. */
+export interface ISweepTrial {
+  number: number;
+  job_id: string | null;
+  job_state: string | null;
+  job_reason?: string;
+  run_id?: string | null;
+  attempts: number;
+  preemptions: number;
+  state: SweepTrialState | string;
+  params: Record<string, unknown>;
+  value: number | null;
+  step: number | null;
+  rungs: number;
+  reason: string;
+  created_at?: string | null;
+  finished_at?: string | null;
+}
+
+/** One point of the best-so-far curve: after `trial` ended, the best value was `best`. */
+export interface ISweepCurvePoint {
+  trial: number;
+  finished_at: string | null;
+  value: number | null;
+  best: number | null;
+}
+
+/** A sweep with its trials and best-so-far curve (`GET sweeps/{id}`). */
+export interface ISweep extends ISweepSummary {
+  mlflow_run_url: string | null;
+  trials: ISweepTrial[];
+  best_curve: ISweepCurvePoint[];
+}
+
 /** What the core plugin provides to the others: one service, one shared queue model. */
 export interface IDanlu {
   readonly service: DanluService;
   readonly queue: QueueModel;
   readonly experiments: ExperimentsModel;
+  readonly sweeps: SweepsModel;
 }
 
 export const IDanlu = new Token<IDanlu>(
   'danlu-lab:IDanlu',
-  'The Danlu REST service and the shared queue and experiments models.'
+  'The Danlu REST service and the shared queue, experiments and sweeps models.'
 );

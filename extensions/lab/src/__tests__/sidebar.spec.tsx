@@ -5,9 +5,10 @@
 import { Widget } from '@lumino/widgets';
 
 import { ExperimentsModel, QueueModel } from '../model';
+import { SweepsModel } from '../sweeps';
 import { ISidebarActions } from '../sidebar/actions';
 import { DanluSidebar } from '../sidebar/sidebar';
-import { IJob, IModelVersion, IRun } from '../tokens';
+import { IJob, IModelVersion, IRun, ISweepSummary } from '../tokens';
 
 function sleep(ms: number): Promise<void> {
   return new Promise(resolve => setTimeout(resolve, ms));
@@ -41,6 +42,22 @@ const QUEUED: IJob = {
   estimated_start: null,
   resources: { nproc: 2, gpus: 2 },
   created_at: '2025-01-01T00:00:00Z'
+};
+const SWEEP: ISweepSummary = {
+  id: '5eeeeeeeeea1',
+  name: 'lr-search',
+  owner: 'alice',
+  state: 'running',
+  reason: '',
+  created_at: '2025-01-01T00:00:00Z',
+  objective: { metric: 'loss', direction: 'minimize', text: 'loss:min' },
+  space: [],
+  options: {},
+  experiment: 'alice/train',
+  mlflow_run_id: null,
+  counts: { running: 2, complete: 3, pruned: 1, failed: 0, stopped: 0 },
+  best: { number: 3, job_id: 'j3', value: 0.25, params: { lr: 0.01 } },
+  notes: []
 };
 const RUNNING: IJob = {
   id: 'r1',
@@ -100,11 +117,13 @@ function setup(overrides: Record<string, any> = {}) {
         ]
       }))
     })),
+    sweeps: jest.fn(async (): Promise<ISweepSummary[]> => [SWEEP]),
     ...serviceOverrides
     // eslint-disable-next-line @typescript-eslint/no-explicit-any
   } as any;
   const queue = new QueueModel({ service, auto: false });
   const experiments = new ExperimentsModel({ service });
+  const sweeps = new SweepsModel({ service });
   const actions = {
     cancel: jest.fn(async (_job: IJob) => undefined),
     openOutput: jest.fn(async (_job: IJob) => undefined),
@@ -120,11 +139,20 @@ function setup(overrides: Record<string, any> = {}) {
     openLineage: jest.fn(
       async (_name: string, _version: string | number) => undefined
     ),
+    openSweep: jest.fn(async (_id: string, _name: string) => undefined),
     ...(actionOverrides ?? {})
   };
-  const sidebar = new DanluSidebar({ queue, experiments, actions });
+  const sidebar = new DanluSidebar({ queue, experiments, sweeps, actions });
   Widget.attach(sidebar, document.body);
-  return { service, queue, experiments, actions, sidebar, node: sidebar.node };
+  return {
+    service,
+    queue,
+    experiments,
+    sweeps,
+    actions,
+    sidebar,
+    node: sidebar.node
+  };
 }
 
 describe('DanluSidebar', () => {
@@ -132,10 +160,11 @@ describe('DanluSidebar', () => {
   afterEach(() => {
     current?.sidebar.dispose();
     current?.queue.dispose();
+    current?.sweeps.dispose();
     current = null;
   });
 
-  it('is the Danlu region with the Queue and Experiments tabs', async () => {
+  it('is the Danlu region with the Queue, Experiments and Sweeps tabs', async () => {
     current = setup();
     const { node, sidebar } = current;
     expect(sidebar.id).toBe('danlu-sidebar');
@@ -145,7 +174,11 @@ describe('DanluSidebar', () => {
       const found = node.querySelectorAll('[role=tab]');
       return found.length ? found : null;
     });
-    expect([...tabs].map(t => t.textContent)).toEqual(['Queue', 'Experiments']);
+    expect([...tabs].map(t => t.textContent)).toEqual([
+      'Queue',
+      'Experiments',
+      'Sweeps'
+    ]);
     expect(tabs[0].getAttribute('aria-selected')).toBe('true');
   });
 
@@ -427,5 +460,35 @@ describe('DanluSidebar', () => {
     expect(
       node.querySelector('#danlu-panel-queue')!.hasAttribute('hidden')
     ).toBe(true);
+  });
+
+  it('lists the sweeps once the Sweeps tab is shown, and opens one', async () => {
+    current = setup();
+    const { node, service, actions } = current;
+    await sleep(20);
+    expect(service.sweeps).not.toHaveBeenCalled();
+    const tab = await until(
+      () =>
+        [...node.querySelectorAll('[role=tab]')].find(
+          t => t.textContent === 'Sweeps'
+        ) as HTMLElement | undefined
+    );
+    tab.click();
+    const item = await until(() =>
+      node.querySelector('li.danlu-sweep-item[data-sweep-id="5eeeeeeeeea1"]')
+    );
+    expect(item.getAttribute('data-state')).toBe('running');
+    expect(
+      [...item.querySelectorAll('[data-count]')].map(b => b.textContent)
+    ).toEqual(['2 running', '3 complete', '1 pruned']);
+    expect(item.querySelector('.danlu-sweep-best')!.textContent).toContain(
+      'best loss 0.25 (trial 3)'
+    );
+    (
+      item.querySelector(
+        'button[aria-label="Open sweep lr-search"]'
+      ) as HTMLButtonElement
+    ).click();
+    expect(actions.openSweep).toHaveBeenCalledWith('5eeeeeeeeea1', 'lr-search');
   });
 });

@@ -27,6 +27,9 @@ export interface IChartLayout {
   xTicks: { value: number; x: number }[];
   yTicks: { value: number; y: number }[];
   series: { run_id: string; run_name: string; color: string; d: string }[];
+  /** The pixel of a step (x) and of a value (y), rounded as the paths are. */
+  sx: (value: number) => number;
+  sy: (value: number) => number;
 }
 
 /** About `count` round tick values covering [min, max]. */
@@ -80,6 +83,8 @@ export function layoutChart(
     width,
     height,
     plot,
+    sx: v => round(sx(v)),
+    sy: v => round(sy(v)),
     xTicks: niceTicks(x0, x1).map(value => ({ value, x: round(sx(value)) })),
     yTicks: niceTicks(y0, y1, 4).map(value => ({ value, y: round(sy(value)) })),
     series: series.map((s, i) => ({

@@ -21,4 +21,6 @@ export interface ISidebarActions {
   registerModel(run: IRun): Promise<IModelVersion | null>;
   /** Open the lineage graph of a model version in the main area. */
   openLineage(name: string, version: string | number): Promise<void>;
+  /** Open a sweep (trials, curve, parameters against the objective) in the main area. */
+  openSweep(id: string, name: string): Promise<void>;
 }

@@ -1,7 +1,8 @@
 /**
- * The "Danlu" left sidebar: a tab list with the Queue and Experiments views.
- * Arrow keys move between the tabs (WAI-ARIA tabs pattern); the Experiments view
- * loads the first time it is shown.
+ * The "Danlu" left sidebar: a tab list with the Queue, Experiments and Sweeps
+ * views. Arrow keys move between the tabs (WAI-ARIA tabs pattern); the
+ * Experiments view loads, and the Sweeps view starts polling, the first time it
+ * is shown.
  */
 import { ReactWidget } from '@jupyterlab/apputils';
 import { refreshIcon } from '@jupyterlab/ui-components';
@@ -9,22 +10,26 @@ import * as React from 'react';
 
 import { danluIcon } from '../components/icons';
 import { ExperimentsModel, QueueModel } from '../model';
+import { SweepsModel } from '../sweeps';
 import { SIDEBAR_ID } from '../tokens';
 import { ISidebarActions } from './actions';
 import { ExperimentsPanel } from './experiments';
 import { QueuePanel } from './queue';
+import { SweepsPanel } from './sweeps';
 import { IconButton, useSignal } from './common';
 
-type Tab = 'queue' | 'experiments';
+type Tab = 'queue' | 'experiments' | 'sweeps';
 const TABS: { id: Tab; label: string }[] = [
   { id: 'queue', label: 'Queue' },
-  { id: 'experiments', label: 'Experiments' }
+  { id: 'experiments', label: 'Experiments' },
+  { id: 'sweeps', label: 'Sweeps' }
 ];
 
 export namespace DanluSidebar {
   export interface IOptions {
     queue: QueueModel;
     experiments: ExperimentsModel;
+    sweeps: SweepsModel;
     actions: ISidebarActions;
   }
 }
@@ -46,18 +51,23 @@ export class DanluSidebar extends ReactWidget {
 }
 
 function SidebarView(props: DanluSidebar.IOptions): JSX.Element {
-  const { queue, experiments, actions } = props;
+  const { queue, experiments, sweeps, actions } = props;
   useSignal(queue.changed);
   const [tab, setTab] = React.useState<Tab>('queue');
   const tabRefs = React.useRef<Record<string, HTMLButtonElement | null>>({});
 
   const [visited, setVisited] = React.useState(false);
+  const [sweepsVisited, setSweepsVisited] = React.useState(false);
   React.useEffect(() => {
     if (tab === 'experiments' && !visited) {
       setVisited(true);
       if (experiments.experimentsState.status === 'idle') {
         void experiments.loadExperiments();
       }
+    }
+    if (tab === 'sweeps' && !sweepsVisited) {
+      setSweepsVisited(true);
+      void sweeps.start();
     }
   }, [tab]);
 
@@ -83,6 +93,8 @@ function SidebarView(props: DanluSidebar.IOptions): JSX.Element {
   const refresh = () => {
     if (tab === 'queue') {
       void queue.refresh();
+    } else if (tab === 'sweeps') {
+      void sweeps.refresh();
     } else {
       void experiments.loadExperiments().then(() => experiments.reloadRuns());
     }
@@ -140,6 +152,17 @@ function SidebarView(props: DanluSidebar.IOptions): JSX.Element {
       >
         {(visited || tab === 'experiments') && (
           <ExperimentsPanel model={experiments} actions={actions} />
+        )}
+      </div>
+      <div
+        role="tabpanel"
+        id="danlu-panel-sweeps"
+        aria-labelledby="danlu-tab-sweeps"
+        className="danlu-panel"
+        hidden={tab !== 'sweeps'}
+      >
+        {(sweepsVisited || tab === 'sweeps') && (
+          <SweepsPanel model={sweeps} actions={actions} />
         )}
       </div>
     </div>

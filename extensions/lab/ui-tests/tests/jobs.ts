@@ -74,7 +74,7 @@ export async function runCellAsJob(
 
 export async function openSidebarTab(
   page: IJupyterLabPageFixture,
-  name: 'Queue' | 'Experiments'
+  name: 'Queue' | 'Experiments' | 'Sweeps'
 ): Promise<Locator> {
   await page.sidebar.openTab('danlu-sidebar');
   await page.sidebar.setWidth(420, 'left'); // room for the runs table and the chart (and the screenshots)
