@@ -102,13 +102,15 @@ def parse_every(every) -> tuple[int | None, float | None]:
 
 
 # SIGTERM -----------------------------------------------------------------------------------------
-_sig = {"installed": False, "previous": signal.SIG_DFL, "loops": 0, "flag": threading.Event()}
+_sig: dict = {"installed": False, "previous": signal.SIG_DFL, "loops": 0}
+#: set by the SIGTERM handler; the loop saves and stops at its next step boundary
+_stopping = threading.Event()
 
 
 def _on_sigterm(signum, frame):
     previous = _sig["previous"]
     if _sig["loops"] > 0:  # a loop will save and stop at its next step boundary
-        _sig["flag"].set()
+        _stopping.set()
         if callable(previous):
             previous(signum, frame)  # the user's own handler (the guide's flag) still hears it
         return
@@ -286,7 +288,7 @@ class Resumable:
             while self.step < total:
                 yield self.step
                 self.step += 1
-                stop = _sig["flag"].is_set() or stop_file.seen() or (self.service is not None and self.service.stopping)
+                stop = _stopping.is_set() or stop_file.seen() or (self.service is not None and self.service.stopping)
                 wish = (self.service is not None and self.service.take_save_request()) or (
                     self.every_seconds is not None and self.clock() - self._last_save_at >= self.every_seconds
                 )
@@ -318,13 +320,13 @@ class Resumable:
                 file=sys.stderr,
                 flush=True,
             )
-            if grace:
+            if grace and self.service is not None:
                 self.service.grace = grace
                 self._check_grace()
         deadline = time.monotonic() + SIGTERM_WAIT
-        while not (runner_stopping or _sig["flag"].is_set()) and time.monotonic() < deadline:
+        while not (runner_stopping or _stopping.is_set()) and time.monotonic() < deadline:
             time.sleep(0.05)  # seen before the signal: the runner must be stopping when the cell ends
-        _sig["flag"].clear()  # heard: a later loop in this kernel starts afresh (the stop file still says it)
+        _stopping.clear()  # heard: a later loop in this kernel starts afresh (the stop file still says it)
         raise Stopped(self.step, reason)
 
 
