@@ -110,7 +110,8 @@ def _wrap_summary_writer(module) -> None:
     _installed.add("tensorboard")
     from danlu.tensorboard.names import metric_key  # deferred: only a kernel whose code uses TensorBoard needs it
 
-    inner, top, keys = cls.add_scalar, _top, {}
+    inner, top = cls.add_scalar, _top
+    keys: dict = {}
 
     def add_scalar(self, tag, scalar_value, global_step=None, *args, **kwargs):
         if global_step is not None and top[0] >= 0:
@@ -121,7 +122,7 @@ def _wrap_summary_writer(module) -> None:
                 return None
         return inner(self, tag, scalar_value, global_step, *args, **kwargs)
 
-    add_scalar.__wrapped__ = inner
+    add_scalar.__wrapped__ = inner  # type: ignore[attr-defined]
     add_scalar.__doc__ = inner.__doc__
     cls.add_scalar = add_scalar
 
@@ -144,7 +145,8 @@ def _wrap_mlflow(module) -> None:
                 return None
         return log_metrics(metrics, step, *args, **kwargs)
 
-    log_metric_once.__wrapped__, log_metrics_once.__wrapped__ = log_metric, log_metrics
+    log_metric_once.__wrapped__ = log_metric  # type: ignore[attr-defined]
+    log_metrics_once.__wrapped__ = log_metrics  # type: ignore[attr-defined]
     log_metric_once.__doc__, log_metrics_once.__doc__ = log_metric.__doc__, log_metrics.__doc__
     module.log_metric, module.log_metrics = log_metric_once, log_metrics_once
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any
 
 from danlu import env
 
@@ -68,7 +69,7 @@ class Ranks:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         models = [o for o in objects.values() if _is_module(o)]
-        out = {}
+        out: dict = {}
         for name, obj in objects.items():
             if _is_module(obj):
                 out[name] = get_model_state_dict(obj)
@@ -110,7 +111,7 @@ class Sync:
         import torch  # deferred: only ranks of torch.distributed get here, with torch imported
 
         self.dist, self.rank, self.clock, self.seconds = dist, rank, clock, seconds
-        device = "cpu"
+        device: Any = "cpu"
         if dist.get_backend() == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         self.tensor = torch.zeros(3, dtype=torch.int64, device=device)
@@ -131,10 +132,10 @@ class Sync:
             upcoming = min(10_000, max(1, int(self.every * self.seconds / elapsed) if elapsed > 0 else self.every * 2))
         self.tensor[0], self.tensor[1], self.tensor[2] = int(self.stop), int(self.save), upcoming
         self.dist.all_reduce(self.tensor, op=self.dist.ReduceOp.MAX)
-        stop, save, upcoming = (int(x) for x in self.tensor.tolist())
-        self.every = max(1, upcoming)
+        agreed = [int(x) for x in self.tensor.tolist()]
+        self.every = max(1, agreed[2])
         self.stop = self.save = False
-        return bool(stop), bool(save)
+        return bool(agreed[0]), bool(agreed[1])
 
 
 class ServiceLink:
@@ -153,7 +154,7 @@ class ServiceLink:
         self._requested = False
         self._running = threading.Event()
         self._thread: threading.Thread | None = None
-        self._session = None
+        self._session: Any = None  # a requests.Session, made at the first call
         self._complained = False
         # a service whose /stop says "save" takes the checkpoint event; an older one would refuse the
         # report as invalid (and fail the attempt), so nothing is sent until /stop has said it

@@ -76,10 +76,10 @@ def commit(tmp: Path, step: int, attempt: int | None, fmt: str, digest: bool = T
     the commit: before it nothing named ``step-<N>`` exists. An older checkpoint of the same step
     (a step done again after a resume) is replaced.
     """
-    files = {}
+    files: dict[str, dict] = {}
     for path in _files(tmp):
         _fsync(path)
-        entry = {"size": path.stat().st_size}
+        entry: dict[str, int | str] = {"size": path.stat().st_size}
         if digest:
             entry["sha256"] = _sha256(path)
         files[path.relative_to(tmp).as_posix()] = entry
@@ -124,7 +124,7 @@ def read_marker(folder: Path, verify: bool = True) -> Checkpoint | None:
 
 def committed_steps(base: Path) -> list[int]:
     """Steps with a ``step-<N>`` folder holding a marker (not verified), highest first."""
-    out = []
+    out: list[int] = []
     folder = root(base)
     if not folder.is_dir():
         return out
