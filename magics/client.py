@@ -128,7 +128,11 @@ class DanluClient:
         except requests.Timeout:
             raise Unreachable(f"the Danlu jobs service at {self.url} did not answer in time") from None
         if response.status_code >= 400:
-            raise error_from(response.status_code, response.content)
+            error = error_from(response.status_code, response.content)
+            after = response.headers.get("Retry-After", "")
+            if after.strip().isdigit():  # a 429 or 503 says when to come back
+                error.retry_after = float(after)
+            raise error
         return response
 
     # endpoints ------------------------------------------------------------------

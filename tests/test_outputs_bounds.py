@@ -236,3 +236,35 @@ def test_the_runner_reports_a_refused_upload_in_the_jobs_log_at_once(capsys):
     assert len(calls) == 1 and time.monotonic() - started < 5
     err = capsys.readouterr().err
     assert "could not hand rank 0's notebook" in err and "outputs_per_user_bytes" in err, err
+
+
+def test_a_runner_report_refused_for_its_rate_waits_and_arrives():
+    """The attempt's runner API rate is shared with the job's code: a report refused with 429 (the code used
+    the rate up) is sent again after Retry-After, not dropped as a 4xx that ends the attempt would be."""
+    calls = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            calls.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            busy = len(calls) == 1
+            answer = {"reason": "too_many_requests", "message": "too often"} if busy else {"recorded": "finished"}
+            self.send_response(429 if busy else 200)
+            self.send_header("Content-Type", "application/json")
+            if busy:
+                self.send_header("Retry-After", "1")
+            self.end_headers()
+            self.wfile.write(json.dumps(answer).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        link = ServiceLink(
+            LaunchMessage("0123456789ab", 1, f"http://127.0.0.1:{server.server_port}/api", "t" * 43, "/tmp")
+        )
+        assert link.report({"event": "finished", "state": "succeeded"}, patience=30) is True
+    finally:
+        server.shutdown()
+    assert [c["event"] for c in calls] == ["finished", "finished"]

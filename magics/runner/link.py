@@ -81,7 +81,12 @@ class ServiceLink:
             try:
                 return self.client.request(method, f"{self.base}{path}", **kwargs)
             except (Unreachable, DanluError) as e:
-                if not (isinstance(e, Unreachable) or e.status >= 500) or time.monotonic() + delay > deadline:
+                # a 429: the job's own code used up the attempt's runner API rate (danlu.dataset in a loop, say);
+                # the runner's reports wait their turn rather than being lost
+                busy = isinstance(e, DanluError) and e.status == 429
+                if busy and e.retry_after:
+                    delay = max(delay, min(float(e.retry_after), 30.0))
+                if not (isinstance(e, Unreachable) or e.status >= 500 or busy) or time.monotonic() + delay > deadline:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
