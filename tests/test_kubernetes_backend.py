@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,92 @@ def test_an_evicted_jobs_next_pod_finds_its_checkpoint_in_the_owners_home_claim(
     kept = service.homes["alice"] / ".danlu" / "checkpoints" / borrower
     assert sorted(p.name for p in kept.iterdir()) == ["attempt-1", "attempt-2"]
     assert done["checkpoint"]["step"] == 20 and done["checkpoint"]["attempt"] == 2
+
+
+RESUMABLE_STEPS = 24
+RESUMABLE_LOOP = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+def train_step(step):
+    x = torch.randn(8, 4)
+    loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    return loss.item()
+"""
+RESUMABLE_JOB = (
+    RESUMABLE_LOOP
+    + f"""
+import time, danlu
+from torch.utils.tensorboard import SummaryWriter
+state = danlu.resumable(model=model, optimizer=opt, every=4)
+writer = SummaryWriter()
+for step in state.steps({RESUMABLE_STEPS}):
+    writer.add_scalar("loss", train_step(step), step)
+    writer.flush()
+    print("step", step, flush=True)
+    time.sleep(0.2)
+writer.close()
+print("final", repr([round(v, 6) for v in torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()]))
+"""
+)
+
+
+def test_a_resumable_job_evicted_by_kueue_twice_ends_like_an_uninterrupted_run(service, cluster):
+    """Issue 18's first acceptance item on Kubernetes: a job written with ``danlu.resumable`` is evicted by
+    Kueue twice (bob's urgent jobs reclaim the GPU it borrowed); each next pod resumes from the checkpoint in
+    alice's home claim; it ends with the weights of the same loop run without interruption, both evictions
+    left its one retry unused, and its one MLflow run holds the loss of every step exactly once."""
+    torch = pytest.importorskip("torch")
+    scope: dict = {}
+    exec(RESUMABLE_LOOP, scope)  # noqa: S102 - the test's own loop, the same text the job runs
+    losses = [scope["train_step"](step) for step in range(RESUMABLE_STEPS)]
+    weights = torch.cat([p.detach().flatten() for p in scope["model"].parameters()]).tolist()
+    expected = repr([round(v, 6) for v in weights])
+
+    borrower = submit(service, ALICE, RESUMABLE_JOB, resources={"gpus": 2}, retries=1)
+
+    def resumed(attempt: int) -> str:
+        """The line the job's ``attempt`` printed on resuming (the log on Kubernetes is the latest pod's)."""
+
+        async def seen():
+            data, _ = await service.manager.read_log(await service.manager.get(ADMIN, borrower), 0, 1 << 20)
+            _, header, rest = data.decode("utf-8", "replace").partition(f" attempt {attempt}: ")
+            return header and re.search(r"danlu: resumed from step \d+", rest)
+
+        try:
+            return service.run(until(seen, f"attempt {attempt} to resume", PATIENCE, 0.3)).group()
+        except TimeoutError:
+            raise AssertionError(f"{job(service, borrower)}\n{log(service, borrower)[-4000:]}") from None
+
+    resumes = []
+    for n, at in enumerate((5, 13), start=1):  # evicted twice, each time after some more steps
+        wait_log(service, borrower, f"step {at}\n")
+        urgent = submit(service, BOB, f"print('urgent{n} ran')", resources={"gpus": 1}, priority="urgent")
+        assert wait_final(service, urgent)["state"] == "succeeded"
+        resumes.append(resumed(n + 1))
+    done = wait_final(service, borrower)
+    text = log(service, borrower)
+
+    assert done["state"] == "succeeded", text[-3000:]
+    assert [a["state"] for a in done["attempts"]] == ["preempted", "preempted", "succeeded"], done["attempts"]
+    assert all("preempted by Kueue" in a["reason"] for a in done["attempts"][:2]), done["attempts"]
+    first, second = (int(line.rsplit(" ", 1)[1]) for line in resumes)
+    assert 4 <= first < second < RESUMABLE_STEPS, resumes  # each resume from a later save in alice's claim
+    assert f"final {expected}" in text, text[-3000:]  # the uninterrupted loop's weights
+    assert any((service.homes["alice"] / ".danlu" / "checkpoints" / borrower).iterdir())  # in alice's claim
+    history = requests.get(
+        f"{service.mlflow_url}/api/2.0/mlflow/metrics/get-history",
+        params={"run_id": done["mlflow_run_id"], "metric_key": "loss"},
+        timeout=30,
+    ).json()["metrics"]
+    steps = sorted(m["step"] for m in history)
+    assert steps == list(range(RESUMABLE_STEPS)), steps  # one point per step: none twice, none missing
+    by_step = {m["step"]: m["value"] for m in history}
+    assert all(abs(by_step[s] - losses[s]) <= 1e-5 * max(1.0, abs(losses[s])) for s in range(RESUMABLE_STEPS))
+    assert trainjobs(cluster, borrower) == []
 
 
 def test_cancel_deletes_a_running_and_a_queued_job(service, cluster):
