@@ -54,7 +54,7 @@ from typing import Any
 from traitlets.config import LoggingConfigurable
 
 REQUIRED = ("start", "poll", "cancel", "read_log", "read_output")
-ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output", "shutdown", "admission")
+ASYNC = ("start", "poll", "wait", "cancel", "cleanup", "read_log", "read_output", "shutdown", "admission", "draining")
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,11 @@ class Backend(LoggingConfigurable):
 
     async def cleanup(self, job_id: str, state: dict) -> None:
         """End whatever of a finished attempt is left; the default has nothing to do."""
+
+    async def draining(self, job_id: str, state: dict) -> bool:
+        """Whether an attempt that ``poll`` says ended by someone else's hand (a Kueue eviction) still has
+        processes in their grace period, saving a checkpoint; the default: none."""
+        return False
 
     async def read_log(self, job_id: str, state: dict, offset: int, limit: int) -> tuple[bytes, int]:
         """Up to ``limit`` bytes of the job's log from ``offset``, and the log's size now (0: none yet)."""

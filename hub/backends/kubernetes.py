@@ -426,6 +426,15 @@ class KubernetesBackend(Backend):
         )
         self._cache.clear()
 
+    async def draining(self, job_id: str, state: dict) -> bool:
+        """An evicted TrainJob's pods are deleted with their grace period: while one is left, it may be saving."""
+        if not state.get("name"):
+            return False
+        try:
+            return bool(await self._pods(state))
+        except KubernetesError:
+            return False
+
     async def cleanup(self, job_id: str, state: dict) -> None:
         """Keep the end of rank 0's log, then delete the attempt's TrainJob (its pods and Secret go with it)."""
         self._not_ready.pop(state.get("name", ""), None)

@@ -19,6 +19,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import traceback
 
 from danlu import digests
@@ -62,6 +63,9 @@ def describe_error(error: BaseException) -> tuple[str, bool]:
 
 #: the largest executed notebook a runner hands to the service (the service's body limit)
 MAX_OUTPUT = 64 * 2**20
+#: how long a runner that got SIGTERM asks the service why, when the service does not know yet (a Kueue
+#: eviction is seen by the cluster's kubelet before the service's next poll)
+STOP_PATIENCE = 5.0
 #: the largest seed reported (what every JSON client reads exactly), and the manifests' share of a report
 MAX_SEED = 2**53 - 1
 MAX_MANIFESTS_BYTES = 512 * 1024
@@ -142,6 +146,11 @@ class JobRunner:
 
     def on_signal(self) -> None:
         stop = self.link.stop()
+        deadline = time.monotonic() + STOP_PATIENCE
+        while stop is None and time.monotonic() < deadline:
+            # a queue of the cluster's (Kueue) may stop the attempt before the service has seen it do so
+            time.sleep(0.5)
+            stop = self.link.stop()
         if stop is None:
             self.state, self.reason, self.infrastructure = "failed", "interrupted (SIGTERM)", True
             return

@@ -167,6 +167,8 @@ class Supervisor:
             while outcome is None:
                 await asyncio.sleep(0.5)
                 outcome = await backend.poll(job_id, state)
+            if outcome.state == "preempted" and job_id not in self.stopping:
+                await self._drain(job_id, state, outcome)
             await backend.cleanup(job_id, state)
             await self.finalize(job_id, outcome, state.get("attempt"))
         except asyncio.CancelledError:
@@ -189,6 +191,17 @@ class Supervisor:
             self.log.exception("stopping job %s (%s) failed", job_id, why)
         if job_id not in self.watchers:  # nothing else will notice
             await self.finalize(job_id, Outcome(why, reason or why), state.get("attempt"))
+
+    async def _drain(self, job_id: str, state: dict, outcome: Outcome) -> None:
+        """A preemption the backend's own queue made (a Kueue eviction): record it as this service's own
+        preemptions are, so the attempt's runner, asking why it got SIGTERM, is told and gives the job's code
+        its grace to save, and keep the attempt (its token) until its processes are gone or the grace is over."""
+        grace = self.settings.jobs.preemption_grace_seconds
+        self.stopping[job_id] = ("preempted", outcome.reason)
+        await self.database.write(attempts.set_stop, job_id, "preempted", grace, state.get("attempt"))
+        deadline = asyncio.get_running_loop().time() + grace + 10.0
+        while await self.backend.draining(job_id, state) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.5)
 
     async def cancel(self, job_id: str, state: dict, reason: str) -> None:
         """Cancel a running attempt now: end its processes (with the grace period), then record it."""
