@@ -25,7 +25,6 @@ from danlu.importhooks import when_imported
 
 _floors: dict[str, int] = {}  # metric key -> the highest step the run has
 _top = [-1]  # the highest of them (a list: the wrappers read it as a closure cell)
-_installed: set[str] = set()
 
 
 def high_steps(run_id: str | None, jobdir: Path | None) -> dict[str, int]:
@@ -105,9 +104,8 @@ def logged(key: str, step) -> bool:
 
 def _wrap_summary_writer(module) -> None:
     cls = getattr(module, "SummaryWriter", None)
-    if cls is None or "tensorboard" in _installed:
+    if cls is None or hasattr(cls.add_scalar, "__wrapped__"):  # wrapped once per class, whichever module
         return
-    _installed.add("tensorboard")
     from danlu.tensorboard.names import metric_key  # deferred: only a kernel whose code uses TensorBoard needs it
 
     inner, top = cls.add_scalar, _top
@@ -128,9 +126,8 @@ def _wrap_summary_writer(module) -> None:
 
 
 def _wrap_mlflow(module) -> None:
-    if "mlflow" in _installed or not hasattr(module, "log_metric"):
+    if not hasattr(module, "log_metric") or hasattr(module.log_metric, "__wrapped__"):  # once per module
         return
-    _installed.add("mlflow")
     log_metric, log_metrics = module.log_metric, module.log_metrics
 
     def log_metric_once(key, value, step=None, *args, **kwargs):
