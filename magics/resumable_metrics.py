@@ -25,6 +25,8 @@ from danlu.importhooks import when_imported
 
 _floors: dict[str, int] = {}  # metric key -> the highest step the run has
 _top = [-1]  # the highest of them (a list: the wrappers read it as a closure cell)
+# marks this module's wrappers; not ``__wrapped__``, which auto-logging's fast ``add_scalar`` carries too
+MARK = "_danlu_logged_once"
 
 
 def high_steps(run_id: str | None, jobdir: Path | None) -> dict[str, int]:
@@ -104,7 +106,7 @@ def logged(key: str, step) -> bool:
 
 def _wrap_summary_writer(module) -> None:
     cls = getattr(module, "SummaryWriter", None)
-    if cls is None or hasattr(cls.add_scalar, "__wrapped__"):  # wrapped once per class, whichever module
+    if cls is None or getattr(cls.add_scalar, MARK, False):  # wrapped once per class, whichever module
         return
     from danlu.tensorboard.names import metric_key  # deferred: only a kernel whose code uses TensorBoard needs it
 
@@ -121,12 +123,13 @@ def _wrap_summary_writer(module) -> None:
         return inner(self, tag, scalar_value, global_step, *args, **kwargs)
 
     add_scalar.__wrapped__ = inner  # type: ignore[attr-defined]
+    setattr(add_scalar, MARK, True)
     add_scalar.__doc__ = inner.__doc__
     cls.add_scalar = add_scalar
 
 
 def _wrap_mlflow(module) -> None:
-    if not hasattr(module, "log_metric") or hasattr(module.log_metric, "__wrapped__"):  # once per module
+    if not hasattr(module, "log_metric") or getattr(module.log_metric, MARK, False):  # once per module
         return
     log_metric, log_metrics = module.log_metric, module.log_metrics
 
@@ -144,6 +147,8 @@ def _wrap_mlflow(module) -> None:
 
     log_metric_once.__wrapped__ = log_metric  # type: ignore[attr-defined]
     log_metrics_once.__wrapped__ = log_metrics  # type: ignore[attr-defined]
+    setattr(log_metric_once, MARK, True)
+    setattr(log_metrics_once, MARK, True)
     log_metric_once.__doc__, log_metrics_once.__doc__ = log_metric.__doc__, log_metrics.__doc__
     module.log_metric, module.log_metrics = log_metric_once, log_metrics_once
 

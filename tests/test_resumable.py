@@ -290,6 +290,27 @@ def test_metrics_already_logged_are_skipped_after_a_resume(tmp_path, monkeypatch
     assert FakeMlflow.logged == [("loss", 8), ("loss", None), ("val/acc", 6)]
 
 
+AUTOLOGGED = """
+import sys
+import torch.utils.tensorboard.writer as writer_module
+from danlu import resumable_metrics
+from danlu.tensorboard import writer
+writer.activate(writer_module)  # what auto-logging does in a job's kernel: the fast add_scalar, itself a wrapper
+resumable_metrics.install({"loss": 7})
+w = writer_module.SummaryWriter(sys.argv[1])
+for step in range(5, 10):
+    w.add_scalar("loss", float(step), step)
+w.close()
+"""
+
+
+def test_metrics_already_logged_are_skipped_behind_auto_loggings_writer(tmp_path):
+    # auto-logging's add_scalar carries __wrapped__ too: resumable's own mark, not that, says it wrapped already
+    out = subprocess.run([sys.executable, "-c", AUTOLOGGED, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert steps_in(tmp_path) == {"loss": [8, 9]}
+
+
 RANKS_SCRIPT = """
 import os, sys, torch, torch.distributed as dist
 from danlu.resumable import Resumable
