@@ -168,6 +168,8 @@ def test_a_sweep_from_one_cell_prunes_promotes_survives_preemption_and_a_failure
     assert [a["state"] for a in jobs[second["job_id"]]["attempts"]] == ["preempted", "succeeded"]
     assert re.search(r"danlu: asked to stop \(preempted\): saved step [45]", logs[1]), logs[1][-2000:]
     assert re.search(r"danlu: resumed from step [45]", logs[1]), logs[1][-2000:]
+    # a stopped trial's log says why in one line, with no traceback of its kernel's shutdown
+    assert not [n for n, text in logs.items() if n != 4 and "Traceback" in text], logs
     # the trials are alice's jobs at the sweep's (lowest) priority; the team never held more than its quota
     assert all(j["owner"] == "alice" and j["priority"] == "low" for j in jobs.values())
     assert most_gpus_at_once([*jobs.values(), wb.api("GET", f"/jobs/{urgent['id']}", token=alice).json()]) <= 2

@@ -70,12 +70,27 @@ def execute_notebook(km, input_path: str, output_path: str, **kwargs):
     import papermill  # deferred: papermill takes ~2 s to import; a torchrun job's runner executes no notebook
 
     _register_engine()
+    _quiet_dead_kernel_tasks()
     return papermill.execute_notebook(
         input_path, output_path, km=km, kc=_ready_client(km), engine_name=READY_ENGINE, **kwargs
     )
 
 
 READY_ENGINE = "danlu-ready-client"
+
+
+@functools.cache
+def _quiet_dead_kernel_tasks() -> None:
+    """Keep asyncio's "Task exception was never retrieved" traceback for nbclient's ``DeadKernelError`` out of
+    the job's log: a job stopped (cancel, preemption, pruning, timeout) has its kernel shut down under the cell
+    nbclient is executing, the runner has said why in one line already, and the traceback says nothing more."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return type(error).__name__ != "DeadKernelError"
+
+    logging.getLogger("asyncio").addFilter(keep)
 
 
 @functools.cache
