@@ -53,6 +53,7 @@ import {
   parseModelRef,
   trainCellCode
 } from './model';
+import { messageOf } from './polled';
 import { ISidebarActions } from './sidebar/actions';
 import { DanluSidebar } from './sidebar/sidebar';
 import { SweepsModel } from './sweeps';
@@ -67,10 +68,6 @@ const PLUGIN_ID = 'danlu-lab:plugin';
 
 /** Metadata key of a submitted cell: `{"job_id": "..."}`. */
 export const CELL_METADATA_KEY = 'danlu';
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 const plugin: JupyterFrontEndPlugin<IDanlu> = {
   id: PLUGIN_ID,

@@ -10,11 +10,10 @@
  * The pure helpers at the end turn a notebook's `parameters` cell into fields and
  * the submit form into the `%%train` command the kernel runs.
  */
-import { IDisposable } from '@lumino/disposable';
-import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { DanluService } from './handler';
+import { messageOf, PolledModel } from './polled';
 import {
   IExperiment,
   IJob,
@@ -29,53 +28,20 @@ import {
 /** What a view shows: a spinner, an error with Retry, an empty note, or the data. */
 export type ViewStatus = 'loading' | 'error' | 'empty' | 'ready';
 
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
 export namespace QueueModel {
-  export interface IOptions {
+  export interface IOptions extends PolledModel.IOptions {
     service: DanluService;
-    /** Milliseconds between polls while all is well (default 5000). */
-    interval?: number;
-    /** The longest wait while the server keeps failing (default 60000). */
-    maxInterval?: number;
-    /** Growth factor of the wait after each failure (default 2). */
-    backoff?: number;
-    /** Start polling at once (default true). */
-    auto?: boolean;
   }
 }
 
-/** This user's jobs, and for admins the team queues, kept fresh by a `Poll`. */
-export class QueueModel implements IDisposable {
+/** This user's jobs, and for admins the team queues, kept fresh by a `Poll` (it starts at once by default). */
+export class QueueModel extends PolledModel {
   constructor(options: QueueModel.IOptions) {
+    super('danlu:queue', options, true);
     this.service = options.service;
-    const interval = options.interval ?? 5000;
-    this._poll = new Poll({
-      auto: options.auto ?? true,
-      factory: () => this._fetch(),
-      frequency: {
-        interval,
-        backoff: options.backoff ?? 2,
-        max: Math.max(options.maxInterval ?? 60000, interval)
-      },
-      name: 'danlu:queue',
-      standby: 'when-hidden'
-    });
   }
 
   readonly service: DanluService;
-
-  /** Emitted after every poll, successful or not. */
-  get changed(): ISignal<this, void> {
-    return this._changed;
-  }
-
-  /** The poll (its `state` tells the phase and the current interval). */
-  get poll(): Poll {
-    return this._poll;
-  }
 
   get jobs(): readonly IJob[] {
     return this._jobs;
@@ -93,21 +59,11 @@ export class QueueModel implements IDisposable {
     return !!this._whoami?.admin;
   }
 
-  /** The last failure's message, or null after a successful poll. */
-  get error(): string | null {
-    return this._error;
-  }
-
-  /** Whether at least one poll has succeeded. */
-  get loaded(): boolean {
-    return this._loaded;
-  }
-
   get status(): ViewStatus {
-    if (this._error !== null) {
+    if (this.error !== null) {
       return 'error';
     }
-    if (!this._loaded) {
+    if (!this.loaded) {
       return 'loading';
     }
     return this._jobs.length ? 'ready' : 'empty';
@@ -118,53 +74,19 @@ export class QueueModel implements IDisposable {
     return this._jobs.find(job => job.id === id);
   }
 
-  /** Poll now (Retry, after a submission or a cancel); resolves once the poll has settled. */
-  async refresh(): Promise<void> {
-    if (this.isDisposed) {
-      return;
+  protected async load(): Promise<void> {
+    if (this._whoami === null) {
+      this._whoami = await this.service.whoami();
     }
-    await this._poll.refresh();
-    await this._poll.tick.catch(() => undefined);
+    const [jobs, queues] = await Promise.all([
+      this.service.jobs(),
+      this.isAdmin ? this.service.queues() : Promise.resolve([])
+    ]);
+    this._jobs = jobs;
+    this._queues = queues;
   }
 
-  get isDisposed(): boolean {
-    return this._poll.isDisposed;
-  }
-
-  dispose(): void {
-    if (this.isDisposed) {
-      return;
-    }
-    this._poll.dispose();
-    Signal.clearData(this);
-  }
-
-  private async _fetch(): Promise<void> {
-    try {
-      if (this._whoami === null) {
-        this._whoami = await this.service.whoami();
-      }
-      const [jobs, queues] = await Promise.all([
-        this.service.jobs(),
-        this.isAdmin ? this.service.queues() : Promise.resolve([])
-      ]);
-      this._jobs = jobs;
-      this._queues = queues;
-      this._error = null;
-      this._loaded = true;
-    } catch (error) {
-      this._error = messageOf(error);
-      this._changed.emit();
-      throw error; // the poll backs off
-    }
-    this._changed.emit();
-  }
-
-  private _changed = new Signal<this, void>(this);
-  private _error: string | null = null;
   private _jobs: IJob[] = [];
-  private _loaded = false;
-  private _poll: Poll;
   private _queues: IQueue[] = [];
   private _whoami: IWhoami | null = null;
 }
