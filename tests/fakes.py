@@ -113,15 +113,26 @@ class FakeRun:
 
     # the runner API, as a real runner's ServiceLink calls it ---------------------------------------------
     async def call(self, what: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
-        """``call(api)`` on the service that is up now (waiting while none is); records the answer's status."""
-        await self.machine.up.wait()
-        try:
-            answer = await call(self.machine.api)
-        except DanluError as e:
-            self.answers.append((what, e.status))
-            return None
-        self.answers.append((what, 200))
-        return answer
+        """``call(api)`` on the service that is up now (waiting while none is); records the answer's status.
+
+        A call in flight when its service stops gets no answer (status 0) and is made again to the next service,
+        as a real runner's ServiceLink does when its connection drops: the stopping service's runner API fails
+        it with a cancellation or a closed executor, which would otherwise end the fake runner as if killed."""
+        while True:
+            await self.machine.up.wait()
+            api = self.machine.api
+            try:
+                answer = await call(api)
+            except DanluError as e:
+                self.answers.append((what, e.status))
+                return None
+            except (asyncio.CancelledError, RuntimeError) as e:
+                if not self.machine.went_away(api, e):
+                    raise
+                self.answers.append((what, 0))
+                continue
+            self.answers.append((what, 200))
+            return answer
 
     async def fetch_spec(self) -> dict | None:
         launch = self.launch
@@ -162,6 +173,7 @@ class FakeMachine:
     def __init__(self):
         self.api = None  # the runner API (JobManager.reports) of the service that is up, if any
         self.up = asyncio.Event()
+        self.gone: set[int] = set()  # id() of the runner APIs of services that stopped
         self.runs: dict[str, FakeRun] = {}  # "<job id>/<attempt>" -> its runner
         #: job id -> its folder (path -> bytes), written only by the job's runners
         self.folders: dict[str, dict[str, bytes]] = {}
@@ -173,8 +185,20 @@ class FakeMachine:
 
     def detach(self) -> None:
         """The service went away: runners wait for the next one."""
+        if self.api is not None:
+            self.gone.add(id(self.api))
         self.api = None
         self.up.clear()
+
+    def went_away(self, api, error: BaseException) -> bool:
+        """Whether ``error``, raised by a call to ``api``, is that service stopping under the call (not a bug,
+        nor this runner being killed: a cancellation of the runner's own task)."""
+        if id(api) not in self.gone:
+            return False
+        if isinstance(error, asyncio.CancelledError):
+            task = asyncio.current_task()
+            return task is not None and not task.cancelling()
+        return "after shutdown" in str(error)
 
     def spawn(self, launch: Launch, behaviour: Behaviour) -> FakeRun:
         run = FakeRun(launch, self)
@@ -562,18 +586,19 @@ def make_manager(
 @contextlib.asynccontextmanager
 async def serving(manager: JobManager, interval: float = 0.02):
     """The manager as the service runs it: recovered, with its admission loop; stopped as a SIGKILL would
-    leave things (running jobs go on), then the fake machine's runners no longer reach it."""
+    leave things (running jobs go on): the fake machine's runners no longer reach it, and their calls in flight
+    are made again to the next service."""
     await manager.recover()
     loop = asyncio.ensure_future(manager.run_forever(interval))
     try:
         yield manager
     finally:
+        backend = manager.backend
+        if isinstance(backend, FakeBackend) and backend.machine.api is manager.runner_api:
+            backend.machine.detach()  # first, as a SIGKILL would: no runner reaches the service from now on
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await manager.stop()
-        backend = manager.backend
-        if isinstance(backend, FakeBackend) and backend.machine.api is manager.runner_api:
-            backend.machine.detach()
 
 
 async def until(check: Callable[[], Any], what: str, patience: float = 30.0, every: float = 0.01) -> Any:

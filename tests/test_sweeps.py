@@ -215,11 +215,6 @@ def test_stopping_a_sweep_cancels_its_trials_and_only_its_owner_or_an_admin_sees
     assert all(t["state"] == "stopped" for t in stopped["trials"])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky under load (once in CI, 2026-12-03: one of 5 trials 'failed' across the restart; the cause, a "
-    "trial whose job ends while no service is up, is not yet found): it runs, and its failure is reported as xfail",
-)
 def test_a_restarted_service_picks_a_running_sweep_up_where_it_was(tmp_path):
     backend = CurveBackend(pace=0.05)
     first = manager_for(tmp_path, backend)

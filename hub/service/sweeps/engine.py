@@ -137,10 +137,13 @@ class Engine:
         study = self.study(name, spec)
         trial = self._trial(study, number)
         rungs = rung_steps(spec, max(step for step, _ in points)) if points and spec.scheduler != "none" else set()
+        # a restarted service reads a trial's points again: those Optuna has are not reported twice
+        known = study._storage.get_trial(trial._trial_id).intermediate_values
         for i, (step, value) in enumerate(points):
             if not math.isfinite(value):
                 continue
-            trial.report(value, step)
+            if step not in known:
+                trial.report(value, step)
             if (step in rungs or i == len(points) - 1) and spec.scheduler != "none":
                 if trial.should_prune():
                     return True, rungs_of(study, number)
