@@ -134,7 +134,10 @@ class Scheduler:
         return True
 
     def observe(self) -> None:
-        self.metrics.observe_model(self.core.model, self.core.pending_by_queue())
+        oldest: dict[str, float] = {}
+        for wl in self.core.pending.values():
+            oldest[wl.team] = min(wl.created, oldest.get(wl.team, wl.created))
+        self.metrics.observe_model(self.core.model, self.core.pending_by_queue(), oldest)
 
     async def rebuild_locked(self) -> None:
         """Rebuild the admission model from the database (after a live change, an error, or a restart)."""
@@ -207,7 +210,8 @@ class Scheduler:
                 await self.schedule()
                 if time.monotonic() - sampled > 30:
                     sampled = time.monotonic()
-                    await self.database.write(sample_gpus, self.inventory)
+                    samples = await self.database.write(sample_gpus, self.inventory)
+                    self.metrics.observe_devices(self.inventory, samples)
                 if time.monotonic() - orphans > 60:
                     orphans = time.monotonic()
                     await self.supervisor.rewatch_orphans()

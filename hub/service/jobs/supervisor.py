@@ -269,6 +269,9 @@ class Supervisor:
                 return
             self.stopping.pop(job_id, None)
             state, reason, workload = done
+            if outcome.state == "failed":
+                failure = "infrastructure" if outcome.infrastructure else "user"
+                self.metrics.attempts_failed.labels(workload.team, failure).inc()
             core.model.release(job_id)
             if state == JobState.queued.value:
                 core.pending[job_id] = workload

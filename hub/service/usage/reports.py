@@ -264,23 +264,30 @@ def report(
     }
 
 
-def sample_gpus(session: Session, inventory) -> int:
-    """Record NVML utilization of every detected device (declared ones have none); returns samples taken."""
+def sample_gpus(session: Session, inventory) -> dict[int, float | None]:
+    """Record NVML utilization of every detected device (declared ones have none): each one's utilization in
+    percent, or None where NVML did not answer for it (a device fallen off the bus, a lost GPU)."""
     if not inventory or all(g.declared for g in inventory):
-        return 0
+        return {}
     try:
         import pynvml  # deferred: optional (nvidia-ml-py), absent where no GPU is
 
         pynvml.nvmlInit()
     except Exception:
-        return 0
+        return {}
     try:
-        taken = 0
+        taken: dict[int, float | None] = {}
         for gpu in inventory:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
-            util = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            session.add(GpuSample(device=gpu.index, utilization=float(util)))
-            taken += 1
+            if gpu.declared:
+                continue
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                taken[gpu.index] = None
+                continue
+            session.add(GpuSample(device=gpu.index, utilization=util))
+            taken[gpu.index] = util
         return taken
     finally:
         pynvml.nvmlShutdown()
