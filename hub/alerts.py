@@ -176,8 +176,8 @@ def rules(
     out.append(
         _rule(
             "DanluInfrastructureFailures",
-            f'sum by (queue) (increase(danlu_attempts_failed_total{{failure="infrastructure"}}[{t.failures_minutes}m])) '
-            f">= {t.failures}",
+            'sum by (queue) (increase(danlu_attempts_failed_total{failure="infrastructure"}'
+            f"[{t.failures_minutes}m])) >= {t.failures}",
             "",
             "warning",
             "Queue {{ $labels.queue }}: {{ $value }} attempts failed for infrastructure reasons",

@@ -85,6 +85,7 @@ def _quiet_dead_kernel_tasks() -> None:
     """Keep asyncio's "Task exception was never retrieved" traceback for nbclient's ``DeadKernelError`` out of
     the job's log: a job stopped (cancel, preemption, pruning, timeout) has its kernel shut down under the cell
     nbclient is executing, the runner has said why in one line already, and the traceback says nothing more."""
+
     def keep(record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         return type(error).__name__ != "DeadKernelError"
