@@ -117,6 +117,11 @@ def cmd_audit(args) -> int:
     return 0
 
 
+def _hours(value) -> str:
+    """GPU-hours busy, or n/a where nothing was sampled (declared devices, no NVML)."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def cmd_usage(args) -> int:
     data = cliclient.client(args).usage(start=args.start, end=args.end, by=args.by, user=args.user)
     if args.json:
@@ -125,14 +130,15 @@ def cmd_usage(args) -> int:
     currency = data.get("currency") or ""
     print(f"GPU usage {data['from'][:16]} .. {data['to'][:16]}, by {data['by']}")
     cost = f"cost {currency}".strip()
-    print(f"{data['by']:<16} {'GPU-hours':>10} {cost:>12} {'jobs':>6} {'servers':>8} {'measured util':>14}")
+    print(f"{data['by']:<16} {'GPU-hours':>10} {'busy':>8} {cost:>12} {'jobs':>6} {'servers':>8} {'measured util':>14}")
     for row in data["rows"]:
         util = f"{row['measured_utilization']:.0f}%" if row["measured_utilization"] is not None else "n/a"
         print(
-            f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {row['cost']:>12.2f} {row['jobs']:>6} "
-            f"{row['servers']:>8} {util:>14}"
+            f"{row[data['by']]:<16} {row['gpu_hours']:>10.2f} {_hours(row.get('gpu_hours_busy')):>8} "
+            f"{row['cost']:>12.2f} {row['jobs']:>6} {row['servers']:>8} {util:>14}"
         )
-    print(f"{'total':<16} {data['total']['gpu_hours']:>10.2f} {data['total']['cost']:>12.2f}")
+    total = data["total"]
+    print(f"{'total':<16} {total['gpu_hours']:>10.2f} {_hours(total.get('gpu_hours_busy')):>8} {total['cost']:>12.2f}")
     for server in data.get("idle_gpu_servers", []):
         print(
             f"idle: server {server['server']} holds {server['gpus']} GPU(s), no activity for "

@@ -274,12 +274,22 @@ def brute_force(data: dict, start, end, by: str, owner=None) -> dict:
             if sample["device"] in devices and u <= sample["at"] < v:
                 r["util"][0] += sample["utilization"]
                 r["util"][1] += 1
+        # busy: hour by hour, each device's seconds held times its samples' mean in that part of the hour
+        hour = rollups.floor_hour(u)
+        while hour < v:
+            a, b = max(u, hour), min(v, hour + HOURS)
+            for device in devices:
+                found = [x["utilization"] for x in data["samples"] if x["device"] == device and a <= x["at"] < b]
+                if found:
+                    r["busy"] = r.get("busy", 0) + round((b - a).total_seconds() * sum(found) / len(found) / 100)
+            hour += HOURS
     return {
         k: {
             "gpu_hours": round(r["seconds"] / 3600, 4),
             "jobs": len(r["job"]),
             "servers": len(r["server"]),
             "measured_utilization": round(r["util"][0] / r["util"][1], 1) if r["util"][1] else None,
+            "gpu_hours_busy": round(r["busy"] / 3600, 4) if "busy" in r else None,
         }
         for k, r in rows.items()
     }
@@ -287,7 +297,8 @@ def brute_force(data: dict, start, end, by: str, owner=None) -> dict:
 
 def numbers(answer: dict) -> dict:
     by = answer["by"]
-    return {r[by]: {k: r[k] for k in ("gpu_hours", "jobs", "servers", "measured_utilization")} for r in answer["rows"]}
+    keys = ("gpu_hours", "jobs", "servers", "measured_utilization", "gpu_hours_busy")
+    return {r[by]: {k: r[k] for k in keys} for r in answer["rows"]}
 
 
 HOURS = dt.timedelta(hours=1)
@@ -395,3 +406,47 @@ def test_a_cached_rolled_up_part_gives_the_same_report_and_is_reused(sessions, t
         for day in range(3):  # more keys than it holds: the oldest go
             usage.report(s, settings, T0 + dt.timedelta(hours=day), NOW, now=NOW, cache=cache)
     assert len(cache._entries) == 2
+
+
+def test_danlu_usage_prints_busy_beside_allocated_and_na_where_nothing_was_sampled(monkeypatch, capsys):
+    from danlu import cli, cliclient
+
+    rows = [
+        {
+            "team": "vision",
+            "gpu_hours": 41.5,
+            "gpu_hours_busy": 17.02,
+            "cost": 0,
+            "jobs": 3,
+            "servers": 1,
+            "measured_utilization": 41.0,
+        },
+        {
+            "team": "nlp",
+            "gpu_hours": 12.25,
+            "gpu_hours_busy": None,
+            "cost": 0,
+            "jobs": 1,
+            "servers": 0,
+            "measured_utilization": None,
+        },
+    ]
+    answer = {
+        "from": "2026-11-01T00:00:00Z",
+        "to": "2026-11-30T00:00:00Z",
+        "by": "team",
+        "currency": "",
+        "rows": rows,
+        "total": {"gpu_hours": 53.75, "cost": 0, "gpu_hours_busy": 17.02},
+    }
+
+    class Client:
+        def usage(self, **kwargs):
+            return answer
+
+    monkeypatch.setattr(cliclient, "client", lambda args: Client())
+    assert cli.main(["usage", "--by", "team"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:3] == ["team", "GPU-hours", "busy"]
+    assert out[2].split()[:3] == ["vision", "41.50", "17.02"] and out[3].split()[:3] == ["nlp", "12.25", "n/a"]
+    assert out[4].split()[:3] == ["total", "53.75", "17.02"]

@@ -839,10 +839,13 @@ async def test_the_service_rolls_usage_up_and_expires_old_samples_on_its_own(tmp
         rolled = await manager.database.read(lambda s: s.query(UsageRollup).count())
     await backend.machine.kill_all()
 
-    assert {r["user"]: (r["gpu_hours"], r["jobs"], r["measured_utilization"]) for r in report["rows"]} == {
-        "alice": (1.0, 1, 50.0),
-        "carol": (1.0, 1, None),
+    assert {
+        r["user"]: (r["gpu_hours"], r["jobs"], r["measured_utilization"], r["gpu_hours_busy"]) for r in report["rows"]
+    } == {
+        "alice": (1.0, 1, 50.0, 0.5),  # allocated beside busy: an hour held at 50%
+        "carol": (1.0, 1, None, None),  # nothing sampled: unknown, not idle
     }
+    assert report["total"]["gpu_hours_busy"] == 0.5
     assert report["from"] == isoformat(hour - dt.timedelta(days=1)) and rolled >= 2
 
 

@@ -189,12 +189,12 @@ def test_upgrade_of_a_danlu_0_1_0_database_keeps_every_row(tmp_path, caplog):
     before = dump(url)
     previous_sql = list(writer.iterdump())
     assert len(before["jobs"]) == 15 and len(before["audit"]) == 19 and len(before["flags"]) == 2
-    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0012"):
+    with pytest.raises(ConfigError, match="revision none, and this Danlu needs 0013"):
         db_schema.check(url)
 
     result = db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG)
 
-    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0012"
+    assert result["from"] == "0001" and result["to"] == db_schema.head() == "0013"
     assert "no schema revision: Danlu 0.1.0 made it" in caplog.text
     backup = Path(result["backup"])
     assert backup.parent == tmp_path / "backups"
@@ -321,7 +321,7 @@ def test_migrated_schema_equals_the_models(url):
 
 def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
     sessions = db_schema.prepare(url)
-    unchanged = {"from": "0012", "to": "0012", "backup": None}
+    unchanged = {"from": "0013", "to": "0013", "backup": None}
     assert db_schema.upgrade(url, backup_dir=tmp_path / "backups", log=LOG) == unchanged
     assert not (tmp_path / "backups").exists()
     with sessions() as s, s.begin():
@@ -347,7 +347,7 @@ def test_upgrade_is_idempotent_and_downgrades_to_0001_and_back(url, tmp_path):
         assert [{k: row[k] for k in at_0001[table][0]} for row in before[table]] == at_0001[table]
     if url.startswith("sqlite"):
         assert schema(url) == schema(load_previous(tmp_path / "previous.sqlite"))
-    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0012"):
+    with pytest.raises(ConfigError, match="revision 0001, and this Danlu needs 0013"):
         db_schema.check(url)
 
     assert db_schema.upgrade(url, backup_dir=None, log=LOG)["from"] == "0001"
@@ -366,7 +366,7 @@ def test_check_refuses_an_old_and_an_unknown_revision(url):
     set_revision(url, "0001")
     with pytest.raises(ConfigError) as e:
         db_schema.check(url)
-    assert "revision 0001, and this Danlu needs 0012 (start it with danlu up, which upgrades it)" in str(e.value)
+    assert "revision 0001, and this Danlu needs 0013 (start it with danlu up, which upgrades it)" in str(e.value)
     assert e.value.reason == "db_schema"
     set_revision(url, "0999")
     for refuse in (lambda: db_schema.check(url), lambda: db_schema.upgrade(url, backup_dir=None, log=LOG)):

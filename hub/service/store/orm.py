@@ -244,9 +244,10 @@ class UsageRollup(Base):
 
     Written by :mod:`danlu.hub.service.usage.rollups` once the period is over, never changed afterwards:
     ``gpu_seconds`` (devices x seconds held), ``util_sum`` and ``util_n`` (the NVML samples of the held
-    devices), ``active`` (on hour rows: jobs or servers active in the hour, a job on one flavor's row; null
-    on day rows) and ``started`` (first attempts of jobs, or servers, that began in the period). ``flavor``
-    is ``""`` for what held no GPU. ``bucket`` is the period's start (UTC).
+    devices), ``busy_seconds`` (each sampled device's seconds held times its mean utilization then),
+    ``active`` (on hour rows: jobs or servers active in the hour, a job on one flavor's row; null on day
+    rows) and ``started`` (first attempts of jobs, or servers, that began in the period). ``flavor`` is
+    ``""`` for what held no GPU. ``bucket`` is the period's start (UTC).
     """
 
     __tablename__ = "usage_rollups"
@@ -268,6 +269,7 @@ class UsageRollup(Base):
     util_n: Mapped[int] = mapped_column(Integer)
     active: Mapped[int | None] = mapped_column(Integer, nullable=True)
     started: Mapped[int] = mapped_column(Integer)
+    busy_seconds: Mapped[float] = mapped_column(Float, server_default="0")
 
 
 class Dataset(Base):

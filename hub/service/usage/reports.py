@@ -3,7 +3,10 @@
 Allocation is what job attempts and notebook servers' reservations held (their
 devices, from start to end), clipped to the asked range; cost is GPU-hours times
 the flavor's ``usage.gpu_hour_cost``; measured utilization is the mean of the
-NVML samples (:class:`GpuSample`) of the held devices while held, in the range.
+NVML samples (:class:`GpuSample`) of the held devices while held, in the range, and
+``gpu_hours_busy`` each held device's hours times its mean utilization while held, hour by hour
+(``busy_seconds`` of the rollups), counting only what was sampled: ``None`` where nothing was (declared devices,
+no NVML), so an unknown is never shown as idle.
 ``jobs`` counts the jobs with an attempt in the range (CPU-only ones included),
 ``servers`` the reservations.
 
@@ -50,6 +53,7 @@ class _Totals:
     def __init__(self):
         self.seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))  # key -> flavor -> s
         self.util: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        self.busy: dict[str, float] = defaultdict(float)  # key -> GPU-seconds busy, where sampled
         self.counts: dict[tuple[str, str], int] = defaultdict(int)  # (key, kind) -> jobs or servers
 
     def merge(self, other: _Totals) -> None:
@@ -62,15 +66,27 @@ class _Totals:
             util[1] += util_n
         for key, count in other.counts.items():
             self.counts[key] += count
+        for key, seconds in other.busy.items():
+            self.busy[key] += seconds
 
     def add(
-        self, key: str, kind: str, flavor: str, seconds: float, util_sum: float, util_n: int, count: int = 0
+        self,
+        key: str,
+        kind: str,
+        flavor: str,
+        seconds: float,
+        util_sum: float,
+        util_n: int,
+        count: int = 0,
+        busy: float = 0.0,
     ) -> None:
         if seconds:
             self.seconds[key][flavor] += seconds
         util = self.util[key]
         util[0] += util_sum
         util[1] += util_n
+        if util_n:
+            self.busy[key] += busy
         self.counts[(key, kind)] += count
 
 
@@ -122,14 +138,17 @@ def _rolled(
                 func.sum(UsageRollup.util_sum),
                 func.sum(UsageRollup.util_n),
                 func.sum(UsageRollup.started),
+                func.sum(UsageRollup.busy_seconds),
             )
             .where(UsageRollup.span == span, UsageRollup.bucket >= a, UsageRollup.bucket < b)
             .group_by(UsageRollup.kind, column, UsageRollup.flavor)
         )
         if owner is not None:
             q = q.where(UsageRollup.owner == owner)
-        for kind, key, flavor, seconds, util_sum, util_n, started in session.execute(q):
-            totals.add(key, kind, flavor, seconds or 0.0, util_sum or 0.0, int(util_n or 0), int(started or 0))
+        for kind, key, flavor, seconds, util_sum, util_n, started, busy in session.execute(q):
+            totals.add(
+                key, kind, flavor, seconds or 0.0, util_sum or 0.0, int(util_n or 0), int(started or 0), busy or 0.0
+            )
     # the first hour: who was active in it, instead of who began in it (counted above)
     q = (
         select(UsageRollup.kind, column, func.sum(UsageRollup.active), func.sum(UsageRollup.started))
@@ -199,7 +218,7 @@ def _raw(
     holders: dict[tuple[str, str], set] = defaultdict(set)
     for (_bucket, kind, who, team, profile, flavor), cell in rollups.collect(session, start, end, now, owner).items():
         key = _pick(by, who, team, profile)
-        totals.add(key, kind, flavor, cell.gpu_seconds, cell.util_sum, cell.util_n)
+        totals.add(key, kind, flavor, cell.gpu_seconds, cell.util_sum, cell.util_n, busy=cell.busy_seconds)
         holders[(key, kind)] |= cell.active if count == "active" else cell.started
     for (key, kind), found in holders.items():
         totals.counts[(key, kind)] += len(found)
@@ -240,6 +259,8 @@ def report(
     for key in set(totals.seconds) | set(totals.util) | {k for k, _ in totals.counts}:
         flavors = totals.seconds.get(key, {})
         util_sum, util_n = totals.util.get(key, (0.0, 0))
+        busy_seconds = totals.busy.get(key)
+        busy = round(busy_seconds / 3600, 4) if busy_seconds is not None else None
         rows.append(
             {
                 by: key,
@@ -248,6 +269,7 @@ def report(
                 "jobs": totals.counts.get((key, "job"), 0),
                 "servers": totals.counts.get((key, "server"), 0),
                 "measured_utilization": round(util_sum / util_n, 1) if util_n else None,
+                "gpu_hours_busy": busy,
             }
         )
     rows.sort(key=lambda r: (-r["gpu_hours"], r[by]))
@@ -260,6 +282,11 @@ def report(
         "total": {
             "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 4),
             "cost": round(sum(r["cost"] for r in rows), 4),
+            "gpu_hours_busy": (
+                round(sum(r["gpu_hours_busy"] for r in rows if r["gpu_hours_busy"] is not None), 4)
+                if any(r["gpu_hours_busy"] is not None for r in rows)
+                else None
+            ),
         },
     }
 

@@ -94,6 +94,7 @@ class Cell:
     gpu_seconds: float = 0.0
     util_sum: float = 0.0
     util_n: int = 0
+    busy_seconds: float = 0.0  # each sampled device's seconds held times its mean utilization then
     active: set = field(default_factory=set)  # holders counted here (one flavor's cell per holder and hour)
     started: set = field(default_factory=set)  # first attempts / reservations that began here
 
@@ -206,11 +207,14 @@ def collect(
                     cell.started.add(h.holder)
                 held_from, held_to = max(u, h.begin), min(v, end)
                 if h.devices and held_to > held_from:
-                    cell.gpu_seconds += len(h.devices) * (held_to - held_from).total_seconds()
+                    held = (held_to - held_from).total_seconds()
+                    cell.gpu_seconds += len(h.devices) * held
                     for device in h.devices:
                         total, n = samples.between(device, held_from, held_to)
                         cell.util_sum += total
                         cell.util_n += n
+                        if n:  # whole seconds: sums are then exact, whatever their order (SQL, Python)
+                            cell.busy_seconds += round(held * total / n / 100.0)
             hour += HOUR
     return dict(cells)
 
@@ -257,6 +261,7 @@ def roll_up(session: Session, now: dt.datetime, hours: int = PASS_HOURS) -> bool
                 "gpu_seconds": cell.gpu_seconds,
                 "util_sum": cell.util_sum,
                 "util_n": cell.util_n,
+                "busy_seconds": cell.busy_seconds,
                 "active": len(cell.active),
                 "started": len(cell.started),
             }
@@ -282,6 +287,7 @@ def _roll_up_day(session: Session, day: dt.datetime) -> None:
             func.sum(UsageRollup.util_sum),
             func.sum(UsageRollup.util_n),
             func.sum(UsageRollup.started),
+            func.sum(UsageRollup.busy_seconds),
         )
         .where(UsageRollup.span == "hour", UsageRollup.bucket >= day, UsageRollup.bucket < day + DAY)
         .group_by(*keys)
@@ -300,8 +306,9 @@ def _roll_up_day(session: Session, day: dt.datetime) -> None:
             "util_n": util_n,
             "active": None,
             "started": started,
+            "busy_seconds": busy,
         }
-        for kind, who, team, profile, flavor, seconds, util_sum, util_n, started in session.execute(q)
+        for kind, who, team, profile, flavor, seconds, util_sum, util_n, started, busy in session.execute(q)
     ]
     if rows:
         session.execute(insert(UsageRollup), rows)
