@@ -216,7 +216,8 @@ def roles(settings: Settings, services, *, service_culls: bool = True) -> list[d
     if automation:  # the automation token (DANLU_ADMIN_TOKEN / <state>/admin-token) is a hub admin too
         out.append({"name": "admin", "services": automation})
     scopes = ["read:users", "read:groups", "list:users", "read:servers"]
-    if settings.hub.idle_timeout_seconds and service_culls:  # it runs the idle culler (danlu.hub.service.culling)
+    culls = settings.hub.idle_timeout_seconds or settings.hub.gpu_idle_timeout_seconds  # (and GPU culling)
+    if culls and service_culls:  # it runs the idle culler (danlu.hub.service.culling, .gpuculling)
         scopes += [s for s in CULLER_SCOPES if s not in scopes]
     out.append(
         {

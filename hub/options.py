@@ -470,6 +470,11 @@ class HubConfig(Section):
     idle_timeout_seconds = Integer(3600, min=0, help="Stop users' servers idle for this long (0 disables).").tag(
         config=True
     )
+    gpu_idle_timeout_seconds = Integer(
+        900, min=0, help="Stop a server whose GPUs NVML saw idle, no kernel busy, this long (0: never; see profiles)."
+    ).tag(config=True)
+    gpu_idle_warning_seconds = Integer(300, min=0, help="Warn in JupyterLab this long before.").tag(config=True)
+    gpu_idle_threshold_percent = Float(5.0, min=0.0, max=100.0, help="Busy from this NVML %.").tag(config=True)
     extra_config_file = Path(
         None,
         allow_none=True,

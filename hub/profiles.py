@@ -37,6 +37,7 @@ class Profile:
     gpu_choices: tuple[int, ...] = (0,)
     groups: tuple[str, ...] = ()
     requirements_path: Path | None = None
+    gpu_idle_timeout_seconds: int | None = None  # None: hub.gpu_idle_timeout_seconds
 
     @property
     def kernel_name(self) -> str:
@@ -229,6 +230,7 @@ def load_profiles(path: str | Path) -> ProfileSet:
                 gpu_choices=tuple(sorted(set(resources.get("gpus", [0])))),
                 groups=tuple(raw.get("groups", [])),
                 requirements_path=req,
+                gpu_idle_timeout_seconds=raw.get("gpu_idle_timeout_seconds"),
             )
         )
     if len(defaults) > 1:

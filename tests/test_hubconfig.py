@@ -74,10 +74,14 @@ def test_defaults_pam_services_scopes_and_roles(tmp_path):
 
 
 def test_idle_culler_can_be_turned_off(tmp_path):
-    c = hub_config(tmp_path, {"hub": {"idle_timeout_seconds": 0}})
+    c = hub_config(tmp_path, {"hub": {"idle_timeout_seconds": 0, "gpu_idle_timeout_seconds": 0}})
     assert "idle-culler" not in {s["name"] for s in c.JupyterHub.services}
     service = next(r for r in c.JupyterHub.load_roles if r["name"] == "danlu-service")
     assert "delete:servers" not in service["scopes"]  # a service that culls nothing may stop nothing
+    # GPU-aware culling alone (danlu.hub.service.jobs.gpuculling) needs the culler's scopes
+    c = hub_config(tmp_path, {"hub": {"idle_timeout_seconds": 0}})
+    service = next(r for r in c.JupyterHub.load_roles if r["name"] == "danlu-service")
+    assert set(CULLER_SCOPES) <= set(service["scopes"])
 
 
 def test_github_admits_members_of_allowed_orgs_and_admins(tmp_path):

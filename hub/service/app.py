@@ -46,7 +46,7 @@ from danlu.hub.service.api.routes import routes
 from danlu.hub.service.api.runner import RateBounds
 from danlu.hub.service.api.web import ANONYMOUS_BODY, MAX_BODY, NotFoundHandler
 from danlu.hub.service.auth import GroupDirectory
-from danlu.hub.service.jobs import outputs, provenance
+from danlu.hub.service.jobs import gpuculling, outputs, provenance
 from danlu.hub.service.jobs.scheduler import DanluScheduler, QueueingScheduler, Scheduler
 from danlu.hub.service.manager import JobManager
 from danlu.hub.service.mlflow_client import MlflowAccess
@@ -335,6 +335,12 @@ class JobsServiceApp(Application):
                     culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token, idle, self.log)
                 )
             )
+        gpu_culler = None
+        if self.cull_idle_servers:  # servers idle on their GPUs: stopped after a warning (jobs.gpuculling)
+            gpu_culler = gpuculling.for_service(self.manager, self.hub_auth.api_url, self.hub_auth.api_token, self.log)
+        if gpu_culler is not None:
+            self.manager.gpu_culler = gpu_culler
+            tasks.append(asyncio.ensure_future(gpu_culler.run_forever()))
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")
         server.stop()

@@ -76,6 +76,7 @@ class JobManager:
         self.mlflow = mlflow
         self.log = log = log or logging.getLogger("danlu.jobs")
         self.metrics = metrics = Metrics()
+        self.gpu_culler = None  # the GPU-aware culler, where the service runs one (danlu.hub.service.jobs.gpuculling)
         self.ledger = ledger = Ledger(inventory)
         self.core = core = Core.load(database, settings, inventory)
         shared = {"database": database, "settings": settings}

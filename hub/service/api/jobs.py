@@ -288,6 +288,13 @@ class CompareHandler(APIHandler):
         self.write_json(await self.manager.compare(who, self.job_arg(job_id), other))
 
 
+class ServerWarningsHandler(APIHandler):
+    async def get(self):
+        """The caller's servers that idle GPU culling will stop soon: when, why, and how to keep them."""
+        culler = self.manager.gpu_culler
+        self.write_json({"warnings": culler.warnings(self.principal().name) if culler is not None else []})
+
+
 class UsageHandler(APIHandler):
     async def get(self):
         who = self.principal()

@@ -23,6 +23,7 @@ def routes(prefix: str) -> list:
         (f"{api}{job}/(?P<which>output|input)", jobs.NotebookHandler),
         (f"{api}/queues", jobs.QueuesHandler),
         (f"{api}/usage", jobs.UsageHandler),
+        (f"{api}/servers/warnings", jobs.ServerWarningsHandler),
         (f"{api}/datasets", catalog.DatasetsHandler),
         (f"{api}/datasets/(?P<name>[^/]+)", catalog.DatasetHandler),
         (f"{api}/datasets/(?P<name>[^/]+)/versions/(?P<version>[^/]+)", catalog.DatasetVersionHandler),
