@@ -19,8 +19,11 @@ export function CullWarningBanner(props: {
   warnings: readonly IShownCullWarning[];
 }): JSX.Element | null {
   const warnings = cullWarningsHere(props.warnings);
-  // Ticks only while a warning shows: the timer is cleared when none does.
-  const now = useNow(warnings.length > 0);
+  // Re-render every second only while a warning shows (the timer is cleared
+  // when none does); the time is read now, as the ticker's may date from before
+  // the warning came.
+  useNow(warnings.length > 0);
+  const now = Date.now();
   if (!warnings.length) {
     return null;
   }
