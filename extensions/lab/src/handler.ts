@@ -14,6 +14,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
 
 import {
+  ICullWarning,
   IExperiment,
   IJob,
   ILineage,
@@ -193,6 +194,26 @@ export class DanluService {
   async queues(): Promise<IQueue[]> {
     const data = await this.request<any>('queues');
     return (Array.isArray(data) ? data : data?.queues) ?? [];
+  }
+
+  /**
+   * `GET servers/warnings`: this user's notebook servers that hold an idle GPU
+   * and will be stopped soon. A jobs service (or server extension) older than
+   * GPU-aware culling answers 404: that is no warnings, not an error.
+   */
+  async cullWarnings(): Promise<ICullWarning[]> {
+    let data: { warnings?: ICullWarning[] } | null;
+    try {
+      data = await this.request<{ warnings?: ICullWarning[] }>(
+        'servers/warnings'
+      );
+    } catch (error) {
+      if (error instanceof DanluError && error.status === 404) {
+        return [];
+      }
+      throw error;
+    }
+    return Array.isArray(data?.warnings) ? data.warnings : [];
   }
 
   /** `GET experiments`: MLflow experiments holding this user's runs. */

@@ -5,8 +5,9 @@
  * puts "Run cell as training job" in the cell toolbar and context menu) creates
  * the REST service and the shared models, the "Danlu" left sidebar, the cell
  * badges, and the commands `danlu:run-cell-as-job`, `danlu:open-tensorboard`,
- * `danlu:open-lineage`, `danlu:open-sweep` and `danlu:refresh`. It provides `IDanlu` for other
- * extensions.
+ * `danlu:open-lineage`, `danlu:open-sweep` and `danlu:refresh`, and a notification once
+ * per warning that this server, holding an idle GPU, is about to be stopped. It
+ * provides `IDanlu` for other extensions.
  */
 import {
   ILayoutRestorer,
@@ -39,6 +40,7 @@ import {
   createTensorBoardWidget,
   tensorBoardWidgetId
 } from './components/tensorboard';
+import { watchCullWarnings } from './cull';
 import { DanluError, DanluService } from './handler';
 import {
   ExperimentsModel,
@@ -313,6 +315,22 @@ const plugin: JupyterFrontEndPlugin<IDanlu> = {
     const sidebar = new DanluSidebar({ queue, experiments, sweeps, actions });
     shell.add(sidebar, 'left', { rank: 650 });
     restorer?.add(sidebar, SIDEBAR_ID);
+
+    // ---- GPU-aware culling: a notification once per warning -------------
+    watchCullWarnings(queue, {
+      show: (_warning, text) =>
+        Notification.warning(text, {
+          autoClose: false,
+          actions: [
+            {
+              label: 'Show in Danlu',
+              caption: 'Open the Danlu sidebar, whose banner counts down',
+              callback: () => shell.activateById(SIDEBAR_ID)
+            }
+          ]
+        }),
+      dismiss: id => Notification.dismiss(id)
+    });
 
     commands.addCommand(CommandIDs.refresh, {
       label: 'Refresh Danlu jobs',

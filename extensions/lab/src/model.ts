@@ -5,6 +5,8 @@
  * @lumino/polling `Poll`: it stands by while the page is hidden, backs off
  * exponentially while the server fails, and refreshes on demand. The sidebar,
  * the cell badges and the submit command all read the one shared instance.
+ * Beside the jobs it reads the cull warnings of this user's notebook servers
+ * (a server holding an idle GPU that is about to be stopped).
  * `ExperimentsModel` holds the experiments, one experiment's runs, the selected
  * runs and the metric history that the comparison chart draws.
  * The pure helpers at the end turn a notebook's `parameters` cell into fields and
@@ -21,6 +23,7 @@ import {
   IModelVersion,
   IQueue,
   IRun,
+  IShownCullWarning,
   IWhoami,
   MODEL_NAME_PATTERN
 } from './tokens';
@@ -74,18 +77,49 @@ export class QueueModel extends PolledModel {
     return this._jobs.find(job => job.id === id);
   }
 
-  protected async load(): Promise<void> {
-    if (this._whoami === null) {
-      this._whoami = await this.service.whoami();
-    }
-    const [jobs, queues] = await Promise.all([
-      this.service.jobs(),
-      this.isAdmin ? this.service.queues() : Promise.resolve([])
-    ]);
-    this._jobs = jobs;
-    this._queues = queues;
+  /**
+   * The cull warnings of this user's notebook servers, from the last poll that
+   * could read them: a failed read keeps the previous ones (their countdown
+   * goes on), a service without GPU-aware culling gives none.
+   */
+  get cullWarnings(): readonly IShownCullWarning[] {
+    return this._cullWarnings;
   }
 
+  protected async load(): Promise<void> {
+    // In parallel with the jobs, and never failing the poll: the warnings are
+    // read even when the jobs fail, and their failure is no error of the queue.
+    const warnings = this._readCullWarnings();
+    try {
+      if (this._whoami === null) {
+        this._whoami = await this.service.whoami();
+      }
+      const [jobs, queues] = await Promise.all([
+        this.service.jobs(),
+        this.isAdmin ? this.service.queues() : Promise.resolve([])
+      ]);
+      this._jobs = jobs;
+      this._queues = queues;
+    } finally {
+      this._cullWarnings = (await warnings) ?? this._cullWarnings;
+    }
+  }
+
+  /** The warnings with their deadline on this browser's clock; null when they could not be read. */
+  private async _readCullWarnings(): Promise<IShownCullWarning[] | null> {
+    try {
+      const warnings = await this.service.cullWarnings();
+      const now = Date.now();
+      return warnings.map(warning => ({
+        ...warning,
+        deadline: now + Math.max(0, Number(warning.seconds_left) || 0) * 1000
+      }));
+    } catch {
+      return null;
+    }
+  }
+
+  private _cullWarnings: IShownCullWarning[] = [];
   private _jobs: IJob[] = [];
   private _queues: IQueue[] = [];
   private _whoami: IWhoami | null = null;

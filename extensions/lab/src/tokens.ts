@@ -310,6 +310,34 @@ export interface ISweep extends ISweepSummary {
   best_curve: ISweepCurvePoint[];
 }
 
+/**
+ * A notebook server that holds an idle GPU and is about to be stopped (one
+ * entry of the jobs service's `GET servers/warnings`; only the caller's own).
+ */
+export interface ICullWarning {
+  /** The hub user, plus `:name` for a named server: `alice`, `alice:gpu`. */
+  server: string;
+  user: string;
+  /** The server's name, `""` for the default server. */
+  name: string;
+  /** When the service stops the server (ISO time, the service's clock). */
+  cull_at: string;
+  /** Seconds from the answer to `cull_at`: the countdown starts from this, not from `cull_at`, so a skewed browser clock does not matter. */
+  seconds_left: number;
+  idle_minutes: number;
+  /** The GPUs the server holds. */
+  devices: number[];
+  /** Why it is culled, one sentence without a final period. */
+  reason: string;
+  /** How to keep the server, in sentences. */
+  keep: string;
+}
+
+/** A cull warning as the UI shows it: `deadline` is the browser's clock (ms) when the server will be stopped. */
+export interface IShownCullWarning extends ICullWarning {
+  deadline: number;
+}
+
 /** What the core plugin provides to the others: one service, one shared queue model. */
 export interface IDanlu {
   readonly service: DanluService;

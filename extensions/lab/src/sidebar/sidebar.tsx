@@ -1,6 +1,7 @@
 /**
  * The "Danlu" left sidebar: a tab list with the Queue, Experiments and Sweeps
- * views. Arrow keys move between the tabs (WAI-ARIA tabs pattern); the
+ * views, under the warning that this server is about to be stopped for holding
+ * an idle GPU, when it is. Arrow keys move between the tabs (WAI-ARIA tabs pattern); the
  * Experiments view loads, and the Sweeps view starts polling, the first time it
  * is shown.
  */
@@ -17,6 +18,7 @@ import { ExperimentsPanel } from './experiments';
 import { QueuePanel } from './queue';
 import { SweepsPanel } from './sweeps';
 import { IconButton, useSignal } from './common';
+import { CullWarningBanner } from './cullwarning';
 
 type Tab = 'queue' | 'experiments' | 'sweeps';
 const TABS: { id: Tab; label: string }[] = [
@@ -109,6 +111,7 @@ function SidebarView(props: DanluSidebar.IOptions): JSX.Element {
         )}
         <IconButton icon={refreshIcon} label="Refresh" onClick={refresh} />
       </header>
+      <CullWarningBanner warnings={queue.cullWarnings} />
       <div
         className="danlu-tabs"
         role="tablist"
