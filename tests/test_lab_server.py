@@ -377,6 +377,12 @@ class FakeUpstream:
                 fake.stopped.append(sweep_id)
                 self.answer({**sweep, "state": "stopped"})
 
+        class CullWarnings(Handler):
+            def get(self):  # like an admin token would: every user's, so the extension must filter
+                self.answer(
+                    {"warnings": [{"user": "alice", "name": "", "seconds_left": 200}, {"user": "bob", "name": ""}]}
+                )
+
         class HubUser(Handler):
             def get(self):
                 self.answer({"name": "alice", "admin": False})
@@ -390,6 +396,7 @@ class FakeUpstream:
                 (f"{api}/jobs/(\\w+)/logs", Logs),
                 (f"{api}/jobs/(\\w+)/output", Output),
                 (f"{api}/(profiles|queues)", Listing),
+                (f"{api}/servers/warnings", CullWarnings),
                 (f"{api}/experiments", JobExperiments),
                 (f"{mlflow}/experiments/search", Experiments),
                 (f"{mlflow}/runs/search", SearchRuns),
@@ -645,6 +652,10 @@ def test_cancel_goes_to_the_jobs_service(lab, upstream):
 def test_profiles_and_queues_pass_through(lab):
     assert lab.get("api/profiles").json()["profiles"][0]["slug"] == "python"
     assert lab.get("api/queues").json() == {"queues": [{"name": "default"}]}
+
+
+def test_cull_warnings_are_this_users_only(lab):
+    assert lab.get("api/servers/warnings").json() == {"warnings": [{"user": "alice", "name": "", "seconds_left": 200}]}
 
 
 def test_output_is_saved_under_the_servers_root(lab):

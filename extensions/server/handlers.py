@@ -179,6 +179,17 @@ class PassThroughHandler(DanluHandler):
         self.write_json(await self.lab.jobs.fetch("GET", f"/{what}"))
 
 
+class CullWarningsHandler(DanluHandler):
+    """``servers/warnings``: this user's servers that GPU-aware culling will stop soon (theirs only, whatever
+    the token the service saw; an older service's 404 reaches the lab as a 404, which it reads as none)."""
+
+    @web.authenticated
+    async def get(self):
+        data = await self.lab.jobs.fetch("GET", "/servers/warnings")
+        warnings = data.get("warnings") if isinstance(data, dict) else None
+        self.write_json({"warnings": [w for w in warnings or [] if isinstance(w, dict) and w.get("user") == self.user]})
+
+
 class JobsHandler(DanluHandler):
     @web.authenticated
     async def get(self):
@@ -469,6 +480,7 @@ _JOB = r"jobs/(?P<job_id>[^/]+)"
 ROUTES = [
     (r"danlu/api/whoami", WhoAmIHandler),
     (r"danlu/api/(?P<what>profiles|queues)", PassThroughHandler),
+    (r"danlu/api/servers/warnings", CullWarningsHandler),
     (r"danlu/api/jobs", JobsHandler),
     (rf"danlu/api/{_JOB}", JobHandler),
     (rf"danlu/api/{_JOB}/cancel", CancelHandler),
