@@ -124,6 +124,10 @@ TEST_REQUIRE = Var(
     "Tests: the tiers that must run, comma-separated (unix, postgres, ui): "
     "each fails instead of skipping when it cannot (.ci/run sets all three).",
 )
+FAKE_NVML = Var(
+    "DANLU_FAKE_NVML",
+    "Tests: the JSON state of tests/fakenvml, the fake nvidia-ml-py (devices, utilization, lost GPUs).",
+)
 TEST_CLUSTER_URL = Var(
     "DANLU_TEST_CLUSTER_URL",
     "Tests: the public URL of Danlu deployed on a real cluster (with KUBECONFIG); the cluster tier skips without it.",
