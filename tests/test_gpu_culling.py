@@ -153,3 +153,29 @@ def test_a_server_whose_activity_the_hub_does_not_give_is_kept(tmp_path):
 
     found = asyncio.run(scenario())
     assert found["alice"].action == "keep" and "did not answer" in found["alice"].why and stopped == []
+
+
+def test_the_services_culler_takes_each_profiles_timeout_and_reads_samples_beyond_the_longest():
+    from types import SimpleNamespace
+
+    from danlu.hub.service.jobs.gpuculling import for_service
+
+    hub = SimpleNamespace(gpu_idle_timeout_seconds=900, gpu_idle_warning_seconds=300, gpu_idle_threshold_percent=5.0)
+    profiles = [
+        SimpleNamespace(slug="big", gpu_idle_timeout_seconds=7200),
+        SimpleNamespace(slug="python", gpu_idle_timeout_seconds=None),
+    ]
+    manager = SimpleNamespace(
+        settings=SimpleNamespace(hub=hub),
+        profiles=profiles,
+        scheduler=SimpleNamespace(sample_interval=60.0),
+        database=None,
+        groups=SimpleNamespace(user=None),
+        core=SimpleNamespace(model=SimpleNamespace(admitted={})),
+    )
+    culler = for_service(manager, "http://hub/api", "token", logging.getLogger("t"))
+    assert culler.policy_for("big").timeout == 7200 and culler.policy_for("python").timeout == 900
+    assert culler.policy_for("gone").timeout == 900 and culler.policy_for("python").stale == 240
+    assert culler.window == 7200 + 240  # a busy sample two hours ago still counts for "big"
+    hub.gpu_idle_timeout_seconds = 0
+    assert for_service(manager, "http://hub/api", "token", logging.getLogger("t")) is None  # off everywhere

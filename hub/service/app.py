@@ -189,6 +189,11 @@ class JobsServiceApp(Application):
         min=1,
         help="The most trials of one sweep under way at once (--parallel); the team's quota queues them beyond.",
     ).tag(config=True)
+    gpu_sample_interval = Float(
+        30.0,
+        min=0.5,
+        help="Seconds between two NVML samples of the detected GPUs (usage, GPU culling, the GPU metrics).",
+    ).tag(config=True)
     sweep_interval = Float(
         5.0,
         min=0.01,
@@ -335,6 +340,7 @@ class JobsServiceApp(Application):
                     culling.cull_forever(self.hub_auth.api_url, self.hub_auth.api_token, idle, self.log)
                 )
             )
+        self.manager.scheduler.sample_interval = self.gpu_sample_interval
         gpu_culler = None
         if self.cull_idle_servers:  # servers idle on their GPUs: stopped after a warning (jobs.gpuculling)
             gpu_culler = gpuculling.for_service(self.manager, self.hub_auth.api_url, self.hub_auth.api_token, self.log)

@@ -32,7 +32,7 @@ from sqlalchemy import select
 from danlu.hub.service.store import audit
 from danlu.hub.service.store.orm import GpuSample, ServerUsage
 
-STALE = 120.0  # seconds: a device whose newest sample is older is not measured now (samples come every 30 s)
+STALE = 120.0  # seconds: a device whose newest sample is older is not measured now (4 samples at 30 s)
 KEEP = (
     "Run something on the GPU, or release it: stop this server and start it again with a CPU profile "
     "(File > Hub Control Panel)."
@@ -44,6 +44,7 @@ class Policy:
     timeout: float  # seconds idle before the server is stopped (0: never)
     warning: float = 300.0  # seconds before that, the user is warned
     threshold: float = 5.0  # percent of utilization that counts as busy
+    stale: float = STALE  # seconds: a device whose newest sample is older is not measured now
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def verdict(
     busy_at = started
     for device in devices:
         points = samples.get(device) or []
-        if not points or now - max(at for at, _ in points) > STALE:
+        if not points or now - max(at for at, _ in points) > policy.stale:
             return Verdict("keep", why=f"GPU {device} is not measured (no recent NVML sample)")
         busy = [at for at, utilization in points if utilization >= policy.threshold]
         if busy:
@@ -136,6 +137,7 @@ class GpuCuller:
         stop: Callable[[str, str], Awaitable[None]],
         jobs_running: Callable[[str], int],
         log: logging.Logger,
+        window: float = 3600.0,
     ):
         self.database = database
         self.policy_for = policy_for  # profile slug -> its policy
@@ -143,6 +145,7 @@ class GpuCuller:
         self.stop = stop  # (user, server name) -> stop it through the hub
         self.jobs_running = jobs_running  # user -> running jobs
         self.log = log
+        self.window = window  # seconds of samples read back: beyond the longest timeout, or a busy sample is missed
         self._warnings: dict[str, dict] = {}  # holder -> warning
 
     def warnings(self, user: str | None = None) -> list[dict]:
@@ -157,8 +160,7 @@ class GpuCuller:
 
     async def pass_once(self, now: float | None = None) -> list[tuple[str, Verdict]]:
         now = dt.datetime.now(dt.timezone.utc).timestamp() if now is None else now
-        longest = max(3600.0, STALE)
-        since = dt.datetime.fromtimestamp(now - longest, dt.timezone.utc).replace(tzinfo=None)
+        since = dt.datetime.fromtimestamp(now - self.window, dt.timezone.utc).replace(tzinfo=None)
         held = await self.database.read(_holdings, since)
         out = []
         warned: dict[str, dict] = {}
@@ -236,7 +238,12 @@ def for_service(manager, api_url: str, token: str, log: logging.Logger) -> GpuCu
         profile = profiles.get(slug)
         own = profile.gpu_idle_timeout_seconds if profile is not None else None
         timeout = hub.gpu_idle_timeout_seconds if own is None else own
-        return Policy(float(timeout), float(hub.gpu_idle_warning_seconds), float(hub.gpu_idle_threshold_percent))
+        return Policy(
+            float(timeout),
+            float(hub.gpu_idle_warning_seconds),
+            float(hub.gpu_idle_threshold_percent),
+            max(STALE, 4 * manager.scheduler.sample_interval),
+        )
 
     def jobs_running(owner: str) -> int:
         admitted = manager.core.model.admitted.values()
@@ -254,4 +261,6 @@ def for_service(manager, api_url: str, token: str, log: logging.Logger) -> GpuCu
             request_timeout=30,
         )
 
-    return GpuCuller(manager.database, policy_for, manager.groups.user, stop, jobs_running, log)
+    timeouts = [hub.gpu_idle_timeout_seconds] + [p.gpu_idle_timeout_seconds or 0 for p in profiles.values()]
+    window = max(timeouts) + max(STALE, 4 * manager.scheduler.sample_interval)
+    return GpuCuller(manager.database, policy_for, manager.groups.user, stop, jobs_running, log, window)

@@ -60,6 +60,8 @@ def token_hash(token: str) -> str:
 class Scheduler:
     """What every way of admitting jobs shares (see the module's docs); subclasses implement :meth:`schedule`."""
 
+    #: seconds between two NVML samples of the detected GPUs (JobsServiceApp.gpu_sample_interval)
+    sample_interval = 30.0
     #: whether the queues are another system's (Kueue's): then Danlu changes no quota, hold or priority itself
     owns_queues = False
     #: whether a job may span several nodes (only a cluster's queue gangs them)
@@ -208,7 +210,7 @@ class Scheduler:
             try:
                 await self.check_timeouts()
                 await self.schedule()
-                if time.monotonic() - sampled > 30:
+                if time.monotonic() - sampled > self.sample_interval:
                     sampled = time.monotonic()
                     samples = await self.database.write(sample_gpus, self.inventory)
                     self.metrics.observe_devices(self.inventory, samples)
