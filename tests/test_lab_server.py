@@ -1155,3 +1155,32 @@ def test_a_tensorboard_still_starting_is_not_stopped_as_idle():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_busy_kernel_counts_as_the_servers_activity_for_jupyter_server():
+    """A cell computing without output is activity: the hub's last activity (and so the idle and the GPU
+    cullers) sees it, through Jupyter Server's own ``*_last_activity`` settings."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from jupyter_server.serverapp import ServerWebApplication
+
+    from danlu.lab.app import DanluLab
+
+    started = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    kernels = [{"id": "k1", "execution_state": "idle"}]
+    settings = {
+        "started": started,
+        "last_activity_times": {},
+        "kernel_manager": SimpleNamespace(last_kernel_activity=started),
+    }
+    app = DanluLab()
+    app.serverapp = SimpleNamespace(
+        kernel_manager=SimpleNamespace(list_kernels=lambda: kernels), web_app=SimpleNamespace(settings=settings)
+    )
+    app.note_busy_kernels()
+    assert ServerWebApplication.last_activity(SimpleNamespace(settings=settings)) == started  # idle: nothing new
+    kernels.append({"id": "k2", "execution_state": "busy"})
+    app.note_busy_kernels()
+    seen = ServerWebApplication.last_activity(SimpleNamespace(settings=settings))
+    assert (dt.datetime.now(dt.timezone.utc) - seen).total_seconds() < 5

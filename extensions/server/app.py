@@ -13,8 +13,9 @@ import os
 import sys
 from urllib.parse import urlparse
 
+from jupyter_server._tz import utcnow
 from jupyter_server.extension.application import ExtensionApp
-from tornado.ioloop import IOLoop
+from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import Float, List, Unicode, default
 
 from danlu import env
@@ -79,6 +80,9 @@ class DanluLab(ExtensionApp):
         "Default: $JUPYTERHUB_USER, else the logged-in user."
     ).tag(config=True)
     request_timeout = Float(30.0, help="Seconds to wait for the jobs service or MLflow to answer.").tag(config=True)
+    busy_check_seconds = Float(
+        30.0, help="Seconds between two looks at the kernels: one busy counts as the server's activity."
+    ).tag(config=True)
     output_dir = Unicode(
         "danlu-outputs", help="Folder under the server's root where 'Open output' saves a job's executed notebook."
     ).tag(config=True)
@@ -157,6 +161,18 @@ class DanluLab(ExtensionApp):
         # JupyterHub's single-user server sets its own page_config_hook after the extensions load: wrap
         # whichever hook is set once the server runs, before it answers any request
         IOLoop.current().add_callback(self._quiet_news)
+        self._busy_check = PeriodicCallback(self.note_busy_kernels, self.busy_check_seconds * 1000)
+        self._busy_check.start()
+
+    def note_busy_kernels(self) -> None:
+        """A kernel computing counts as the server's activity. Jupyter Server counts a kernel's messages only, so
+        a cell that runs for an hour without output looks idle to the hub (and to the idle and GPU cullers,
+        which read the hub's last activity); any ``*_last_activity`` setting is counted by the server."""
+        if self.serverapp is None:
+            return
+        kernels = self.serverapp.kernel_manager.list_kernels()
+        if any(k.get("execution_state") == "busy" for k in kernels):
+            self.serverapp.web_app.settings["danlu_busy_kernels_last_activity"] = utcnow()
 
     def _quiet_news(self) -> None:
         if self.serverapp is None:  # not loaded by a server (never in a running lab)
@@ -180,4 +196,5 @@ class DanluLab(ExtensionApp):
         return self._admin
 
     async def stop_extension(self):
+        self._busy_check.stop()
         await self.tensorboards.stop_all()
