@@ -286,6 +286,8 @@ def configure(c, environ=os.environ) -> Settings:
 
     admin_token = environ[names.ADMIN_TOKEN]
     instance = {names.INSTANCE: environ[names.INSTANCE]} if names.INSTANCE in environ else {}
+    # tests on machines without GPUs: the fake NVML's state reaches the services that sample (tests/fakenvml)
+    instance.update({names.FAKE_NVML: environ[names.FAKE_NVML]} if names.FAKE_NVML in environ else {})
     private = names.private_environment(settings.privacy.allow_outbound, environ)
     common_env = {
         **private,

@@ -126,6 +126,43 @@ def test_a_pass_warns_first_then_stops_the_server_through_the_hub_and_audits_it(
     assert culler.warnings() == []  # the stopped server is warned no more
 
 
+def test_a_server_due_between_two_passes_is_warned_for_the_whole_warning_before_it_is_stopped(tmp_path):
+    manager = make_manager(InstantBackend(), tmp_path / "state")
+    stopped = []
+
+    async def user(name):
+        return {"servers": {"": {"last_activity": None}}}
+
+    async def stop(name, server):
+        stopped.append(name)
+
+    culler = GpuCuller(manager.database, lambda slug: POLICY, user, stop, lambda owner: 0, logging.getLogger("t"))
+    at = dt.datetime.fromtimestamp(NOW - 3600, dt.timezone.utc).replace(tzinfo=None)
+
+    def fill(s):
+        s.add(
+            ServerUsage(
+                holder="alice", owner="alice", team="", profile="python", flavor="sim", devices=[0], started_at=at
+            )
+        )
+        for t in range(0, 3600 + 400, 30):
+            s.add(GpuSample(device=0, at=at + dt.timedelta(seconds=t), utilization=0.0))
+
+    async def scenario():
+        await manager.database.write(fill)
+        first = dict(await culler.pass_once(NOW))  # an hour idle: due, but never warned
+        warned = culler.warnings("alice")
+        second = dict(await culler.pass_once(NOW + 200))  # the warning's 300 s have not passed
+        before = list(stopped)
+        third = dict(await culler.pass_once(NOW + 301))
+        return first, warned, second, before, third
+
+    first, warned, second, before, third = asyncio.run(scenario())
+    assert first["alice"].action == "warn" and first["alice"].seconds_left == POLICY.warning and warned
+    assert second["alice"].action == "warn" and second["alice"].seconds_left == 100 and before == []
+    assert third["alice"].action == "cull" and stopped == ["alice"]
+
+
 def test_a_server_whose_activity_the_hub_does_not_give_is_kept(tmp_path):
     manager = make_manager(InstantBackend(), tmp_path / "state")
     stopped = []
@@ -179,3 +216,77 @@ def test_the_services_culler_takes_each_profiles_timeout_and_reads_samples_beyon
     assert culler.window == 7200 + 240  # a busy sample two hours ago still counts for "big"
     hub.gpu_idle_timeout_seconds = 0
     assert for_service(manager, "http://hub/api", "token", logging.getLogger("t")) is None  # off everywhere
+
+
+# the service tier: a real workbench on GPUs of tests/fakenvml ---------------------------------------------
+@pytest.mark.service
+def test_an_idle_gpu_server_is_warned_then_stopped_and_audited(tmp_path):
+    import json
+    import time
+    from pathlib import Path
+
+    import requests
+
+    from danlu.hub.testing import Workbench
+
+    fake = Path(__file__).resolve().parent / "fakenvml"
+    nvml = tmp_path / "nvml.json"
+    device = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "utilization": 0}
+    nvml.write_text(json.dumps({"devices": [{**device, "uuid": "GPU-0"}, {**device, "uuid": "GPU-1"}]}))
+    (tmp_path / "danlu_service_config.py").write_text("c.JobsServiceApp.gpu_sample_interval = 1\n")
+    config = {
+        "admin_users": ["admin"],
+        "groups": {"research": ["bob"]},
+        "teams": {"research": {"quota": {"gpus": {"a100-sxm4-80gb": 2}}}},
+        "hub": {"idle_timeout_seconds": 0, "gpu_idle_timeout_seconds": 25, "gpu_idle_warning_seconds": 20},
+    }
+    profiles = {
+        "profiles": [
+            {
+                "slug": "python",
+                "display_name": "Python",
+                "default": True,
+                "environment": {"current": True},
+                "resources": {"gpus": [0, 1]},
+            }
+        ]
+    }
+    wb = Workbench(
+        tmp_path, config=config, profiles=profiles, extra_env={"PYTHONPATH": str(fake), "DANLU_FAKE_NVML": str(nvml)}
+    )
+    wb.start()
+    try:
+        token = wb.create_user("bob", ["research"])
+        gpus = wb.api("GET", "/allocations").json()["gpus"]
+        assert [g["flavor"] for g in gpus] == ["a100-sxm4-80gb"] * 2, gpus  # detected through the fake NVML
+        r = wb.start_server("bob", {"profile": "python", "gpus": 1})
+        assert r.status_code in (201, 202), r.text
+
+        def warnings():
+            return wb.api("GET", "/servers/warnings", token=token).json()["warnings"]
+
+        deadline = time.monotonic() + 120
+        while not warnings() and time.monotonic() < deadline:
+            time.sleep(1)
+        warned = warnings()
+        assert warned and warned[0]["user"] == "bob" and 0 < warned[0]["seconds_left"] <= 20, warned
+        assert "CPU profile" in warned[0]["keep"] and warned[0]["reason"].startswith("GPU ")
+
+        def running() -> bool:
+            model = requests.get(
+                f"{wb.url}/hub/api/users/bob", headers={"Authorization": f"token {wb.admin_token}"}, timeout=30
+            ).json()
+            return bool((model.get("servers") or {}).get(""))
+
+        deadline = time.monotonic() + 120
+        while running() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not running(), "the idle GPU server was not stopped"
+        audit = wb.api("GET", "/audit?action=cull_gpu_server").json()
+        records = audit.get("records", audit) if isinstance(audit, dict) else audit
+        assert [r["target"] for r in records] == ["bob"], records
+        assert wb.api("GET", "/servers/warnings", token=token).json() == {"warnings": []}
+        assert not [a for a in wb.api("GET", "/allocations").json()["allocations"] if a.get("kind") == "server"]
+    finally:
+        code = wb.stop()
+    assert code == 0, wb.log_tail()

@@ -346,7 +346,7 @@ class JobsServiceApp(Application):
             gpu_culler = gpuculling.for_service(self.manager, self.hub_auth.api_url, self.hub_auth.api_token, self.log)
         if gpu_culler is not None:
             self.manager.gpu_culler = gpu_culler
-            tasks.append(asyncio.ensure_future(gpu_culler.run_forever()))
+            tasks.append(asyncio.ensure_future(gpu_culler.run_forever(min(30.0, self.gpu_sample_interval))))
         await stop.wait()
         self.log.info("stopping the jobs service (running jobs continue)")
         server.stop()

@@ -7,15 +7,16 @@ idle for 15 minutes already keeps a device from a queue that waits for it (jupyt
 * every device it holds is sampled by NVML (the jobs service's samples, every 30 s), and none was busy
   (``threshold`` percent or more) in the last ``timeout`` seconds. A device with no recent sample
   (declared, simulated, NVML gone) is never called idle: the server is kept;
-* the hub's ``last_activity`` of the server is as old: a busy kernel keeps it fresh (Jupyter Server
-  reports a busy kernel as activity), so a kernel computing on the CPU is not culled;
+* the hub's ``last_activity`` of the server is as old: a busy kernel keeps it fresh (Danlu's server
+  extension reports a busy kernel as activity), so a kernel computing on the CPU is not culled;
 * its user has no job running: a server with a job attached is kept.
 
 Then, ``warning`` seconds before the end, the server is *warned* (:meth:`GpuCuller.warnings`, which the
-API serves to JupyterLab: the time left and how to keep the server), and at the end it is stopped through
-the hub's API and an ``cull_gpu_server`` entry goes in the audit log. The timeout is
-``hub.gpu_idle_timeout_seconds`` (15 minutes by default), or a profile's own
-``gpu_idle_timeout_seconds``; 0 turns it off. Servers without GPUs keep the idle culler's rules only.
+API serves to JupyterLab: the time left and how to keep the server), always and for the whole warning,
+even when passes are further apart; once the time it was told has passed it is stopped through the hub's
+API and a ``cull_gpu_server`` entry goes in the audit log. The timeout is ``hub.gpu_idle_timeout_seconds``
+(15 minutes by default), or a profile's own ``gpu_idle_timeout_seconds``; 0 turns it off. Servers without
+GPUs keep the idle culler's rules only.
 """
 
 from __future__ import annotations
@@ -183,20 +184,28 @@ class GpuCuller:
                 else:
                     server = (model.get("servers") or {}).get(name, {})
                     decided = verdict(**facts, last_activity=_epoch(server.get("last_activity")))
+            if decided.action in ("warn", "cull"):
+                # warned first, always, for the whole warning: a server that went from kept to due between two
+                # passes is warned now, and one warned is stopped only once the time it was told has passed
+                earlier = self._warnings.get(holder)
+                due = _epoch(earlier["cull_at"]) if earlier else None
+                if due is None:
+                    due = now + (decided.seconds_left if decided.action == "warn" else policy.warning)
+                if decided.action == "cull" and earlier is not None and now >= due:
+                    await self._cull(holder, user, name, devices, decided)
+                else:
+                    decided = Verdict("warn", decided.idle_seconds, max(0.0, due - now), decided.why)
+                    warned[holder] = {
+                        "server": holder,
+                        "user": user,
+                        "name": name,
+                        "cull_at": _iso(due),
+                        "idle_minutes": round(decided.idle_seconds / 60, 1),
+                        "devices": devices,
+                        "reason": decided.why,
+                        "keep": KEEP,
+                    }
             out.append((holder, decided))
-            if decided.action == "warn":
-                warned[holder] = {
-                    "server": holder,
-                    "user": user,
-                    "name": name,
-                    "cull_at": _iso(now + decided.seconds_left),
-                    "idle_minutes": round(decided.idle_seconds / 60, 1),
-                    "devices": devices,
-                    "reason": decided.why,
-                    "keep": KEEP,
-                }
-            elif decided.action == "cull":
-                await self._cull(holder, user, name, devices, decided)
         self._warnings = warned
         return out
 
