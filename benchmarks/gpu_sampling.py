@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from danlu import env
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -42,7 +44,7 @@ async def measure(passes: int, gpus: int, state: Path) -> dict:
     device = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "utilization": 3}
     devices = [{**device, "uuid": f"GPU-{i}"} for i in range(gpus)]
     nvml_state.write_text(json.dumps({"devices": devices}))
-    os.environ["DANLU_FAKE_NVML"] = str(nvml_state)
+    os.environ[env.FAKE_NVML] = str(nvml_state)
 
     # deferred: after DANLU_FAKE_NVML and the fake's path are set, as the service would find them
     from danlu.hub.service.jobs.gpuculling import GpuCuller, Policy
