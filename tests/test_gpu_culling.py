@@ -53,11 +53,15 @@ def decide(**changes):
         ({}, "cull", "GPU 0 idle for 60 minutes"),
         ({"samples": samples(0, busy_until=NOW - 700)}, "warn", "idle for 12 minutes"),  # 200 s left
         ({"samples": samples(0, busy_until=NOW - 300)}, "keep", "idle for 5 minutes"),
-        ({"last_activity": NOW - 60}, "keep", "idle for 1 minutes"),  # a kernel busy on the CPU
+        ({"last_activity": NOW - 60}, "keep", "idle for 60 seconds"),  # a kernel busy on the CPU
         ({"jobs_running": 1}, "keep", "a job of its user is running"),
         ({"samples": {}}, "keep", "GPU 0 is not measured"),  # a declared device, or no NVML
         ({"samples": samples(0, until=NOW - 600)}, "keep", "GPU 0 is not measured"),  # NVML stopped answering
-        ({"devices": [0, 1], "samples": {**samples(0), **samples(1, busy_until=NOW - 30)}}, "keep", "idle for 0"),
+        (
+            {"devices": [0, 1], "samples": {**samples(0), **samples(1, busy_until=NOW - 30)}},
+            "keep",
+            "idle for 30 seconds",
+        ),
         ({"devices": []}, "keep", "holds no GPU"),
         ({"policy": Policy(timeout=0)}, "keep", "GPU culling is off"),
         ({"started": NOW - 600}, "warn", "idle for 10 minutes"),  # started 10 minutes ago: counted from its start

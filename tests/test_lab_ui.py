@@ -12,6 +12,10 @@ runs unmodified. Screenshots land in ``extensions/lab/ui-tests/screenshots/``
 (and in ``docs/images/lab-*.png`` with ``DANLU_UI_DOCS_IMAGES=1``); traces and
 the HTML report of a failure in ``test-artifacts/ui-tests/``. ``DANLU_UI_SPEC=sweeps``
 runs one spec file (``tests/sweeps.spec.ts``) instead of all of them.
+
+alice's server holds one GPU of ``tests/fakenvml`` (the workbench detects four), busy while the specs run;
+then the last test makes it idle and runs ``tests/cull.spec.ts`` alone: the sidebar warns her before GPU-aware
+culling stops the server, which the test then sees stopped and audited.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from danlu import env
 from danlu.hub.testing import Workbench
 
 from .conftest import cannot_run
@@ -39,6 +45,33 @@ SERVER_EXTENSION = ROOT / "extensions" / "server" / "__init__.py"
 CHROMIUM = os.environ.get("DANLU_UI_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "ui-tests"
 FOLDER, NOTEBOOK = "ui-tests", "train.ipynb"
+FAKE_NVML = ROOT / "tests" / "fakenvml"
+GPU = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
+GPU_CONFIG = {
+    "groups": {"research": ["alice"]},
+    "teams": {"research": {"quota": {"gpus": {"a100-sxm4-80gb": 4}}}},
+    # an idle GPU server is warned after 10 s idle, for 80 s, then stopped
+    "hub": {"idle_timeout_seconds": 0, "gpu_idle_timeout_seconds": 90, "gpu_idle_warning_seconds": 80},
+}
+GPU_PROFILES = {
+    "profiles": [
+        {
+            "slug": "python",
+            "display_name": "Python (workbench environment)",
+            "default": True,
+            "environment": {"current": True},
+            "resources": {"gpus": [0, 1]},
+        }
+    ]
+}
+
+
+def set_gpus(state: Path, utilization: int) -> None:
+    """The fake NVML's four GPUs, all at ``utilization`` percent."""
+    devices = [{**GPU, "uuid": f"GPU-{i}", "utilization": utilization} for i in range(4)]
+    state.write_text(json.dumps({"devices": devices}))
+
+
 DATASET = "ui-points"  # registered by alice; the training cell reads it, so lineage has a dataset version
 
 
@@ -130,12 +163,22 @@ def lab(tmp_path_factory):
     reason = _missing()
     if reason:
         cannot_run("ui", reason)
-    wb = Workbench(tmp_path_factory.mktemp("wb-lab-ui"))
+    tmp = tmp_path_factory.mktemp("wb-lab-ui")
+    nvml = tmp / "nvml.json"
+    set_gpus(nvml, 50)
+    (tmp / "danlu_service_config.py").write_text("c.JobsServiceApp.gpu_sample_interval = 1\n")
+    wb = Workbench(
+        tmp,
+        config=GPU_CONFIG,
+        profiles=GPU_PROFILES,
+        extra_env={"PYTHONPATH": str(FAKE_NVML), env.FAKE_NVML: str(nvml)},
+    )
+    wb.nvml = nvml
     wb.start()
     try:
-        token = wb.create_user("alice")
+        token = wb.create_user("alice", ["research"])
         prepare_home(wb.state / "users" / "alice")
-        r = wb.start_server("alice", {"profile": "python", "gpus": 0})
+        r = wb.start_server("alice", {"profile": "python", "gpus": 1})
         assert r.status_code in (201, 202), r.text
         api = f"{wb.url}/user/alice/api"
         headers = {"Authorization": f"token {token}"}
@@ -176,9 +219,7 @@ def lab(tmp_path_factory):
         wb.stop()
 
 
-def test_lab_extension_in_the_browser(lab):
-    lab, token = lab
-    spec = os.environ.get("DANLU_UI_SPEC", "")
+def run_playwright(lab, token: str, specs: list[str]) -> None:
     env = {
         **os.environ,
         "DANLU_UI_HUB_URL": lab.url,
@@ -197,7 +238,7 @@ def test_lab_extension_in_the_browser(lab):
     }
     try:
         done = subprocess.run(
-            ["npx", "--no-install", "playwright", "test", *([f"tests/{spec}.spec.ts"] if spec else [])],
+            ["npx", "--no-install", "playwright", "test", *(f"tests/{spec}.spec.ts" for spec in specs)],
             cwd=UI_TESTS,
             env=env,
             stdout=subprocess.PIPE,
@@ -213,3 +254,34 @@ def test_lab_extension_in_the_browser(lab):
         f"playwright test exited {code}:\n{output}\n--- traces and report: {ARTIFACTS}\n"
         f"--- workbench log:\n{lab.log_tail(80)}"
     )
+
+
+def test_lab_extension_in_the_browser(lab):
+    wb, token = lab
+    chosen = os.environ.get("DANLU_UI_SPEC", "")
+    if chosen == "cull":
+        pytest.skip("DANLU_UI_SPEC=cull: only the culling spec runs")
+    every = sorted(p.name.removesuffix(".spec.ts") for p in (UI_TESTS / "tests").glob("*.spec.ts"))
+    run_playwright(wb, token, [chosen] if chosen else [s for s in every if s != "cull"])
+
+
+def test_an_idle_gpu_server_is_warned_in_the_sidebar_then_stopped(lab):
+    """Last: it stops alice's server."""
+    wb, token = lab
+    if os.environ.get("DANLU_UI_SPEC", "cull") != "cull":
+        pytest.skip("DANLU_UI_SPEC names another spec")
+    set_gpus(wb.nvml, 0)  # alice's GPU goes idle
+    run_playwright(wb, token, ["cull"])
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        model = requests.get(
+            f"{wb.url}/hub/api/users/alice", headers={"Authorization": f"token {wb.admin_token}"}, timeout=30
+        ).json()
+        if not (model.get("servers") or {}).get(""):
+            break
+        time.sleep(2)
+    else:
+        raise AssertionError("alice's idle GPU server was not stopped")
+    records = wb.api("GET", "/audit", params={"action": "cull_gpu_server"}).json()
+    records = records.get("records", records) if isinstance(records, dict) else records
+    assert [r["target"] for r in records] == ["alice"], records

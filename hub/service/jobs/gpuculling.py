@@ -85,7 +85,8 @@ def verdict(
     idle = max(0.0, now - busy_at)
     left = policy.timeout - idle
     gpus = ", ".join(str(d) for d in devices)
-    why = f"GPU {gpus} idle for {idle / 60:.0f} minutes and no kernel busy"
+    for_ = f"{idle:.0f} seconds" if idle < 120 else f"{idle / 60:.0f} minutes"
+    why = f"GPU {gpus} idle for {for_} and no kernel busy"
     if left <= 0:
         return Verdict("cull", idle, 0.0, why)
     if left <= policy.warning:
