@@ -18,6 +18,7 @@ from danlu.hub.service.jobs.gpuculling import GpuCuller, Policy, verdict
 from danlu.hub.service.store.orm import AuditRecord, GpuSample, ServerUsage
 
 from .fakes import InstantBackend, make_manager
+from .gpukit import FLAVOR, GPU_PROFILES, fake_nvml_env, write_gpus
 
 NOW = 1_800_000_000.0
 POLICY = Policy(timeout=900, warning=300, threshold=5)
@@ -130,18 +131,19 @@ def test_a_pass_warns_first_then_stops_the_server_through_the_hub_and_audits_it(
     assert culler.warnings() == []  # the stopped server is warned no more
 
 
-def test_a_server_due_between_two_passes_is_warned_for_the_whole_warning_before_it_is_stopped(tmp_path):
-    manager = make_manager(InstantBackend(), tmp_path / "state")
-    stopped = []
-
-    async def user(name):
-        return {"servers": {"": {"last_activity": None}}}
+def culler_on(manager, user) -> tuple[GpuCuller, list[str]]:
+    """A culler on the manager's database with ``user`` as the hub's answer; the users it stopped."""
+    stopped: list[str] = []
 
     async def stop(name, server):
         stopped.append(name)
 
     culler = GpuCuller(manager.database, lambda slug: POLICY, user, stop, lambda owner: 0, logging.getLogger("t"))
-    at = dt.datetime.fromtimestamp(NOW - 3600, dt.timezone.utc).replace(tzinfo=None)
+    return culler, stopped
+
+
+def idle_server(at: dt.datetime, seconds: int):
+    """alice's server on device 0 since ``at``, which NVML saw idle every 30 s for ``seconds``."""
 
     def fill(s):
         s.add(
@@ -149,8 +151,20 @@ def test_a_server_due_between_two_passes_is_warned_for_the_whole_warning_before_
                 holder="alice", owner="alice", team="", profile="python", flavor="sim", devices=[0], started_at=at
             )
         )
-        for t in range(0, 3600 + 400, 30):
+        for t in range(0, seconds, 30):
             s.add(GpuSample(device=0, at=at + dt.timedelta(seconds=t), utilization=0.0))
+
+    return fill
+
+
+def test_a_server_due_between_two_passes_is_warned_for_the_whole_warning_before_it_is_stopped(tmp_path):
+    manager = make_manager(InstantBackend(), tmp_path / "state")
+
+    async def user(name):
+        return {"servers": {"": {"last_activity": None}}}
+
+    culler, stopped = culler_on(manager, user)
+    fill = idle_server(dt.datetime.fromtimestamp(NOW - 3600, dt.timezone.utc).replace(tzinfo=None), 3600 + 400)
 
     async def scenario():
         await manager.database.write(fill)
@@ -169,24 +183,12 @@ def test_a_server_due_between_two_passes_is_warned_for_the_whole_warning_before_
 
 def test_a_server_whose_activity_the_hub_does_not_give_is_kept(tmp_path):
     manager = make_manager(InstantBackend(), tmp_path / "state")
-    stopped = []
 
     async def nobody(name):
         return None  # the hub is restarting
 
-    async def stop(name, server):
-        stopped.append(name)
-
-    culler = GpuCuller(manager.database, lambda slug: POLICY, nobody, stop, lambda owner: 0, logging.getLogger("t"))
-    at = dt.datetime.fromtimestamp(NOW - 3600, dt.timezone.utc).replace(tzinfo=None)
-
-    def fill(s):
-        s.add(
-            ServerUsage(
-                holder="alice", owner="alice", team="", profile="python", flavor="sim", devices=[0], started_at=at
-            )
-        )
-        s.add(GpuSample(device=0, at=at + dt.timedelta(seconds=3590), utilization=0.0))
+    culler, stopped = culler_on(manager, nobody)
+    fill = idle_server(dt.datetime.fromtimestamp(NOW - 3600, dt.timezone.utc).replace(tzinfo=None), 3600)
 
     async def scenario():
         await manager.database.write(fill)
@@ -225,44 +227,27 @@ def test_the_services_culler_takes_each_profiles_timeout_and_reads_samples_beyon
 # the service tier: a real workbench on GPUs of tests/fakenvml ---------------------------------------------
 @pytest.mark.service
 def test_an_idle_gpu_server_is_warned_then_stopped_and_audited(tmp_path):
-    import json
     import time
-    from pathlib import Path
 
     import requests
 
     from danlu.hub.testing import Workbench
 
-    fake = Path(__file__).resolve().parent / "fakenvml"
     nvml = tmp_path / "nvml.json"
-    device = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "utilization": 0}
-    nvml.write_text(json.dumps({"devices": [{**device, "uuid": "GPU-0"}, {**device, "uuid": "GPU-1"}]}))
+    write_gpus(nvml, 2, 0)
     (tmp_path / "danlu_service_config.py").write_text("c.JobsServiceApp.gpu_sample_interval = 1\n")
     config = {
         "admin_users": ["admin"],
         "groups": {"research": ["bob"]},
-        "teams": {"research": {"quota": {"gpus": {"a100-sxm4-80gb": 2}}}},
+        "teams": {"research": {"quota": {"gpus": {FLAVOR: 2}}}},
         "hub": {"idle_timeout_seconds": 0, "gpu_idle_timeout_seconds": 25, "gpu_idle_warning_seconds": 20},
     }
-    profiles = {
-        "profiles": [
-            {
-                "slug": "python",
-                "display_name": "Python",
-                "default": True,
-                "environment": {"current": True},
-                "resources": {"gpus": [0, 1]},
-            }
-        ]
-    }
-    wb = Workbench(
-        tmp_path, config=config, profiles=profiles, extra_env={"PYTHONPATH": str(fake), "DANLU_FAKE_NVML": str(nvml)}
-    )
+    wb = Workbench(tmp_path, config=config, profiles=GPU_PROFILES, extra_env=fake_nvml_env(nvml))
     wb.start()
     try:
         token = wb.create_user("bob", ["research"])
         gpus = wb.api("GET", "/allocations").json()["gpus"]
-        assert [g["flavor"] for g in gpus] == ["a100-sxm4-80gb"] * 2, gpus  # detected through the fake NVML
+        assert [g["flavor"] for g in gpus] == [FLAVOR] * 2, gpus  # detected through the fake NVML
         r = wb.start_server("bob", {"profile": "python", "gpus": 1})
         assert r.status_code in (201, 202), r.text
 

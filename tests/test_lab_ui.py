@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from danlu import env
 from danlu.hub.testing import Workbench
 
 from .conftest import cannot_run
+from .gpukit import FLAVOR, GPU_PROFILES, fake_nvml_env, write_gpus
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the tests run from
 
@@ -45,31 +45,12 @@ SERVER_EXTENSION = ROOT / "extensions" / "server" / "__init__.py"
 CHROMIUM = os.environ.get("DANLU_UI_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts" / "ui-tests"
 FOLDER, NOTEBOOK = "ui-tests", "train.ipynb"
-FAKE_NVML = ROOT / "tests" / "fakenvml"
-GPU = {"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}
 GPU_CONFIG = {
     "groups": {"research": ["alice"]},
-    "teams": {"research": {"quota": {"gpus": {"a100-sxm4-80gb": 4}}}},
+    "teams": {"research": {"quota": {"gpus": {FLAVOR: 4}}}},
     # an idle GPU server is warned after 10 s idle, for 80 s, then stopped
     "hub": {"idle_timeout_seconds": 0, "gpu_idle_timeout_seconds": 90, "gpu_idle_warning_seconds": 80},
 }
-GPU_PROFILES = {
-    "profiles": [
-        {
-            "slug": "python",
-            "display_name": "Python (workbench environment)",
-            "default": True,
-            "environment": {"current": True},
-            "resources": {"gpus": [0, 1]},
-        }
-    ]
-}
-
-
-def set_gpus(state: Path, utilization: int) -> None:
-    """The fake NVML's four GPUs, all at ``utilization`` percent."""
-    devices = [{**GPU, "uuid": f"GPU-{i}", "utilization": utilization} for i in range(4)]
-    state.write_text(json.dumps({"devices": devices}))
 
 
 DATASET = "ui-points"  # registered by alice; the training cell reads it, so lineage has a dataset version
@@ -165,13 +146,13 @@ def lab(tmp_path_factory):
         cannot_run("ui", reason)
     tmp = tmp_path_factory.mktemp("wb-lab-ui")
     nvml = tmp / "nvml.json"
-    set_gpus(nvml, 50)
+    write_gpus(nvml, 4, 50)
     (tmp / "danlu_service_config.py").write_text("c.JobsServiceApp.gpu_sample_interval = 1\n")
     wb = Workbench(
         tmp,
         config=GPU_CONFIG,
         profiles=GPU_PROFILES,
-        extra_env={"PYTHONPATH": str(FAKE_NVML), env.FAKE_NVML: str(nvml)},
+        extra_env=fake_nvml_env(nvml),
     )
     wb.nvml = nvml
     wb.start()
@@ -270,7 +251,7 @@ def test_an_idle_gpu_server_is_warned_in_the_sidebar_then_stopped(lab):
     wb, token = lab
     if os.environ.get("DANLU_UI_SPEC", "cull") != "cull":
         pytest.skip("DANLU_UI_SPEC names another spec")
-    set_gpus(wb.nvml, 0)  # alice's GPU goes idle
+    write_gpus(wb.nvml, 4, 0)  # alice's GPU goes idle
     run_playwright(wb, token, ["cull"])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

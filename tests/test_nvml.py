@@ -1,7 +1,7 @@
 """Danlu's NVML paths against tests/fakenvml, a fake of nvidia-ml-py that keeps the library's interface:
 detecting devices (names to flavors, UUIDs, memory), sampling utilization (a lost GPU is down, not idle),
 and the fake itself behaving as the library does where Danlu could trip (calls before nvmlInit, MIG
-slices without utilization). The same paths run on a real GPU in tests/gpu/ when a session has one.
+slices without utilization). A check of the real paths on a GPU machine is not written yet.
 """
 
 from __future__ import annotations
